@@ -1,0 +1,1 @@
+"""The ``devheal`` command line."""

@@ -1,0 +1,27 @@
+"""The ``devheal`` command: one entry point, a sub-command per part."""
+
+from __future__ import annotations
+
+import typer
+
+from devheal import __version__
+from devheal.cli import demo as demo_cli
+from devheal.cli import lab as lab_cli
+
+app = typer.Typer(
+    help="devheal: detect failing GPUs, find the pods and workloads using them, and heal the cluster.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(lab_cli.app, name="lab")
+app.command("demo")(demo_cli.demo)
+
+
+@app.command()
+def version() -> None:
+    """Print devheal's version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,214 @@
+"""``devheal lab ...``: the local lab cluster and its fault injection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from devheal.lab import toolchain, versions
+from devheal.lab.cluster import Lab, LabError, LabSpec
+from devheal.lab.faults import Faults
+
+console = Console(stderr=True)
+out = Console()
+
+app = typer.Typer(
+    help="A real local Kubernetes control plane with simulated GPU nodes and fault injection.",
+    no_args_is_help=True,
+)
+inject_app = typer.Typer(help="Inject a device or node fault into the running lab.", no_args_is_help=True)
+app.add_typer(inject_app, name="inject")
+
+LabDir = Annotated[
+    Path | None,
+    typer.Option("--dir", help="Lab directory (default: $DEVHEAL_LAB_DIR or ~/.local/state/devheal/lab)."),
+]
+NodeOpt = Annotated[str, typer.Option("--node", help="Node name, e.g. gpu-node-000.")]
+GpuOpt = Annotated[int, typer.Option("--gpu", help="GPU index on the node (0-based).")]
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {exc}")
+    return typer.Exit(1)
+
+
+@app.command()
+def build() -> None:
+    """Build (or find cached) the pinned control-plane binaries: etcd, kube-*, kubectl, kwok."""
+    with console.status("checking binaries") as status:
+        try:
+            path = toolchain.ensure_binaries(
+                lambda step, done, total: status.update(f"{step} {done}/{total}" if total else step)
+            )
+        except toolchain.ToolchainError as exc:
+            raise _fail(exc) from exc
+    out.print(str(path))
+
+
+@app.command()
+def up(
+    nodes: Annotated[int, typer.Option(help="Number of simulated GPU nodes.")] = 4,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    gpu_model: Annotated[str, typer.Option(help="GPU model name reported by the nodes.")] = "NVIDIA H100 80GB HBM3",
+    directory: LabDir = None,
+) -> None:
+    """Start etcd, kube-apiserver, controller manager, scheduler, kwok and the node simulator, detached."""
+    lab = Lab(directory)
+    spec = LabSpec(nodes=nodes, gpus_per_node=gpus_per_node, gpu_model=gpu_model)
+    with console.status("starting lab") as status:
+        try:
+            state = lab.up(spec, progress=lambda msg: status.update(msg))
+        except (LabError, toolchain.ToolchainError) as exc:
+            raise _fail(exc) from exc
+    console.print(
+        f"[green]lab ready[/green] in {state.ready_seconds:.1f}s: {nodes} nodes x {gpus_per_node} GPUs "
+        f"({versions.KUBERNETES=}, {versions.ETCD=}, {versions.KWOK=})".replace("versions.", "")
+    )
+    console.print(f"  export KUBECONFIG={lab.kubeconfig}")
+    console.print(f"  {toolchain.binary('kubectl')} get nodes")
+
+
+@app.command()
+def down(directory: LabDir = None) -> None:
+    """Stop every process of the lab (its directory, with logs, stays)."""
+    lab = Lab(directory)
+    try:
+        stopped = lab.down()
+    except LabError as exc:
+        raise _fail(exc) from exc
+    console.print(f"stopped: {', '.join(stopped)}" if stopped else "no lab was running")
+
+
+@app.command()
+def status(
+    directory: LabDir = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show each component's process and health."""
+    lab = Lab(directory)
+    try:
+        info = lab.status()
+    except LabError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        out.print_json(json.dumps(info))
+        return
+    if not info.get("components"):
+        out.print(f"no lab in {info['dir']}")
+        raise typer.Exit(1)
+    table = Table("component", "pid", "port", "health")
+    for name, comp in info["components"].items():
+        health = "[green]ok[/green]" if comp["healthy"] else f"[red]{comp['detail']}[/red]"
+        table.add_row(name, str(comp["pid"] or "-"), str(comp["port"] or "-"), health)
+    out.print(table)
+    out.print(f"kubeconfig: {info['kubeconfig']}")
+    if not all(c["healthy"] for c in info["components"].values()):
+        raise typer.Exit(1)
+
+
+@app.command()
+def kubeconfig(directory: LabDir = None) -> None:
+    """Print the path of the lab's admin kubeconfig."""
+    lab = Lab(directory)
+    if lab.state() is None:
+        raise _fail(LabError(f"no lab in {lab.dir} (start one with `devheal lab up`)"))
+    out.print(str(lab.kubeconfig), soft_wrap=True)
+
+
+@app.command()
+def devices(
+    node: Annotated[str | None, typer.Option("--node", help="Only this node.")] = None,
+    directory: LabDir = None,
+) -> None:
+    """Print the simulated device state (health, XIDs, holders) as JSON."""
+    faults = Faults(Lab(directory))
+    try:
+        data = faults.devices(node) if node else faults.all_devices()
+    except LabError as exc:
+        raise _fail(exc) from exc
+    out.print_json(json.dumps(data))
+
+
+def _show(result: dict[str, Any], gpu: int | None = None) -> None:
+    line = f"{result['node']}: allocatable {result['allocatable']}/{result['capacity']}"
+    if gpu is not None:
+        dev = result["devices"][gpu]
+        holder = dev.get("holder")
+        held = f", held by {holder['namespace']}/{holder['pod']}" if holder else ""
+        line += f"; gpu {gpu} ({dev['uuid']}) {dev['health']}" + (f": {dev['reason']}" if dev["reason"] else "") + held
+    out.print(line)
+
+
+@inject_app.command("xid")
+def inject_xid(
+    node: NodeOpt,
+    gpu: GpuOpt,
+    code: Annotated[int, typer.Option("--code", help="NVIDIA XID, e.g. 79 (fell off the bus), 48 (DBE ECC).")],
+    directory: LabDir = None,
+) -> None:
+    """An XID error on one GPU. Hardware XIDs make it Unhealthy; application XIDs (13, 31, 43, 45, 68) are counted."""
+    try:
+        _show(Faults(Lab(directory)).xid(node, gpu, code), gpu)
+    except LabError as exc:
+        raise _fail(exc) from exc
+
+
+@inject_app.command("degrade")
+def inject_degrade(
+    node: NodeOpt,
+    gpu: GpuOpt,
+    slowdown: Annotated[float, typer.Option("--slowdown", help="How much slower, e.g. 1.3 = 30% slower.")] = 1.3,
+    directory: LabDir = None,
+) -> None:
+    """The GPU stays allocatable but is throttled (reported as Degraded in the device state)."""
+    try:
+        _show(Faults(Lab(directory)).degrade(node, gpu, slowdown), gpu)
+    except LabError as exc:
+        raise _fail(exc) from exc
+
+
+@inject_app.command("recover")
+def inject_recover(node: NodeOpt, gpu: GpuOpt, directory: LabDir = None) -> None:
+    """The GPU is healthy again (health, speed)."""
+    try:
+        _show(Faults(Lab(directory)).recover(node, gpu), gpu)
+    except LabError as exc:
+        raise _fail(exc) from exc
+
+
+@inject_app.command("plugin-restart")
+def inject_plugin_restart(
+    node: NodeOpt,
+    seconds: Annotated[float, typer.Option("--seconds", help="How long the device plugin is away.")] = 5.0,
+    directory: LabDir = None,
+) -> None:
+    """The device plugin restarts: the node's GPU capacity and allocatable drop to 0, then return."""
+    try:
+        _show(Faults(Lab(directory)).plugin_restart(node, seconds))
+    except LabError as exc:
+        raise _fail(exc) from exc
+
+
+@inject_app.command("node-notready")
+def inject_node_notready(node: NodeOpt, directory: LabDir = None) -> None:
+    """The node's kubelet stops reporting Ready (undo with `inject node-ready`)."""
+    try:
+        Faults(Lab(directory)).node_not_ready(node)
+    except LabError as exc:
+        raise _fail(exc) from exc
+    out.print(f"{node}: NotReady injected")
+
+
+@inject_app.command("node-ready")
+def inject_node_ready(node: NodeOpt, directory: LabDir = None) -> None:
+    """Undo `node-notready`: the node reports Ready again."""
+    try:
+        Faults(Lab(directory)).node_ready(node)
+    except LabError as exc:
+        raise _fail(exc) from exc
+    out.print(f"{node}: Ready again")

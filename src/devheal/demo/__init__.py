@@ -1,0 +1,1 @@
+"""``devheal demo``: the story of a failing GPU, told on the lab."""

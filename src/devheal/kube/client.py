@@ -1,0 +1,232 @@
+"""A small asynchronous client for the Kubernetes API, speaking plain JSON.
+
+kubernetes_asyncio loads the configuration (kubeconfig or in-cluster service
+account) and owns the TLS-configured HTTP session; we send requests ourselves so
+that objects stay plain dicts (cheap to project into our own slim records), every
+failure maps onto ``devheal.kube.errors``, and watches are streamed line by line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+from devheal.kube import errors
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+
+def api_path(
+    api_version: str,
+    plural: str,
+    *,
+    namespace: str | None = None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
+    """``/api/v1/namespaces/ns/pods/p/status`` from its parts; ``api_version`` is ``v1`` or ``group/v``."""
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    parts = [base]
+    if namespace:
+        parts.append(f"namespaces/{quote(namespace, safe='')}")
+    parts.append(plural)
+    if name:
+        parts.append(quote(name, safe=""))
+    if subresource:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+class KubeClient:
+    """One connection pool to one API server. Create with ``connect``; close when done."""
+
+    def __init__(self, api: k8s_client.ApiClient) -> None:
+        self._api = api
+        cfg = api.configuration
+        self._host = str(cfg.host or "").rstrip("/")
+        self._session: aiohttp.ClientSession = api.rest_client.pool_manager
+        self._headers: dict[str, str] = {"Accept": JSON, "User-Agent": "devheal"}
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None, *, max_connections: int = 64) -> KubeClient:
+        """From a kubeconfig path; with None, the in-cluster service account, else ~/.kube/config."""
+        cfg = k8s_client.Configuration()
+        cfg.connection_pool_maxsize = max_connections
+        try:
+            if kubeconfig is None:
+                try:
+                    k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+                except k8s_config.ConfigException:
+                    await k8s_config.load_kube_config(client_configuration=cfg)
+            else:
+                await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        except (k8s_config.ConfigException, OSError) as exc:
+            where = kubeconfig or "in-cluster config or ~/.kube/config"
+            raise errors.PermanentError(f"cannot load Kubernetes configuration from {where}: {exc}") from exc
+        return cls(k8s_client.ApiClient(configuration=cfg))
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _auth_headers(self) -> dict[str, str]:
+        cfg = self._api.configuration
+        token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
+        if not token:
+            return {}
+        if not token.lower().startswith("bearer "):
+            prefix = cfg.api_key_prefix.get("authorization", "Bearer")
+            token = f"{prefix} {token}"
+        return {"Authorization": token}
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout: float = 30.0,
+    ) -> Obj:
+        """Send one request; return the decoded JSON answer or raise a ``KubeError``."""
+        url = self._host + path
+        if params:
+            url += "?" + urlencode({k: str(v) for k, v in params.items()})
+        headers = {**self._headers, **self._auth_headers()}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body)
+        what = f"{method} {path}"
+        try:
+            async with self._session.request(
+                method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise errors.Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+        try:
+            decoded: Any = json.loads(raw) if raw else {}
+        except ValueError:
+            decoded = {"message": raw[:200].decode(errors="replace")}
+        if not 200 <= status < 300:
+            raise errors.from_status(status, decoded, what)
+        if not isinstance(decoded, dict):
+            raise errors.PermanentError(f"{what}: expected a JSON object, got {type(decoded).__name__}")
+        return decoded
+
+    async def get(self, path: str, **params: str | int) -> Obj:
+        return await self.request("GET", path, params=params or None)
+
+    async def list_all(
+        self, path: str, params: Mapping[str, str | int] | None = None, *, page_size: int = 500
+    ) -> tuple[list[Obj], str]:
+        """Every item of a collection, following ``continue`` tokens; returns (items, resourceVersion)."""
+        items: list[Obj] = []
+        token = ""
+        while True:
+            query: dict[str, str | int] = {**(params or {}), "limit": page_size}
+            if token:
+                query["continue"] = token
+            page = await self.request("GET", path, params=query, timeout=120.0)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or ""
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    async def watch(
+        self, path: str, resource_version: str, *, timeout_seconds: int = 300, **params: str | int
+    ) -> AsyncIterator[Obj]:
+        """Stream watch events ({type, object}) from ``resource_version``, bookmarks included.
+
+        Ends when the server closes the watch (after ``timeout_seconds``); raises ``Gone``
+        when the version has expired, so the caller lists again.
+        """
+        query: dict[str, str | int] = {
+            **params,
+            "watch": "1",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": timeout_seconds,
+        }
+        url = self._host + path + "?" + urlencode({k: str(v) for k, v in query.items()})
+        headers = {**self._headers, **self._auth_headers()}
+        what = f"WATCH {path}"
+        try:
+            async with self._session.get(
+                url,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30),
+            ) as resp:
+                if resp.status != 200:
+                    raw = await resp.read()
+                    try:
+                        body = json.loads(raw)
+                    except ValueError:
+                        body = {}
+                    raise errors.from_status(resp.status, body, what)
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        raise errors.from_status(int(status.get("code") or 500), status, what)
+                    yield event
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise errors.Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        return await self.request("POST", path, body=body)
+
+    async def replace(self, path: str, body: Obj) -> Obj:
+        return await self.request("PUT", path, body=body)
+
+    async def patch(self, path: str, body: Any, *, content_type: str = MERGE_PATCH) -> Obj:
+        return await self.request("PATCH", path, body=body, content_type=content_type)
+
+    async def delete(self, path: str, body: Obj | None = None) -> Obj:
+        return await self.request("DELETE", path, body=body)
+
+    async def apply(self, path: str, body: Obj, *, field_manager: str = "devheal", force: bool = True) -> Obj:
+        """Server-side apply of a whole object."""
+        params = {"fieldManager": field_manager, "force": "true" if force else "false"}
+        return await self.request("PATCH", path, params=params, body=body, content_type="application/apply-patch+yaml")
+
+
+async def retrying(
+    attempt: Callable[[], Awaitable[T]], *, tries: int = 5, base_delay: float = 0.1, max_delay: float = 5.0
+) -> T:
+    """Run ``await attempt()`` and retry temporary errors with exponential backoff."""
+    delay = base_delay
+    for n in range(tries):
+        try:
+            result: T = await attempt()
+            return result
+        except errors.TemporaryError as exc:
+            if n == tries - 1:
+                raise
+            await asyncio.sleep(max(exc.delay, delay))
+            delay = min(max_delay, delay * 2)
+    raise AssertionError("unreachable")

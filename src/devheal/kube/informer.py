@@ -1,0 +1,136 @@
+"""List-then-watch reflectors feeding an in-memory store, the client-go way.
+
+A ``Reflector`` lists a collection (paginated), then watches from the list's
+resourceVersion with bookmarks. An expired version (410 Gone) means "list again
+and diff", so no deletion is ever missed; other failures back off exponentially
+with jitter. Objects may be projected on arrival (keep only the fields a caller
+uses) so the store stays small; handlers get (old, new) and only enqueue work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, Obj
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+Handler = Callable[[str, "T | None", "T | None"], None]
+"""Called as ``handler(key, old, new)``: new is None on delete, old is None on add."""
+
+
+def object_key(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    name = str(meta.get("name") or "")
+    return f"{ns}/{name}" if ns else name
+
+
+@dataclass
+class Reflector(Generic[T]):
+    """Keeps ``store`` equal to the server's collection at ``path``."""
+
+    client: KubeClient
+    path: str
+    project: Callable[[Obj], T]
+    handlers: list[Handler[T]] = field(default_factory=list)
+    params: dict[str, str | int] = field(default_factory=dict)
+    store: dict[str, T] = field(default_factory=dict)
+    resource_version: str = ""
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    relists: int = 0
+
+    def _notify(self, key: str, old: T | None, new: T | None) -> None:
+        for handler in self.handlers:
+            try:
+                handler(key, old, new)
+            except Exception:
+                log.exception("handler for %s failed on %s", self.path, key)
+
+    def _apply(self, event_type: str, raw: Obj) -> None:
+        key = object_key(raw)
+        if event_type == "DELETED":
+            old = self.store.pop(key, None)
+            if old is not None:
+                self._notify(key, old, None)
+            return
+        try:
+            new = self.project(raw)
+        except Exception:
+            # A malformed object must never stop the watch: log it and keep the old copy.
+            log.exception("cannot read %s %s; keeping the previous copy", self.path, key)
+            return
+        old = self.store.get(key)
+        self.store[key] = new
+        self._notify(key, old, new)
+
+    async def _relist(self) -> None:
+        items, version = await self.client.list_all(self.path, self.params)
+        fresh: dict[str, Obj] = {object_key(item): item for item in items}
+        for key in [k for k in self.store if k not in fresh]:
+            old = self.store.pop(key)
+            self._notify(key, old, None)
+        for item in items:
+            self._apply("MODIFIED", item)
+        self.resource_version = version
+        self.relists += 1
+        self.synced.set()
+
+    async def run(self) -> None:
+        """List and watch forever (until cancelled)."""
+        backoff = 0.2
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._relist()
+                    need_list = False
+                timeout = random.randint(240, 360)
+                async for event in self.client.watch(
+                    self.path, self.resource_version, timeout_seconds=timeout, **self.params
+                ):
+                    obj = event.get("object") or {}
+                    version = (obj.get("metadata") or {}).get("resourceVersion")
+                    if event.get("type") != "BOOKMARK":
+                        self._apply(str(event.get("type")), obj)
+                    if version:
+                        self.resource_version = str(version)
+                backoff = 0.2
+            except errors.Gone:
+                need_list = True
+            except asyncio.CancelledError:
+                raise
+            except errors.KubeError as exc:
+                log.warning("watch %s failed: %s; retrying in %.1fs", self.path, exc, backoff)
+                await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, 10.0)
+                if isinstance(exc, errors.PermanentError):
+                    need_list = True
+
+
+def raw(obj: Obj) -> Obj:
+    """Projection that keeps the whole object."""
+    return obj
+
+
+def get_path(obj: Any, *keys: str | int, default: Any = None) -> Any:
+    """Walk nested dicts/lists; ``default`` where any step is missing or of the wrong type."""
+    cur = obj
+    for key in keys:
+        if isinstance(key, int):
+            if not isinstance(cur, list) or not -len(cur) <= key < len(cur):
+                return default
+            cur = cur[key]
+        else:
+            if not isinstance(cur, dict) or key not in cur:
+                return default
+            cur = cur[key]
+    return cur

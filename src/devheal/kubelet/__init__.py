@@ -1,0 +1,1 @@
+"""Kubelet APIs that devheal both serves (the lab's simulated kubelets) and consumes (the node agent)."""

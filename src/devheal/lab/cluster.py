@@ -1,0 +1,523 @@
+"""Start, check and stop a lab cluster: real control-plane processes on loopback.
+
+A lab lives in one directory: certificates, kubeconfig, etcd data, a log per
+component and ``lab.json`` (ports and process ids), so ``devheal lab down`` from
+another shell finds and stops everything. Components start in dependency order,
+each awaited until its health endpoint answers; a component that dies or never
+becomes healthy fails ``up`` with the tail of its log, and what was started is
+stopped again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devheal.lab import toolchain, versions
+from devheal.lab.pki import LabPki
+
+FEATURE_GATES = {
+    "ResourceHealthStatus": True,
+    "ResourceHealthStatusMessage": True,
+    "ContainerRestartRules": True,
+    "RestartAllContainersOnContainerExits": True,
+}
+"""Beta gates later issues rely on, set explicitly so a default flip never surprises us."""
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "nodesim")
+
+ProgressFn = Callable[[str], None]
+
+
+class LabError(RuntimeError):
+    """The lab could not be started, checked or stopped; the message says which component and why."""
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    nodes: int = 4
+    gpus_per_node: int = 8
+    gpu_model: str = "NVIDIA H100 80GB HBM3"
+    pod_resources_sockets: bool = True
+
+    def validate(self) -> None:
+        if not 1 <= self.nodes <= 5000:
+            raise LabError(f"--nodes must be between 1 and 5000, got {self.nodes}")
+        if not 0 <= self.gpus_per_node <= 64:
+            raise LabError(f"--gpus-per-node must be between 0 and 64, got {self.gpus_per_node}")
+        if not self.gpu_model.strip():
+            raise LabError("--gpu-model must not be empty")
+
+
+@dataclass
+class LabState:
+    spec: LabSpec
+    ports: dict[str, int]
+    pids: dict[str, int] = field(default_factory=dict)
+    started_at: float = 0.0
+    ready_seconds: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @staticmethod
+    def from_json(text: str) -> LabState:
+        data = json.loads(text)
+        return LabState(
+            spec=LabSpec(**data["spec"]),
+            ports={k: int(v) for k, v in data["ports"].items()},
+            pids={k: int(v) for k, v in data.get("pids", {}).items()},
+            started_at=float(data.get("started_at", 0.0)),
+            ready_seconds=float(data.get("ready_seconds", 0.0)),
+        )
+
+
+def default_lab_dir() -> Path:
+    explicit = os.environ.get("DEVHEAL_LAB_DIR")
+    if explicit:
+        return Path(explicit)
+    state = os.environ.get("XDG_STATE_HOME")
+    return (Path(state) if state else Path.home() / ".local" / "state") / "devheal" / "lab"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by us) counts as gone.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return False
+
+
+class Lab:
+    """A lab cluster rooted at ``directory``."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.dir = (directory or default_lab_dir()).resolve()
+        self.pki = LabPki(self.dir / "pki")
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    # ---- paths -------------------------------------------------------------------------------
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "lab.json"
+
+    @property
+    def devices_path(self) -> Path:
+        return self.dir / "devices.json"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.dir / "sock"
+
+    def log_path(self, component: str) -> Path:
+        return self.dir / "logs" / f"{component}.log"
+
+    def pod_resources_socket(self, node: str) -> Path:
+        return self.socket_dir / f"{node}.sock"
+
+    def state(self) -> LabState | None:
+        try:
+            return LabState.from_json(self.state_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LabError(f"{self.state_path} is unreadable ({exc}); remove the directory to start over") from exc
+
+    def control_url(self) -> str:
+        state = self.state()
+        if state is None:
+            raise LabError(f"no lab is running in {self.dir} (start one with `devheal lab up`)")
+        return f"http://127.0.0.1:{state.ports['nodesim']}"
+
+    # ---- start -------------------------------------------------------------------------------
+
+    def up(self, spec: LabSpec, progress: ProgressFn | None = None, timeout: float = 180.0) -> LabState:
+        spec.validate()
+        say = progress or (lambda msg: None)
+        existing = self.state()
+        if existing is not None and any(pid_alive(pid) for pid in existing.pids.values()):
+            raise LabError(
+                f"a lab is already running in {self.dir} (pids {sorted(existing.pids.values())}); "
+                "stop it with `devheal lab down` first"
+            )
+        say("checking control-plane binaries")
+        toolchain.ensure_binaries(lambda step, done, total: say(f"building {step} {done}/{total}" if total else step))
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.pki.ensure()
+        ports = {
+            name: free_port()
+            for name in (
+                "etcd",
+                "etcd-peer",
+                "kube-apiserver",
+                "kube-controller-manager",
+                "kube-scheduler",
+                "kwok",
+                "nodesim",
+            )
+        }
+        state = LabState(spec=spec, ports=ports, started_at=time.time())
+        self.kubeconfig.write_text(self.pki.kubeconfig(f"https://127.0.0.1:{ports['kube-apiserver']}"))
+        self.kubeconfig.chmod(0o600)
+        started = time.monotonic()
+        deadline = started + timeout
+        try:
+            self._start(state, "etcd", self._etcd_cmd(ports))
+            self._wait(state, "etcd", deadline, say)
+            self._start(state, "kube-apiserver", self._apiserver_cmd(ports))
+            self._wait(state, "kube-apiserver", deadline, say)
+            self._start(state, "kube-controller-manager", self._kcm_cmd(ports))
+            self._start(state, "kube-scheduler", self._scheduler_cmd(ports))
+            self._start(state, "kwok", self._kwok_cmd(ports))
+            self._start(state, "nodesim", self._nodesim_cmd(state))
+            for component in ("kube-controller-manager", "kube-scheduler", "kwok", "nodesim"):
+                self._wait(state, component, deadline, say)
+            self._wait_nodes_ready(state, deadline, say)
+        except BaseException:
+            self._stop_pids(state.pids)
+            self.state_path.unlink(missing_ok=True)
+            raise
+        state.ready_seconds = time.monotonic() - started
+        self.state_path.write_text(state.to_json())
+        say(f"lab ready in {state.ready_seconds:.1f}s: {spec.nodes} nodes x {spec.gpus_per_node} GPUs")
+        return state
+
+    def _start(self, state: LabState, component: str, cmd: list[str]) -> None:
+        log = self.log_path(component)
+        handle = log.open("ab")
+        handle.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+        handle.flush()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=self.dir,
+        )
+        handle.close()
+        self._children[component] = proc
+        state.pids[component] = proc.pid
+        # Written after every start, so `down` finds a half-started lab too.
+        self.state_path.write_text(state.to_json())
+
+    def _bin(self, name: str) -> str:
+        return str(toolchain.binary(name))
+
+    def _etcd_cmd(self, ports: dict[str, int]) -> list[str]:
+        return [
+            self._bin("etcd"),
+            "--name=devheal-lab",
+            f"--data-dir={self.dir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{ports['etcd']}",
+            f"--advertise-client-urls=http://127.0.0.1:{ports['etcd']}",
+            f"--listen-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
+            f"--initial-cluster=devheal-lab=http://127.0.0.1:{ports['etcd-peer']}",
+            "--unsafe-no-fsync=true",
+            "--quota-backend-bytes=4294967296",
+            "--log-level=warn",
+        ]
+
+    def _apiserver_cmd(self, ports: dict[str, int]) -> list[str]:
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES.items())
+        return [
+            self._bin("kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports['kube-apiserver']}",
+            f"--tls-cert-file={self.pki.serving_cert}",
+            f"--tls-private-key-file={self.pki.serving_key}",
+            f"--client-ca-file={self.pki.ca_cert}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={self.pki.sa_pub}",
+            f"--service-account-signing-key-file={self.pki.sa_key}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--max-requests-inflight=2000",
+            "--max-mutating-requests-inflight=1000",
+            f"--feature-gates={gates}",
+            "--v=1",
+        ]
+
+    def _kcm_cmd(self, ports: dict[str, int]) -> list[str]:
+        return [
+            self._bin("kube-controller-manager"),
+            f"--kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['kube-controller-manager']}",
+            "--leader-elect=false",
+            f"--service-account-private-key-file={self.pki.sa_key}",
+            f"--root-ca-file={self.pki.ca_cert}",
+            f"--cluster-signing-cert-file={self.pki.ca_cert}",
+            f"--cluster-signing-key-file={self.pki.ca_key}",
+            "--kube-api-qps=500",
+            "--kube-api-burst=1000",
+            "--concurrent-deployment-syncs=20",
+            "--concurrent-replicaset-syncs=20",
+            "--concurrent-job-syncs=20",
+            "--profiling=false",
+            f"--feature-gates={','.join(f'{k}={str(v).lower()}' for k, v in FEATURE_GATES.items())}",
+            "--v=1",
+        ]
+
+    def _scheduler_cmd(self, ports: dict[str, int]) -> list[str]:
+        config = self.dir / "scheduler.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 500, "burst": 1000},
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
+        return [
+            self._bin("kube-scheduler"),
+            f"--config={config}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['kube-scheduler']}",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _kwok_cmd(self, ports: dict[str, int]) -> list[str]:
+        stages = self.dir / "kwok-stages.yaml"
+        stages.write_text(resources.files("devheal.lab").joinpath("data/kwok-stages.yaml").read_text())
+        return [
+            self._bin("kwok"),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--config={stages}",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--node-lease-duration-seconds=40",
+            f"--server-address=127.0.0.1:{ports['kwok']}",
+            "--node-ip=10.0.0.1",
+        ]
+
+    def _nodesim_cmd(self, state: LabState) -> list[str]:
+        spec = state.spec
+        cmd = [
+            sys.executable,
+            "-m",
+            "devheal.lab.nodesim",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--nodes={spec.nodes}",
+            f"--gpus-per-node={spec.gpus_per_node}",
+            f"--gpu-model={spec.gpu_model}",
+            f"--state-file={self.devices_path}",
+            f"--http-port={state.ports['nodesim']}",
+        ]
+        if spec.pod_resources_sockets:
+            cmd.append(f"--socket-dir={self.socket_dir}")
+        return cmd
+
+    # ---- health ------------------------------------------------------------------------------
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        ctx.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        return ctx
+
+    def _health_url(self, state: LabState, component: str) -> tuple[str, ssl.SSLContext | None]:
+        port = state.ports[component]
+        if component == "etcd":
+            return f"http://127.0.0.1:{port}/health", None
+        if component == "kube-apiserver":
+            return f"https://127.0.0.1:{port}/readyz", self.ssl_context()
+        if component in ("kube-controller-manager", "kube-scheduler"):
+            insecure = ssl.create_default_context()
+            insecure.check_hostname = False
+            insecure.verify_mode = ssl.CERT_NONE
+            return f"https://127.0.0.1:{port}/healthz", insecure
+        if component == "kwok":
+            return f"http://127.0.0.1:{port}/healthz", None
+        return f"http://127.0.0.1:{port}/healthz", None
+
+    def healthy(self, state: LabState, component: str) -> tuple[bool, str]:
+        url, ctx = self._health_url(state, component)
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                return resp.status == 200, f"HTTP {resp.status}"
+        except urllib.error.HTTPError as exc:
+            return False, f"HTTP {exc.code}"
+        except (urllib.error.URLError, OSError) as exc:
+            return False, str(getattr(exc, "reason", exc))
+
+    def _log_tail(self, component: str, lines: int = 20) -> str:
+        try:
+            text = self.log_path(component).read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join("    " + line for line in text.splitlines()[-lines:])
+
+    def _failure(self, component: str, what: str) -> LabError:
+        tail = self._log_tail(component)
+        hint = ""
+        if "address already in use" in tail:
+            hint = " (a port it needs is taken by another process)"
+        return LabError(f"{component} {what}{hint}; last lines of {self.log_path(component)}:\n{tail}")
+
+    def _wait(self, state: LabState, component: str, deadline: float, say: ProgressFn) -> None:
+        say(f"waiting for {component}")
+        proc = self._children.get(component)
+        last = ""
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise self._failure(component, f"exited with code {proc.returncode} during start-up")
+            ok, last = self.healthy(state, component)
+            if ok:
+                return
+            time.sleep(0.1)
+        raise self._failure(component, f"did not become healthy in time (last answer: {last})")
+
+    def _get_json(self, state: LabState, path: str) -> Any:
+        url = f"https://127.0.0.1:{state.ports['kube-apiserver']}{path}"
+        with urllib.request.urlopen(url, timeout=10, context=self.ssl_context()) as resp:
+            return json.loads(resp.read())
+
+    def _wait_nodes_ready(self, state: LabState, deadline: float, say: ProgressFn) -> None:
+        want = state.spec.nodes
+        ready = 0
+        while time.monotonic() < deadline:
+            for component in ("kwok", "nodesim"):
+                proc = self._children.get(component)
+                if proc is not None and proc.poll() is not None:
+                    raise self._failure(component, f"exited with code {proc.returncode}")
+            try:
+                nodes = self._get_json(state, "/api/v1/nodes?labelSelector=type%3Dkwok")["items"]
+            except (urllib.error.URLError, OSError, ValueError):
+                nodes = []
+            ready = sum(1 for n in nodes if _node_ready(n) and _gpus(n) == state.spec.gpus_per_node)
+            say(f"nodes ready: {ready}/{want}")
+            if ready >= want:
+                return
+            time.sleep(0.5)
+        raise LabError(
+            f"only {ready} of {want} nodes became Ready with {state.spec.gpus_per_node} GPUs in time; "
+            f"see {self.log_path('kwok')} and {self.log_path('nodesim')}"
+        )
+
+    def status(self) -> dict[str, Any]:
+        state = self.state()
+        if state is None:
+            return {"running": False, "dir": str(self.dir)}
+        components = {}
+        for component in COMPONENTS:
+            pid = state.pids.get(component)
+            alive = pid is not None and pid_alive(pid)
+            ok, detail = self.healthy(state, component) if alive else (False, "not running")
+            components[component] = {
+                "pid": pid,
+                "alive": alive,
+                "healthy": ok,
+                "detail": detail,
+                "port": state.ports.get(component),
+            }
+        return {
+            "running": any(c["alive"] for c in components.values()),
+            "dir": str(self.dir),
+            "kubeconfig": str(self.kubeconfig),
+            "spec": asdict(state.spec),
+            "components": components,
+            "versions": {"kubernetes": versions.KUBERNETES, "etcd": versions.ETCD, "kwok": versions.KWOK},
+        }
+
+    # ---- stop --------------------------------------------------------------------------------
+
+    def down(self, timeout: float = 20.0) -> list[str]:
+        """Stop every process of the lab; return the components that were running."""
+        state = self.state()
+        if state is None:
+            return []
+        stopped = [c for c, pid in state.pids.items() if pid_alive(pid)]
+        self._stop_pids(state.pids, timeout)
+        leftover = [c for c, pid in state.pids.items() if pid_alive(pid)]
+        if leftover:
+            raise LabError(f"could not stop {', '.join(leftover)}")
+        self.state_path.unlink(missing_ok=True)
+        return stopped
+
+    def _stop_pids(self, pids: dict[str, int], timeout: float = 20.0) -> None:
+        order = [c for c in reversed(COMPONENTS) if c in pids]
+        for component in order:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pids[component], signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for component in order:
+            pid = pids[component]
+            proc = self._children.get(component)
+            while pid_alive(pid) and time.monotonic() < deadline:
+                if proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=0.1)
+                else:
+                    time.sleep(0.05)
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+                if proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=5)
+        for proc in self._children.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1)
+        self._children.clear()
+
+
+def _node_ready(node: dict[str, Any]) -> bool:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def _gpus(node: dict[str, Any]) -> int:
+    value = ((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", "0")
+    try:
+        return int(value)
+    except ValueError:
+        return 0

@@ -1,0 +1,264 @@
+"""Simulated GPUs of one node: inventory, health, faults and allocation.
+
+This is what kubelet's device manager plus a device plugin keep per node, as pure
+data: which devices exist, which are healthy, which container holds which device.
+It does no I/O; the node simulator (``devheal.lab.nodesim``) turns its answers into
+API writes. Time is passed in, never read.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})
+"""XIDs usually caused by the workload, not the device: counted, device stays healthy."""
+
+XID_MESSAGES: Mapping[int, str] = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors",
+    48: "Double Bit ECC Error",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "NVDEC0 Exception",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+}
+
+
+class Health(str, Enum):
+    HEALTHY = "Healthy"
+    DEGRADED = "Degraded"
+    UNHEALTHY = "Unhealthy"
+
+
+class AdmissionError(Exception):
+    """The node cannot satisfy a container's device request (kubelet: UnexpectedAdmissionError)."""
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    code: int
+    at: float
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The container a device is allocated to."""
+
+    namespace: str
+    pod: str
+    uid: str
+    container: str
+
+
+@dataclass(slots=True)
+class Device:
+    index: int
+    uuid: str
+    model: str
+    health: Health = Health.HEALTHY
+    reason: str = ""
+    slowdown: float = 1.0
+    xids: list[XidEvent] = field(default_factory=list)
+    holder: Holder | None = None
+
+    @property
+    def allocatable(self) -> bool:
+        """Degraded devices still serve (the plugin does not know); unhealthy ones do not."""
+        return self.health is not Health.UNHEALTHY
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "model": self.model,
+            "health": self.health.value,
+            "reason": self.reason,
+            "slowdown": self.slowdown,
+            "xids": [{"code": x.code, "at": x.at, "message": x.message} for x in self.xids],
+            "holder": None
+            if self.holder is None
+            else {
+                "namespace": self.holder.namespace,
+                "pod": self.holder.pod,
+                "uid": self.holder.uid,
+                "container": self.holder.container,
+            },
+        }
+
+
+def device_uuid(node: str, index: int) -> str:
+    """A stable, realistic-looking GPU UUID (``GPU-<uuid>``) for a node's device index."""
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}.gpu{index}.devheal.lab"))
+
+
+MAX_XID_HISTORY = 64
+
+
+@dataclass(slots=True)
+class NodeDevices:
+    """One node's devices and device-plugin state."""
+
+    node: str
+    devices: list[Device]
+    plugin_down_until: float = 0.0
+
+    @classmethod
+    def create(cls, node: str, count: int, model: str) -> NodeDevices:
+        return cls(node, [Device(i, device_uuid(node, i), model) for i in range(count)])
+
+    def device(self, index: int) -> Device:
+        if not 0 <= index < len(self.devices):
+            raise IndexError(f"node {self.node} has GPUs 0..{len(self.devices) - 1}; there is no GPU index {index}")
+        return self.devices[index]
+
+    def by_uuid(self, device_id: str) -> Device | None:
+        for dev in self.devices:
+            if dev.uuid == device_id:
+                return dev
+        return None
+
+    def plugin_registered(self, now: float) -> bool:
+        return now >= self.plugin_down_until
+
+    def capacity(self, now: float) -> int:
+        return len(self.devices) if self.plugin_registered(now) else 0
+
+    def allocatable_count(self, now: float) -> int:
+        if not self.plugin_registered(now):
+            return 0
+        return sum(1 for d in self.devices if d.allocatable)
+
+    def free(self, now: float) -> list[Device]:
+        if not self.plugin_registered(now):
+            return []
+        return [d for d in self.devices if d.allocatable and d.holder is None]
+
+    def allocate(self, holder: Holder, count: int, now: float) -> tuple[str, ...]:
+        """Give ``count`` healthy free devices to a container (lowest index first), or raise."""
+        if count <= 0:
+            return ()
+        held = self.held_by(holder.uid, holder.container)
+        if held:
+            # Admission is retried after a crash of the simulator: same answer again.
+            return held
+        free = self.free(now)
+        if len(free) < count:
+            raise AdmissionError(
+                f"Allocate failed due to requested number of devices unavailable for {GPU_RESOURCE}. "
+                f"Requested: {count}, Available: {len(free)}, which is unexpected"
+            )
+        chosen = free[:count]
+        for dev in chosen:
+            dev.holder = holder
+        return tuple(d.uuid for d in chosen)
+
+    def held_by(self, pod_uid: str, container: str | None = None) -> tuple[str, ...]:
+        return tuple(
+            d.uuid
+            for d in self.devices
+            if d.holder is not None
+            and d.holder.uid == pod_uid
+            and (container is None or d.holder.container == container)
+        )
+
+    def release(self, pod_uid: str) -> tuple[str, ...]:
+        released = []
+        for dev in self.devices:
+            if dev.holder is not None and dev.holder.uid == pod_uid:
+                dev.holder = None
+                released.append(dev.uuid)
+        return tuple(released)
+
+    def holders(self) -> set[str]:
+        return {d.holder.uid for d in self.devices if d.holder is not None}
+
+    # Faults. Each returns the devices whose health changed, so the caller knows what to publish.
+
+    def inject_xid(self, index: int, code: int, now: float) -> bool:
+        dev = self.device(index)
+        message = f"XID {code}: {XID_MESSAGES.get(code, 'unknown XID')}"
+        dev.xids.append(XidEvent(code, now, message))
+        del dev.xids[:-MAX_XID_HISTORY]
+        if code in APPLICATION_XIDS:
+            return False
+        changed = dev.health is not Health.UNHEALTHY or dev.reason != message
+        dev.health = Health.UNHEALTHY
+        dev.reason = message
+        return changed
+
+    def degrade(self, index: int, slowdown: float) -> bool:
+        if not slowdown >= 1.0:
+            raise ValueError(f"slowdown must be >= 1.0 (1.3 means 30% slower), got {slowdown}")
+        dev = self.device(index)
+        dev.slowdown = slowdown
+        if dev.health is Health.UNHEALTHY:
+            return False
+        dev.health = Health.DEGRADED if slowdown > 1.0 else Health.HEALTHY
+        dev.reason = f"throttled: running {slowdown:.2f}x slower (HW slowdown)" if slowdown > 1.0 else ""
+        return True
+
+    def recover(self, index: int) -> bool:
+        dev = self.device(index)
+        changed = dev.health is not Health.HEALTHY
+        dev.health = Health.HEALTHY
+        dev.reason = ""
+        dev.slowdown = 1.0
+        return changed
+
+    def restart_plugin(self, now: float, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds}")
+        self.plugin_down_until = now + seconds
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "pluginRegistered": self.plugin_registered(now),
+            "pluginDownUntil": self.plugin_down_until,
+            "capacity": self.capacity(now),
+            "allocatable": self.allocatable_count(now),
+            "devices": [d.to_json() for d in self.devices],
+        }
+
+
+def kubelet_health(dev: Device | None) -> str:
+    """KEP-4680's view: the device plugin only knows Healthy and Unhealthy."""
+    if dev is None:
+        return "Unknown"
+    return "Unhealthy" if dev.health is Health.UNHEALTHY else "Healthy"
+
+
+def requested_gpus(container: Mapping[str, Any]) -> int:
+    """Whole devices a container asks for (limits win, as for extended resources)."""
+    resources = container.get("resources") or {}
+    for key in ("limits", "requests"):
+        value = (resources.get(key) or {}).get(GPU_RESOURCE)
+        if value is not None:
+            try:
+                return int(str(value))
+            except ValueError as exc:
+                raise AdmissionError(f"{GPU_RESOURCE} must be a whole number, got {value!r}") from exc
+    return 0
+
+
+def container_requests(pod_spec: Mapping[str, Any]) -> Iterable[tuple[str, int]]:
+    """(container name, GPUs) for the pod's regular containers that ask for any."""
+    for container in pod_spec.get("containers") or []:
+        count = requested_gpus(container)
+        if count:
+            yield str(container.get("name") or ""), count

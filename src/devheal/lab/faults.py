@@ -1,0 +1,74 @@
+"""Inject faults into a running lab, and read its simulated device state.
+
+The node simulator owns device state; this is its client (the CLI's
+``devheal lab inject ...`` and tests use it). Every call returns the node's device
+state after the change, as the simulator reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from devheal.lab.cluster import Lab, LabError
+
+
+class FaultError(LabError):
+    """The simulator refused the fault: unknown node, GPU index out of range, bad value."""
+
+
+class Faults:
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        url = self.lab.control_url() + path
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                result: dict[str, Any] = json.loads(resp.read())
+                return result
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = json.loads(exc.read()).get("error", "")
+            except ValueError:
+                detail = ""
+            raise FaultError(detail or f"node simulator answered HTTP {exc.code}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise LabError(
+                f"cannot reach the lab's node simulator at {url}: {getattr(exc, 'reason', exc)}; "
+                "is the lab running (`devheal lab status`)?"
+            ) from exc
+
+    def _fault(self, node: str, **body: Any) -> dict[str, Any]:
+        return self._call("POST", f"/v1/nodes/{node}/faults", body)
+
+    def xid(self, node: str, gpu: int, code: int) -> dict[str, Any]:
+        """An XID error on one GPU: hardware XIDs make it Unhealthy, application XIDs are only counted."""
+        return self._fault(node, kind="xid", gpu=gpu, code=code)
+
+    def degrade(self, node: str, gpu: int, slowdown: float) -> dict[str, Any]:
+        """The GPU stays allocatable but runs ``slowdown`` times slower (throttling)."""
+        return self._fault(node, kind="degrade", gpu=gpu, slowdown=slowdown)
+
+    def recover(self, node: str, gpu: int) -> dict[str, Any]:
+        return self._fault(node, kind="recover", gpu=gpu)
+
+    def plugin_restart(self, node: str, seconds: float = 5.0) -> dict[str, Any]:
+        """The device plugin goes away: capacity and allocatable drop to 0 for ``seconds``."""
+        return self._fault(node, kind="plugin-restart", seconds=seconds)
+
+    def node_not_ready(self, node: str) -> dict[str, Any]:
+        return self._fault(node, kind="node-notready")
+
+    def node_ready(self, node: str) -> dict[str, Any]:
+        return self._fault(node, kind="node-ready")
+
+    def devices(self, node: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/nodes/{node}")
+
+    def all_devices(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/nodes")

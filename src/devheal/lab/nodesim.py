@@ -1,0 +1,693 @@
+"""The simulated kubelets of the lab: device manager, device plugin and pod lifecycle.
+
+kwok keeps the lab's nodes alive (status, leases); this process does what a real
+kubelet and the NVIDIA device plugin would do for pods bound to those nodes:
+
+- admit a pod: allocate healthy device IDs per container, or fail the pod with
+  ``UnexpectedAdmissionError`` when the node cannot satisfy it;
+- run it: write a Running status whose containers carry KEP-4680
+  ``allocatedResourcesStatus`` (one entry per allocated device);
+- keep node capacity/allocatable for ``nvidia.com/gpu`` equal to the device plugin's
+  view (all devices / healthy devices; both 0 while the plugin restarts);
+- on a fault, flip the device's health in the holding pod's status (the allocation
+  stays, as on a real node);
+- finish pods: delete terminating ones (grace 0), free devices of ended ones;
+- serve kubelet's pod-resources v1 gRPC API per node on a unix socket;
+- take fault injections over a loopback HTTP API, and persist device state to a
+  JSON file so the state survives a restart and other tools can read it.
+
+One process serves every node of the lab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import resource
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.kube.informer import Reflector
+from devheal.kube.workqueue import WorkQueue, run_workers
+from devheal.kubelet.podresources import (
+    ContainerDevices,
+    ContainerResources,
+    PodResources,
+    PodResourcesServerGroup,
+)
+from devheal.lab import devices as devmod
+from devheal.lab.devices import GPU_RESOURCE, AdmissionError, Holder, NodeDevices
+
+log = logging.getLogger("devheal.lab.nodesim")
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+NOT_READY_LABEL = "node-not-ready.stage.kwok.x-k8s.io"
+RUN_SECONDS_ANNOTATION = "devheal.io/sim-run-seconds"
+"""Pods with this annotation complete (exit 0) that many seconds after they start."""
+EXIT_CODE_ANNOTATION = "devheal.io/sim-exit-code"
+"""With RUN_SECONDS_ANNOTATION: the exit code the pod's containers end with."""
+NODE_NAME_PREFIX = "gpu-node-"
+
+
+def node_name(index: int) -> str:
+    return f"{NODE_NAME_PREFIX}{index:03d}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """The fields of a pod the simulator needs."""
+
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    phase: str
+    deleting: bool
+    containers: tuple[tuple[str, str, int], ...]  # (name, image, gpus)
+    init_containers: tuple[tuple[str, str], ...]
+    run_seconds: float | None
+    exit_code: int
+    has_status_devices: tuple[tuple[str, str], ...]  # (container, device id) from status
+
+    @staticmethod
+    def from_obj(obj: Obj) -> PodView:
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        annotations = meta.get("annotations") or {}
+        containers = []
+        for c in spec.get("containers") or []:
+            try:
+                gpus = devmod.requested_gpus(c)
+            except AdmissionError:
+                gpus = -1  # rejected at admission with a clear message
+            containers.append((str(c.get("name") or ""), str(c.get("image") or ""), gpus))
+        run_seconds: float | None = None
+        if RUN_SECONDS_ANNOTATION in annotations:
+            try:
+                run_seconds = float(annotations[RUN_SECONDS_ANNOTATION])
+            except ValueError:
+                log.warning(
+                    "pod %s/%s: %s is not a number",
+                    meta.get("namespace"),
+                    meta.get("name"),
+                    RUN_SECONDS_ANNOTATION,
+                )
+        try:
+            exit_code = int(annotations.get(EXIT_CODE_ANNOTATION, "0"))
+        except ValueError:
+            exit_code = 1
+        devices_in_status = []
+        for cs in status.get("containerStatuses") or []:
+            for entry in cs.get("allocatedResourcesStatus") or []:
+                if entry.get("name") == GPU_RESOURCE:
+                    for res in entry.get("resources") or []:
+                        devices_in_status.append((str(cs.get("name")), str(res.get("resourceID"))))
+        return PodView(
+            key=f"{meta.get('namespace')}/{meta.get('name')}",
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            node=str(spec.get("nodeName") or ""),
+            phase=str(status.get("phase") or "Pending"),
+            deleting=bool(meta.get("deletionTimestamp")),
+            containers=tuple(containers),
+            init_containers=tuple(
+                (str(c.get("name") or ""), str(c.get("image") or "")) for c in spec.get("initContainers") or []
+            ),
+            run_seconds=run_seconds,
+            exit_code=exit_code,
+            has_status_devices=tuple(devices_in_status),
+        )
+
+
+@dataclass
+class RunningPod:
+    """What the simulator wrote for a pod it admitted, so it can rewrite it on a fault."""
+
+    view: PodView
+    started: float
+    pod_ip: str
+
+
+def _rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+@dataclass
+class NodeSimulator:
+    client: KubeClient
+    state_file: Path
+    socket_dir: Path | None
+    nodes: dict[str, NodeDevices] = field(default_factory=dict)
+    node_index: dict[str, int] = field(default_factory=dict)
+    running: dict[str, RunningPod] = field(default_factory=dict)  # pod uid -> record
+    queue: WorkQueue = field(default_factory=WorkQueue)
+    node_queue: WorkQueue = field(default_factory=WorkQueue)
+    pods: Reflector[PodView] | None = None
+    grpc: PodResourcesServerGroup | None = None
+    _save_pending: bool = False
+    _plugin_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+
+    # ---- setup -------------------------------------------------------------------------------
+
+    def load_or_create(self, count: int, gpus: int, model: str) -> None:
+        saved: dict[str, Any] = {}
+        if self.state_file.exists():
+            try:
+                saved = json.loads(self.state_file.read_text())
+            except (OSError, ValueError):
+                log.warning("ignoring unreadable device state %s", self.state_file)
+        for i in range(count):
+            name = node_name(i)
+            self.node_index[name] = i
+            nd = NodeDevices.create(name, gpus, model)
+            for dev_json in (saved.get("nodes", {}).get(name, {}) or {}).get("devices", []):
+                idx = int(dev_json.get("index", -1))
+                if 0 <= idx < len(nd.devices):
+                    dev = nd.devices[idx]
+                    dev.health = devmod.Health(dev_json.get("health", "Healthy"))
+                    dev.reason = str(dev_json.get("reason", ""))
+                    dev.slowdown = float(dev_json.get("slowdown", 1.0))
+                    dev.xids = [
+                        devmod.XidEvent(int(x["code"]), float(x["at"]), str(x["message"]))
+                        for x in dev_json.get("xids", [])
+                    ]
+            self.nodes[name] = nd
+
+    def node_object(self, name: str, gpus: int, model: str) -> Obj:
+        product = model.replace(" ", "-")
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "type": "kwok",
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "node-role.kubernetes.io/gpu": "",
+                    "nvidia.com/gpu.present": "true",
+                    "nvidia.com/gpu.product": product,
+                    "nvidia.com/gpu.count": str(gpus),
+                    "devheal.io/pool": "default",
+                },
+                "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            },
+            "status": {
+                "capacity": {"cpu": "96", "memory": "1536Gi", "pods": "110", GPU_RESOURCE: str(gpus)},
+                "allocatable": {"cpu": "96", "memory": "1536Gi", "pods": "110", GPU_RESOURCE: str(gpus)},
+            },
+        }
+
+    async def ensure_nodes(self, gpus: int, model: str) -> None:
+        sem = asyncio.Semaphore(32)
+
+        async def one(name: str) -> None:
+            async with sem:
+                with contextlib.suppress(errors.AlreadyExists):
+                    await self.client.create(api_path("v1", "nodes"), self.node_object(name, gpus, model))
+                self.node_queue.add(name)
+
+        await asyncio.gather(*(one(name) for name in self.nodes))
+
+    # ---- persistence -------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.time()
+        return {"updated": now, "nodes": {name: nd.to_json(now) for name, nd in self.nodes.items()}}
+
+    def schedule_save(self) -> None:
+        if self._save_pending:
+            return
+        self._save_pending = True
+        asyncio.get_running_loop().call_later(0.05, self._save)
+
+    def _save(self) -> None:
+        self._save_pending = False
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.snapshot()))
+        tmp.replace(self.state_file)
+
+    # ---- pods --------------------------------------------------------------------------------
+
+    def on_pod(self, key: str, old: PodView | None, new: PodView | None) -> None:
+        pod = new or old
+        if (pod is not None and pod.node in self.nodes) or (new is None and old is not None):
+            self.queue.add(key)
+
+    def _pod_ip(self, pod: PodView) -> str:
+        digest = hashlib.sha256(pod.uid.encode()).digest()
+        return (
+            f"10.{64 + self.node_index.get(pod.node, 0) // 256}.{self.node_index.get(pod.node, 0) % 256}."
+            f"{2 + digest[0] % 250}"
+        )
+
+    def _host_ip(self, node: str) -> str:
+        i = self.node_index.get(node, 0)
+        return f"10.{i // 256}.{i % 256}.1"
+
+    def _container_status(self, pod: PodView, name: str, image: str, started: float, ended: bool) -> Obj:
+        nd = self.nodes[pod.node]
+        cid = hashlib.sha256(f"{pod.uid}/{name}".encode()).hexdigest()
+        status: Obj = {
+            "name": name,
+            "image": image,
+            "imageID": "",
+            "containerID": f"containerd://{cid}",
+            "restartCount": 0,
+        }
+        if ended:
+            status |= {
+                "ready": False,
+                "started": False,
+                "state": {
+                    "terminated": {
+                        "exitCode": pod.exit_code,
+                        "reason": "Completed" if pod.exit_code == 0 else "Error",
+                        "startedAt": _rfc3339(started),
+                        "finishedAt": _rfc3339(time.time()),
+                        "containerID": f"containerd://{cid}",
+                    }
+                },
+            }
+        else:
+            status |= {"ready": True, "started": True, "state": {"running": {"startedAt": _rfc3339(started)}}}
+        held = nd.held_by(pod.uid, name)
+        if held:
+            status["allocatedResourcesStatus"] = [
+                {
+                    "name": GPU_RESOURCE,
+                    "resources": [self._resource_health(nd, device_id) for device_id in held],
+                }
+            ]
+        return status
+
+    @staticmethod
+    def _resource_health(nd: NodeDevices, device_id: str) -> Obj:
+        dev = nd.by_uuid(device_id)
+        entry: Obj = {"resourceID": device_id, "health": devmod.kubelet_health(dev)}
+        if dev is not None and dev.health is devmod.Health.UNHEALTHY and dev.reason:
+            entry["message"] = dev.reason
+        return entry
+
+    def _status_body(self, pod: PodView, record: RunningPod, ended: bool) -> Obj:
+        now = _rfc3339(time.time())
+        start = _rfc3339(record.started)
+        ready = "False" if ended else "True"
+        phase = "Running"
+        if ended:
+            phase = "Succeeded" if pod.exit_code == 0 else "Failed"
+        conditions = [
+            {"type": "PodReadyToStartContainers", "status": ready, "lastTransitionTime": start},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": start},
+            {"type": "Ready", "status": ready, "lastTransitionTime": now if ended else start},
+            {"type": "ContainersReady", "status": ready, "lastTransitionTime": now if ended else start},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": start},
+        ]
+        status: Obj = {
+            "phase": phase,
+            "conditions": conditions,
+            "hostIP": self._host_ip(pod.node),
+            "hostIPs": [{"ip": self._host_ip(pod.node)}],
+            "podIP": record.pod_ip,
+            "podIPs": [{"ip": record.pod_ip}],
+            "startTime": start,
+            "qosClass": "BestEffort",
+            "containerStatuses": [
+                self._container_status(pod, name, image, record.started, ended) for name, image, _ in pod.containers
+            ],
+        }
+        if pod.init_containers:
+            status["initContainerStatuses"] = [
+                {
+                    "name": name,
+                    "image": image,
+                    "imageID": "",
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {
+                        "terminated": {
+                            "exitCode": 0,
+                            "reason": "Completed",
+                            "startedAt": start,
+                            "finishedAt": start,
+                        }
+                    },
+                }
+                for name, image in pod.init_containers
+            ]
+        return {"status": status}
+
+    async def _patch_status(self, pod: PodView, body: Obj) -> None:
+        path = api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="status")
+        body = {"metadata": {"uid": pod.uid}, **body}
+        await self.client.patch(path, body)
+
+    async def reconcile_pod(self, key: str) -> float | None:
+        assert self.pods is not None
+        pod = self.pods.store.get(key)
+        if pod is None:
+            # Gone from the API: free whatever a pod of that name held.
+            for uid, record in list(self.running.items()):
+                if record.view.key == key:
+                    self._forget(uid, record.view.node)
+            return None
+        if pod.node not in self.nodes:
+            return None
+        nd = self.nodes[pod.node]
+        if pod.deleting:
+            self._forget(pod.uid, pod.node)
+            path = api_path("v1", "pods", namespace=pod.namespace, name=pod.name)
+            with contextlib.suppress(errors.NotFound, errors.Conflict):
+                await self.client.delete(path, {"gracePeriodSeconds": 0, "preconditions": {"uid": pod.uid}})
+            return None
+        if pod.phase in ("Succeeded", "Failed"):
+            self._forget(pod.uid, pod.node)
+            return None
+        running = self.running.get(pod.uid)
+        if running is None:
+            return await self._admit(pod, nd)
+        record = running
+        if pod.run_seconds is not None:
+            remaining = record.started + pod.run_seconds - time.time()
+            if remaining > 0:
+                return remaining
+            await self._patch_status(pod, self._status_body(pod, record, ended=True))
+            self._forget(pod.uid, pod.node)
+        return None
+
+    async def _admit(self, pod: PodView, nd: NodeDevices) -> float | None:
+        now = time.time()
+        if pod.phase == "Running":
+            # Written by an earlier run of the simulator: take the allocation over as it is.
+            for container, device_id in pod.has_status_devices:
+                dev = nd.by_uuid(device_id)
+                if dev is not None:
+                    dev.holder = Holder(pod.namespace, pod.name, pod.uid, container)
+            self.running[pod.uid] = RunningPod(pod, now, self._pod_ip(pod))
+            self.schedule_save()
+            return pod.run_seconds
+        try:
+            for name, _image, gpus in pod.containers:
+                if gpus < 0:
+                    raise AdmissionError(f"container {name}: {GPU_RESOURCE} must be a whole number")
+                nd.allocate(Holder(pod.namespace, pod.name, pod.uid, name), gpus, now)
+        except AdmissionError as exc:
+            nd.release(pod.uid)
+            await self._patch_status(
+                pod,
+                {
+                    "status": {
+                        "phase": "Failed",
+                        "reason": "UnexpectedAdmissionError",
+                        "message": f"Pod was rejected: {exc}",
+                        "startTime": _rfc3339(now),
+                    }
+                },
+            )
+            log.info("rejected %s on %s: %s", pod.key, pod.node, exc)
+            return None
+        record = RunningPod(pod, now, self._pod_ip(pod))
+        try:
+            await self._patch_status(pod, self._status_body(pod, record, ended=False))
+        except errors.KubeError:
+            nd.release(pod.uid)
+            raise
+        self.running[pod.uid] = record
+        self.schedule_save()
+        self._notify_node(pod.node)
+        return pod.run_seconds
+
+    def _forget(self, uid: str, node: str) -> None:
+        self.running.pop(uid, None)
+        nd = self.nodes.get(node)
+        if nd is not None and nd.release(uid):
+            self.schedule_save()
+
+    def _notify_node(self, node: str) -> None:
+        """Pod-resources answers are computed on demand; nothing to push."""
+
+    async def republish_holders(self, node: str, device_ids: set[str]) -> None:
+        """Rewrite the status of pods holding these devices (their health changed)."""
+        nd = self.nodes[node]
+        for uid in {d.holder.uid for d in nd.devices if d.holder is not None and d.uuid in device_ids}:
+            record = self.running.get(uid)
+            if record is not None:
+                await self._patch_status(record.view, self._status_body(record.view, record, ended=False))
+
+    # ---- nodes -------------------------------------------------------------------------------
+
+    async def reconcile_node(self, name: str) -> float | None:
+        nd = self.nodes[name]
+        now = time.time()
+        patch = {
+            "status": {
+                "capacity": {GPU_RESOURCE: str(nd.capacity(now))},
+                "allocatable": {GPU_RESOURCE: str(nd.allocatable_count(now))},
+            }
+        }
+        await self.client.patch(api_path("v1", "nodes", name=name, subresource="status"), patch)
+        if not nd.plugin_registered(now):
+            return nd.plugin_down_until - now
+        return None
+
+    # ---- faults ------------------------------------------------------------------------------
+
+    async def inject(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Apply one fault; raises KeyError (unknown node) or ValueError (bad input)."""
+        if node not in self.nodes:
+            raise KeyError(
+                f"no simulated node named {node!r}; nodes are {node_name(0)}..{node_name(len(self.nodes) - 1)}"
+            )
+        nd = self.nodes[node]
+        kind = body.get("kind")
+        now = time.time()
+
+        def gpu_index() -> int:
+            value = body.get("gpu")
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"fault {kind!r} needs 'gpu': a GPU index (integer), got {value!r}")
+            nd.device(value)  # raises IndexError with the valid range
+            return value
+
+        changed: set[str] = set()
+        if kind == "xid":
+            code = body.get("code")
+            if not isinstance(code, int) or isinstance(code, bool) or code <= 0:
+                raise ValueError(f"fault 'xid' needs 'code': a positive XID number, got {code!r}")
+            index = gpu_index()
+            if nd.inject_xid(index, code, now):
+                changed.add(nd.devices[index].uuid)
+        elif kind == "degrade":
+            slowdown = body.get("slowdown")
+            if not isinstance(slowdown, int | float) or isinstance(slowdown, bool):
+                raise ValueError(f"fault 'degrade' needs 'slowdown': a number >= 1.0, got {slowdown!r}")
+            index = gpu_index()
+            nd.degrade(index, float(slowdown))
+        elif kind == "recover":
+            index = gpu_index()
+            if nd.recover(index):
+                changed.add(nd.devices[index].uuid)
+        elif kind == "plugin-restart":
+            seconds = body.get("seconds", 5)
+            if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
+                raise ValueError(f"fault 'plugin-restart' needs 'seconds' >= 0, got {seconds!r}")
+            nd.restart_plugin(now, float(seconds))
+        elif kind in ("node-notready", "node-ready"):
+            value = "true" if kind == "node-notready" else None
+            await self.client.patch(
+                api_path("v1", "nodes", name=node), {"metadata": {"labels": {NOT_READY_LABEL: value}}}
+            )
+        else:
+            raise ValueError(
+                f"unknown fault kind {kind!r}; expected one of xid, degrade, recover, plugin-restart, "
+                "node-notready, node-ready"
+            )
+        self.schedule_save()
+        await self.reconcile_node(node)
+        if nd.plugin_down_until > now:
+            self.node_queue.add_after(node, nd.plugin_down_until - now + 0.01)
+        if changed:
+            await self.republish_holders(node, changed)
+        return nd.to_json(time.time())
+
+    # ---- pod-resources -----------------------------------------------------------------------
+
+    def pod_resources_source(self, node: str) -> NodePodResources:
+        return NodePodResources(self, node)
+
+    # ---- control API -------------------------------------------------------------------------
+
+    def http_app(self) -> web.Application:
+        app = web.Application()
+
+        async def healthz(_: web.Request) -> web.Response:
+            synced = self.pods is not None and self.pods.synced.is_set()
+            return web.json_response({"ok": synced, "nodes": len(self.nodes)}, status=200 if synced else 503)
+
+        async def list_nodes(_: web.Request) -> web.Response:
+            return web.json_response(self.snapshot())
+
+        async def get_node(request: web.Request) -> web.Response:
+            nd = self.nodes.get(request.match_info["node"])
+            if nd is None:
+                return web.json_response({"error": f"no simulated node {request.match_info['node']!r}"}, status=404)
+            return web.json_response(nd.to_json(time.time()))
+
+        async def post_fault(request: web.Request) -> web.Response:
+            try:
+                body = await request.json()
+            except ValueError:
+                return web.json_response({"error": "body must be a JSON object"}, status=400)
+            if not isinstance(body, dict):
+                return web.json_response({"error": "body must be a JSON object"}, status=400)
+            try:
+                result = await self.inject(request.match_info["node"], body)
+            except KeyError as exc:
+                return web.json_response({"error": str(exc.args[0])}, status=404)
+            except (ValueError, IndexError) as exc:
+                return web.json_response({"error": str(exc)}, status=400)
+            except errors.KubeError as exc:
+                return web.json_response({"error": f"API server refused the update: {exc}"}, status=502)
+            return web.json_response(result)
+
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/v1/nodes", list_nodes)
+        app.router.add_get("/v1/nodes/{node}", get_node)
+        app.router.add_post("/v1/nodes/{node}/faults", post_fault)
+        return app
+
+    # ---- main --------------------------------------------------------------------------------
+
+    async def run(self, gpus: int, model: str, http_port: int, workers: int = 16) -> None:
+        self.pods = Reflector(self.client, api_path("v1", "pods"), PodView.from_obj, handlers=[self.on_pod])
+        runner = web.AppRunner(self.http_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", http_port)
+        await site.start()
+        tasks = [
+            asyncio.create_task(self.pods.run(), name="pods"),
+            asyncio.create_task(run_workers(self.queue, self.reconcile_pod, workers=workers, name="pods")),
+            asyncio.create_task(run_workers(self.node_queue, self.reconcile_node, workers=8, name="nodes")),
+        ]
+        await self.ensure_nodes(gpus, model)
+        if self.socket_dir is not None:
+            self.grpc = PodResourcesServerGroup()
+            for name in self.nodes:
+                await self.grpc.add(name, self.pod_resources_source(name), self.socket_dir / f"{name}.sock")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        for task in tasks:
+            task.cancel()
+        if self.grpc is not None:
+            await self.grpc.stop()
+        self._save()
+        await runner.cleanup()
+
+
+@dataclass
+class NodePodResources:
+    """The pod-resources view of one simulated node (what kubelet's device manager answers)."""
+
+    sim: NodeSimulator
+    node: str
+
+    def _pods(self) -> dict[tuple[str, str], dict[str, list[str]]]:
+        grouped: dict[tuple[str, str], dict[str, list[str]]] = {}
+        for record in self.sim.running.values():
+            if record.view.node == self.node:
+                grouped.setdefault(
+                    (record.view.namespace, record.view.name), {c[0]: [] for c in record.view.containers}
+                )
+        for dev in self.sim.nodes[self.node].devices:
+            if dev.holder is not None:
+                pod = grouped.setdefault((dev.holder.namespace, dev.holder.pod), {})
+                pod.setdefault(dev.holder.container, []).append(dev.uuid)
+        return grouped
+
+    @staticmethod
+    def _to_record(namespace: str, name: str, containers: dict[str, list[str]]) -> PodResources:
+        return PodResources(
+            namespace=namespace,
+            name=name,
+            containers=tuple(
+                ContainerResources(
+                    name=cname,
+                    devices=(ContainerDevices(GPU_RESOURCE, tuple(ids)),) if ids else (),
+                )
+                for cname, ids in containers.items()
+            ),
+        )
+
+    def list_pods(self) -> list[PodResources]:
+        return [self._to_record(ns, name, cs) for (ns, name), cs in self._pods().items()]
+
+    def allocatable(self) -> list[ContainerDevices]:
+        nd = self.sim.nodes[self.node]
+        now = time.time()
+        if not nd.plugin_registered(now):
+            return []
+        ids = tuple(d.uuid for d in nd.devices if d.allocatable)
+        return [ContainerDevices(GPU_RESOURCE, ids)] if ids else []
+
+    def get_pod(self, namespace: str, name: str) -> PodResources | None:
+        containers = self._pods().get((namespace, name))
+        return None if containers is None else self._to_record(namespace, name, containers)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    client = await KubeClient.connect(args.kubeconfig, max_connections=64)
+    sim = NodeSimulator(
+        client=client,
+        state_file=Path(args.state_file),
+        socket_dir=Path(args.socket_dir) if args.socket_dir else None,
+    )
+    sim.load_or_create(args.nodes, args.gpus_per_node, args.gpu_model)
+    try:
+        await sim.run(args.gpus_per_node, args.gpu_model, args.http_port)
+    finally:
+        await client.close()
+
+
+def _raise_fd_limit() -> None:
+    """One unix socket per node: 1,000 nodes need more descriptors than the usual soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="devheal lab: simulated kubelets and GPUs for kwok nodes")
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--gpu-model", default="NVIDIA H100 80GB HBM3")
+    parser.add_argument("--state-file", required=True)
+    parser.add_argument("--socket-dir", default="")
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args()
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _raise_fd_limit()
+    asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    main()

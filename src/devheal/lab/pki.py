@@ -1,0 +1,154 @@
+"""Certificates and keys of a lab cluster: a CA, the API server's serving certificate,
+an admin client identity in ``system:masters``, and the service-account signing key.
+
+Generated once per lab directory; the admin kubeconfig embeds them.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_VALID = datetime.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class LabPki:
+    directory: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.directory / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.directory / "ca.key"
+
+    @property
+    def serving_cert(self) -> Path:
+        return self.directory / "apiserver.crt"
+
+    @property
+    def serving_key(self) -> Path:
+        return self.directory / "apiserver.key"
+
+    @property
+    def admin_cert(self) -> Path:
+        return self.directory / "admin.crt"
+
+    @property
+    def admin_key(self) -> Path:
+        return self.directory / "admin.key"
+
+    @property
+    def sa_key(self) -> Path:
+        return self.directory / "sa.key"
+
+    @property
+    def sa_pub(self) -> Path:
+        return self.directory / "sa.pub"
+
+    def ensure(self) -> None:
+        if all(p.exists() for p in (self.ca_cert, self.serving_cert, self.admin_cert, self.sa_key, self.sa_pub)):
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "devheal-lab-ca")])
+        ca = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(now + _VALID)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
+            .sign(ca_key, hashes.SHA256())
+        )
+        _write_key(self.ca_key, ca_key)
+        self.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+
+        def leaf(
+            common: str, orgs: list[str], usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]
+        ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+            key = ec.generate_private_key(ec.SECP256R1())
+            attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common)]
+            attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in orgs]
+            builder = (
+                x509.CertificateBuilder()
+                .subject_name(x509.Name(attrs))
+                .issuer_name(ca_name)
+                .public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now)
+                .not_valid_after(now + _VALID)
+                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            )
+            if sans:
+                builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            return key, builder.sign(ca_key, hashes.SHA256())
+
+        serving_sans: list[x509.GeneralName] = [
+            x509.DNSName(name) for name in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
+        ]
+        serving_sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "10.96.0.1")]
+        key, cert = leaf("kube-apiserver", [], ExtendedKeyUsageOID.SERVER_AUTH, serving_sans)
+        _write_key(self.serving_key, key)
+        self.serving_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        key, cert = leaf("devheal-lab-admin", ["system:masters"], ExtendedKeyUsageOID.CLIENT_AUTH, [])
+        _write_key(self.admin_key, key)
+        self.admin_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        _write_key(self.sa_key, sa)
+        self.sa_pub.write_bytes(
+            sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
+
+    def kubeconfig(self, server: str, user: str = "devheal-lab-admin") -> str:
+        def b64(path: Path) -> str:
+            return base64.b64encode(path.read_bytes()).decode()
+
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "devheal-lab",
+                    "cluster": {"server": server, "certificate-authority-data": b64(self.ca_cert)},
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {
+                        "client-certificate-data": b64(self.admin_cert),
+                        "client-key-data": b64(self.admin_key),
+                    },
+                }
+            ],
+            "contexts": [{"name": "devheal-lab", "context": {"cluster": "devheal-lab", "user": user}}],
+            "current-context": "devheal-lab",
+        }
+        return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)

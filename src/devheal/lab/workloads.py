@@ -1,0 +1,113 @@
+"""GPU workloads for the lab, and ways to read and wait on them (used by tests, demo, benchmarks)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.lab.devices import GPU_RESOURCE
+
+T = TypeVar("T")
+
+
+class WaitTimeout(AssertionError):
+    """A condition did not hold in time; the message says what was awaited and the last value seen."""
+
+
+async def wait_until(
+    read: Callable[[], Awaitable[T]],
+    ok: Callable[[T], bool],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+) -> T:
+    """Poll ``read()`` until ``ok(value)``; after ``timeout`` seconds raise ``WaitTimeout`` naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = await read()
+        if ok(last):
+            return last
+        if time.monotonic() >= deadline:
+            shown = repr(last)
+            raise WaitTimeout(f"timed out after {timeout}s waiting for {what}; last value: {shown[:500]}")
+        await asyncio.sleep(interval)
+
+
+def _pod_template(app: str, gpus: int, annotations: dict[str, str] | None = None) -> Obj:
+    container: Obj = {"name": "main", "image": "registry.invalid/devheal/fake-inference:1"}
+    if gpus:
+        container["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}}
+    meta: Obj = {"labels": {"app": app}}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"metadata": meta, "spec": {"containers": [container], "terminationGracePeriodSeconds": 0}}
+
+
+def gpu_deployment(name: str, *, replicas: int, gpus: int = 1) -> Obj:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": _pod_template(name, gpus),
+        },
+    }
+
+
+def gpu_pod(name: str, *, gpus: int = 1, node: str | None = None) -> Obj:
+    pod = {"apiVersion": "v1", "kind": "Pod", **_pod_template(name, gpus)}
+    pod["metadata"] = {**pod["metadata"], "name": name}
+    pod["spec"] = {**pod["spec"], "restartPolicy": "Never"}
+    if node:
+        pod["spec"]["nodeName"] = node
+    return pod
+
+
+@dataclass(frozen=True)
+class PodDevice:
+    container: str
+    device_id: str
+    health: str
+    message: str
+
+
+def pod_devices(pod: Obj) -> list[PodDevice]:
+    """The GPUs a pod's status reports (KEP-4680 ``allocatedResourcesStatus``)."""
+    found = []
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        for entry in cs.get("allocatedResourcesStatus") or []:
+            if entry.get("name") != GPU_RESOURCE:
+                continue
+            for res in entry.get("resources") or []:
+                found.append(
+                    PodDevice(
+                        str(cs.get("name")),
+                        str(res.get("resourceID")),
+                        str(res.get("health")),
+                        str(res.get("message") or ""),
+                    )
+                )
+    return found
+
+
+async def pods_of(kube: KubeClient, namespace: str, selector: str = "") -> list[Obj]:
+    params = {"labelSelector": selector} if selector else None
+    items, _ = await kube.list_all(api_path("v1", "pods", namespace=namespace), params)
+    return items
+
+
+async def node_gpus(kube: KubeClient, node: str) -> tuple[int, int]:
+    """(capacity, allocatable) of ``nvidia.com/gpu`` on a node."""
+    obj = await kube.get(api_path("v1", "nodes", name=node))
+    status = obj.get("status") or {}
+    return (
+        int((status.get("capacity") or {}).get(GPU_RESOURCE, "0")),
+        int((status.get("allocatable") or {}).get(GPU_RESOURCE, "0")),
+    )

@@ -1,0 +1,90 @@
+"""The lab as pytest fixtures: one real control plane per test session, a namespace per test.
+
+Faults injected through the ``faults`` fixture are undone when the test ends, so
+tests share the nodes without seeing each other's broken GPUs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, api_path
+from devheal.lab.cluster import Lab, LabSpec
+from devheal.lab.faults import Faults
+
+LAB_NODES = 6
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    # A short path: unix socket paths (pod-resources) must stay under 108 bytes.
+    directory = Path(tempfile.mkdtemp(prefix="devheal-lab-", dir="/tmp"))
+    lab = Lab(directory)
+    lab.up(LabSpec(nodes=LAB_NODES, gpus_per_node=8))
+    try:
+        yield lab
+    finally:
+        lab.down()
+
+
+@pytest.fixture
+async def kube(lab: Lab) -> AsyncIterator[KubeClient]:
+    client = await KubeClient.connect(str(lab.kubeconfig))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def namespace(kube: KubeClient) -> AsyncIterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        try:
+            # Delete pods at once (the simulated kubelet finishes them) and the namespace.
+            await kube.request("DELETE", api_path("v1", "pods", namespace=name), params={"gracePeriodSeconds": 0})
+            await kube.delete(api_path("v1", "namespaces", name=name))
+        except errors.NotFound:
+            pass
+
+
+class RecordingFaults(Faults):
+    """Faults that remember what they broke, to recover it afterwards."""
+
+    def __init__(self, lab: Lab) -> None:
+        super().__init__(lab)
+        self.touched: set[tuple[str, int]] = set()
+        self.not_ready: set[str] = set()
+
+    def _fault(self, node: str, **body: Any) -> dict[str, Any]:
+        result = super()._fault(node, **body)
+        if "gpu" in body and body.get("kind") != "recover":
+            self.touched.add((node, int(body["gpu"])))
+        if body.get("kind") == "node-notready":
+            self.not_ready.add(node)
+        return result
+
+    def undo(self) -> None:
+        for node, gpu in sorted(self.touched):
+            self.recover(node, gpu)
+        for node in sorted(self.not_ready):
+            self.node_ready(node)
+
+
+@pytest.fixture
+def faults(lab: Lab) -> Iterator[RecordingFaults]:
+    recording = RecordingFaults(lab)
+    try:
+        yield recording
+    finally:
+        recording.undo()
