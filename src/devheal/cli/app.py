@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from devheal import __version__
+from devheal.cli import controller as controller_cli
 from devheal.cli import demo as demo_cli
 from devheal.cli import lab as lab_cli
 
@@ -15,6 +16,7 @@ app = typer.Typer(
 )
 app.add_typer(lab_cli.app, name="lab")
 app.command("demo")(demo_cli.demo)
+app.command("controller")(controller_cli.controller)
 
 
 @app.command()

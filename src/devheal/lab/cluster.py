@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -182,6 +183,9 @@ class Lab:
         say("checking control-plane binaries")
         toolchain.ensure_binaries(lambda step, done, total: say(f"building {step} {done}/{total}" if total else step))
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        # Every `up` is a fresh cluster: no objects or device faults from an earlier run.
+        shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+        self.devices_path.unlink(missing_ok=True)
         self.pki.ensure()
         ports = {
             name: free_port()

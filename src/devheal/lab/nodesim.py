@@ -30,14 +30,14 @@ import logging
 import resource
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from devheal.kube import errors
-from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
 from devheal.kube.informer import Reflector
 from devheal.kube.workqueue import WorkQueue, run_workers
 from devheal.kubelet.podresources import (
@@ -355,7 +355,9 @@ class NodeSimulator:
     async def _patch_status(self, pod: PodView, body: Obj) -> None:
         path = api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="status")
         body = {"metadata": {"uid": pod.uid}, **body}
-        await self.client.patch(path, body)
+        # Strategic merge, as kubelet's status manager: conditions merge by type, so conditions
+        # other controllers set (devheal.io/DeviceFailed, DisruptionTarget) survive our writes.
+        await self.client.patch(path, body, content_type=STRATEGIC_PATCH)
 
     async def reconcile_pod(self, key: str) -> float | None:
         assert self.pods is not None
@@ -370,6 +372,12 @@ class NodeSimulator:
             return None
         nd = self.nodes[pod.node]
         if pod.deleting:
+            ending = self.running.get(pod.uid)
+            if ending is not None and pod.phase not in ("Succeeded", "Failed"):
+                # Like kubelet: a deleted pod reaches a terminal phase before it goes away, so a
+                # Job's podFailurePolicy can judge it.
+                killed = replace(pod, exit_code=137)
+                await self._patch_status(pod, self._status_body(killed, ending, ended=True))
             self._forget(pod.uid, pod.node)
             path = api_path("v1", "pods", namespace=pod.namespace, name=pod.name)
             with contextlib.suppress(errors.NotFound, errors.Conflict):

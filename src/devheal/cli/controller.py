@@ -1,0 +1,43 @@
+"""``devheal controller``: run the remediation controller."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Annotated
+
+import typer
+
+from devheal.controller.loop import ControllerOptions, serve
+
+
+def controller(
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="Kubeconfig path; in-cluster service account when absent.")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option(help="Decide and record Remediations, change nothing else.")] = False,
+    paused: Annotated[bool, typer.Option(help="Record findings, take no action at all.")] = False,
+    leader_elect: Annotated[bool, typer.Option(help="Take the leader Lease before acting (run 2 replicas).")] = True,
+    lease_namespace: Annotated[
+        str, typer.Option(help="Namespace of the leader Lease (default: $POD_NAMESPACE or kube-system).")
+    ] = "",
+    lease_duration: Annotated[float, typer.Option(help="Seconds a leader's lease lasts without renewal.")] = 15.0,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Watch device signals, decide with the policies, remediate within the safety rails."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    options = ControllerOptions(
+        dry_run=dry_run,
+        paused=paused,
+        leader_elect=leader_elect,
+        lease_namespace=lease_namespace or os.environ.get("POD_NAMESPACE") or "kube-system",
+        lease_duration=lease_duration,
+        renew_deadline=lease_duration * 2 / 3,
+        retry_period=max(0.5, lease_duration / 7.5),
+    )
+    asyncio.run(serve(kubeconfig, options, metrics_port))

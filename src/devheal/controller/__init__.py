@@ -1,0 +1,1 @@
+"""The devheal controller: cluster cache, findings, engine, actuators, leader election, metrics."""

@@ -1,0 +1,127 @@
+"""The controller's cluster view: reflectors for every input, projected small, indexed.
+
+Indexes are kept on every change: node -> pods, (node, device id) -> pod. A node's
+``gap_since`` (allocatable GPUs below capacity since when) is carried across updates
+here, because only the cache sees the transition. Any change sets ``changed``; the
+controller's loop waits on it and reads a consistent ``view()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+from devheal.controller.projections import (
+    project_node,
+    project_node_devices,
+    project_pod,
+    project_remediation,
+)
+from devheal.kube.client import KubeClient, api_path
+from devheal.kube.informer import Reflector
+from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod
+from devheal.model.plan import InFlight
+from devheal.model.policy import Policy, PolicyError, parse_policy
+
+log = logging.getLogger(__name__)
+
+GROUP_VERSION = "devheal.io/v1alpha1"
+
+
+class ClusterCache:
+    def __init__(self, client: KubeClient, clock: Any = time.time) -> None:
+        self.clock = clock
+        self.changed = asyncio.Event()
+        self.pods_by_node: dict[str, set[str]] = {}
+        self.pod_by_device: dict[tuple[str, str], str] = {}
+        self.policy_errors: dict[str, str] = {}
+        self.nodes: Reflector[Node] = Reflector(client, api_path("v1", "nodes"), project_node, [self._on_node])
+        self.pods: Reflector[Pod] = Reflector(client, api_path("v1", "pods"), project_pod, [self._on_pod])
+        self.reports: Reflector[NodeDevicesReport] = Reflector(
+            client, api_path(GROUP_VERSION, "nodedevices"), project_node_devices, [self._on_any]
+        )
+        self.policy_objects: Reflector[dict[str, Any]] = Reflector(
+            client, api_path(GROUP_VERSION, "remediationpolicies"), lambda o: o, [self._on_any]
+        )
+        self.remediations: Reflector[InFlight] = Reflector(
+            client, api_path(GROUP_VERSION, "remediations"), project_remediation, [self._on_any]
+        )
+        self.reflectors: list[Reflector[Any]] = [
+            self.nodes,
+            self.pods,
+            self.reports,
+            self.policy_objects,
+            self.remediations,
+        ]
+
+    # ---- handlers ----------------------------------------------------------------------------
+
+    def _on_any(self, key: str, old: object, new: object) -> None:
+        self.changed.set()
+
+    def _on_node(self, key: str, old: Node | None, new: Node | None) -> None:
+        if new is not None:
+            gap_since: float | None = None
+            if new.gpu_gap > 0:
+                gap_since = old.gap_since if old is not None and old.gap_since is not None else self.clock()
+            if gap_since != new.gap_since:
+                # The store holds the projection; carry the transition time into it.
+                self.nodes.store[key] = replace(new, gap_since=gap_since)
+        self.changed.set()
+
+    def _on_pod(self, key: str, old: Pod | None, new: Pod | None) -> None:
+        if old is not None:
+            self.pods_by_node.get(old.node, set()).discard(key)
+            for dev in old.devices:
+                if self.pod_by_device.get((old.node, dev.device_id)) == key:
+                    del self.pod_by_device[(old.node, dev.device_id)]
+        if new is not None and new.node:
+            self.pods_by_node.setdefault(new.node, set()).add(key)
+            if new.active:
+                for dev in new.devices:
+                    self.pod_by_device[(new.node, dev.device_id)] = key
+        self.changed.set()
+
+    # ---- reading -----------------------------------------------------------------------------
+
+    def view(self) -> ClusterView:
+        return ClusterView(
+            nodes=self.nodes.store,
+            pods=self.pods.store,
+            reports=self.reports.store,
+            pods_by_node={n: frozenset(keys) for n, keys in self.pods_by_node.items() if keys},
+            pod_by_device=self.pod_by_device,
+        )
+
+    def policies(self) -> list[Policy]:
+        """Valid policies sorted by name; invalid ones are left out and noted in ``policy_errors``."""
+        parsed = []
+        errors: dict[str, str] = {}
+        for name, obj in sorted(self.policy_objects.store.items()):
+            try:
+                parsed.append(parse_policy(obj))
+            except PolicyError as exc:
+                errors[name] = str(exc)
+        self.policy_errors = errors
+        return parsed
+
+    def in_flight(self) -> list[InFlight]:
+        return list(self.remediations.store.values())
+
+    def sizes(self) -> dict[str, int]:
+        return {
+            "nodes": len(self.nodes.store),
+            "pods": len(self.pods.store),
+            "nodedevices": len(self.reports.store),
+            "policies": len(self.policy_objects.store),
+            "remediations": len(self.remediations.store),
+        }
+
+    async def run(self) -> None:
+        await asyncio.gather(*(r.run() for r in self.reflectors))
+
+    async def wait_synced(self) -> None:
+        await asyncio.gather(*(r.synced.wait() for r in self.reflectors))

@@ -1,0 +1,17 @@
+"""Prometheus metrics of the controller (served on --metrics-port)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+FINDINGS = Gauge("devheal_findings", "Current findings by kind", ["kind"])
+ACTIONS = Counter("devheal_actions_total", "Remediation actions by type and result", ["action", "result"])
+LATENCY = Histogram(
+    "devheal_signal_to_action_seconds",
+    "From the first observation of a finding to the remediation write",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900),
+)
+CACHE_OBJECTS = Gauge("devheal_cache_objects", "Objects in the controller's cache", ["kind"])
+BREAKER_OPEN = Gauge("devheal_circuit_breaker_open", "1 while the fault-storm circuit breaker is open")
+RECONCILES = Counter("devheal_reconciles_total", "Decision rounds run")
+LEADER = Gauge("devheal_leader", "1 while this replica holds the leader lease")

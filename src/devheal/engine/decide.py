@@ -1,0 +1,264 @@
+"""The engine: findings + cluster view + policies + in-flight remediations + now -> a plan.
+
+Pure and deterministic, so the live controller and the offline simulator run the same
+decisions, and tests check its invariants directly:
+
+- no action on a pod or node outside every policy's selector;
+- never two active remediations for one target, and no decision taken twice;
+- disruptive actions stay within the budgets (unhealthy nodes cluster-wide and per
+  pool, concurrent remediations, one per workload per interval), stop while the
+  circuit breaker is open, and are only recorded in dry-run or while paused.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from devheal.engine.findings import policy_for_node, policy_for_pod
+from devheal.model.cluster import ClusterView, Node
+from devheal.model.plan import POD_FINDINGS, Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan
+from devheal.model.policy import ActionKind, Policy, RemediationMode
+
+NODE_TAKING = frozenset({ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN, ActionKind.REMEDIATE_NODE})
+"""Actions that take a node out of service: they count against the unhealthy-node budgets."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Controller-wide switches (flags), on top of each policy's own."""
+
+    dry_run: bool = False
+    paused: bool = False
+
+
+def _node_out(node: Node | None, in_flight: Sequence[InFlight]) -> bool:
+    if node is not None and node.owned:
+        return True
+    name = node.name if node is not None else ""
+    return any(r.node == name and r.target_kind == "Node" and r.active and r.action in NODE_TAKING for r in in_flight)
+
+
+def lift_epochs(in_flight: Sequence[InFlight]) -> Counter[str]:
+    """Per node, how many times devheal lifted its marks (completed Lift remediations)."""
+    return Counter(r.node for r in in_flight if r.action is ActionKind.LIFT and r.phase is Phase.SUCCEEDED)
+
+
+def _candidate_actions(
+    view: ClusterView,
+    findings: Iterable[Finding],
+    policies: Sequence[Policy],
+    in_flight: Sequence[InFlight],
+    now: float,
+) -> list[tuple[Action, Policy]]:
+    out: list[tuple[Action, Policy]] = []
+    epochs = lift_epochs(in_flight)
+    for f in findings:
+        node = view.nodes.get(f.node)
+        if f.kind in POD_FINDINGS:
+            pod = view.pods.get(f.pod)
+            if pod is None or not pod.active:
+                continue
+            policy = policy_for_pod(policies, pod, node)
+            if policy is None:
+                continue
+            kind = policy.actions[pod.workload.cls]
+            out.append(
+                (
+                    Action(
+                        kind=kind,
+                        target_kind="Pod",
+                        target=pod.key,
+                        node=pod.node,
+                        finding=f,
+                        policy=policy.name,
+                        workload=pod.workload,
+                        target_uid=pod.uid,
+                        reason=f"{f.kind} on {pod.workload.cls} pod: policy {policy.name} says {kind}",
+                    ),
+                    policy,
+                )
+            )
+            continue
+        if node is None:
+            continue
+        policy = policy_for_node(policies, node)
+        if policy is None:
+            continue
+        rules = policy.node
+        base = Action(
+            kind=ActionKind.TAINT,
+            target_kind="Node",
+            target=node.name,
+            node=node.name,
+            finding=f,
+            policy=policy.name,
+            target_uid=node.uid,
+            epoch=epochs[node.name],
+        )
+        if f.kind is FindingKind.NODE_DEVICES_FAILED:
+            if rules.taint and "taint" not in node.owned:
+                out.append((replace(base, reason="failed GPUs: keep new pods off the node"), policy))
+            if rules.cordon and "cordon" not in node.owned and not node.unschedulable:
+                out.append((replace(base, kind=ActionKind.CORDON, reason="failed GPUs: cordon the node"), policy))
+            held = now - f.since
+            if rules.template is not None and f.all_devices_failed and held >= rules.remediate_after:
+                if f.node_idle:
+                    out.append(
+                        (
+                            replace(
+                                base,
+                                kind=ActionKind.REMEDIATE_NODE,
+                                reason=f"all GPUs failed for {held:.0f}s (>= {rules.remediate_after:.0f}s), node idle",
+                            ),
+                            policy,
+                        )
+                    )
+                elif rules.remediation is RemediationMode.DRAIN:
+                    out.append(
+                        (
+                            replace(
+                                base,
+                                kind=ActionKind.DRAIN,
+                                reason=f"all GPUs failed for {held:.0f}s; policy drains busy nodes",
+                            ),
+                            policy,
+                        )
+                    )
+        elif f.kind is FindingKind.NODE_RECOVERED and node.owned and now - f.since >= rules.hold_down:
+            out.append(
+                (
+                    replace(
+                        base,
+                        kind=ActionKind.LIFT,
+                        reason=f"healthy for {now - f.since:.0f}s (hold-down {rules.hold_down:.0f}s)",
+                    ),
+                    policy,
+                )
+            )
+    return out
+
+
+def decide(
+    view: ClusterView,
+    findings: Iterable[Finding],
+    policies: Sequence[Policy],
+    in_flight: Sequence[InFlight],
+    now: float,
+    settings: Settings = Settings(),
+) -> Plan:
+    """Decide what to do now. ``policies`` must be sorted by name (the first selecting policy wins)."""
+    findings = list(findings)
+    existing = {r.name: r for r in in_flight}
+    active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
+    candidates = _candidate_actions(view, findings, policies, in_flight, now)
+
+    # Circuit breaker: too many nodes faulting within the window stops disruptive actions.
+    breaker_open, breaker_reason = False, ""
+    selected_nodes = [n for n in view.nodes.values() if policy_for_node(policies, n) is not None]
+    if selected_nodes and policies:
+        first = policies[0]
+        window = first.budgets.breaker_window
+        faulty = {f.node for f in findings if f.kind is FindingKind.NODE_DEVICES_FAILED and now - f.since <= window}
+        limit_pct = first.budgets.breaker_max_faulty_nodes_percent
+        if limit_pct < 100 and len(faulty) * 100 > limit_pct * len(selected_nodes) and len(faulty) > 1:
+            breaker_open = True
+            breaker_reason = (
+                f"{len(faulty)} of {len(selected_nodes)} nodes faulted within {window:.0f}s "
+                f"(> {limit_pct}%): disruptive actions stopped"
+            )
+
+    # Budget state from what is already in flight or already taken out.
+    out_nodes = {n.name for n in view.nodes.values() if _node_out(n, in_flight)}
+    concurrent = sum(1 for r in in_flight if r.active and r.disruptive)
+    last_disruption: dict[str, float] = {}
+    for r in in_flight:
+        if r.workload and r.disruptive:
+            last_disruption[r.workload] = max(last_disruption.get(r.workload, 0.0), r.started)
+
+    actions: list[Action] = []
+    blocked: list[Blocked] = []
+    planned_targets: set[tuple[str, str]] = set()
+    for action, policy in candidates:
+        prior = existing.get(action.name)
+        if prior is not None and prior.phase is not Phase.BLOCKED:
+            continue  # decided before (in flight, done, recorded as dry-run, or failed): never twice
+        target = (action.target_kind, action.target)
+        # One remediation at a time per target: the next step waits for the current one to end.
+        if target in planned_targets or (target in active_targets and (prior is None or prior.name != action.name)):
+            continue
+        dry = settings.dry_run or policy.dry_run
+        if settings.paused or policy.paused:
+            blocked.append(
+                Blocked(action, "devheal is paused" if settings.paused else f"policy {policy.name} is paused", "paused")
+            )
+            continue
+        if dry:
+            actions.append(replace(action, dry_run=True))
+            planned_targets.add(target)
+            continue
+        if action.disruptive and breaker_open:
+            blocked.append(Blocked(action, breaker_reason, "circuit-breaker"))
+            continue
+        budgets = policy.budgets
+        if action.kind in NODE_TAKING and action.node not in out_nodes:
+            limit = budgets.max_unhealthy_nodes.of(len(selected_nodes))
+            if len(out_nodes) + 1 > limit:
+                blocked.append(
+                    Blocked(
+                        action,
+                        f"max unhealthy nodes {budgets.max_unhealthy_nodes} reached: {len(out_nodes)} of "
+                        f"{len(selected_nodes)} nodes already out ({', '.join(sorted(out_nodes))})",
+                        "max-unhealthy-nodes",
+                    )
+                )
+                continue
+            node = view.nodes.get(action.node)
+            pool = node.labels.get(budgets.pool_label, "") if node is not None else ""
+            pool_nodes = [n for n in selected_nodes if n.labels.get(budgets.pool_label, "") == pool]
+            pool_out = sum(1 for n in pool_nodes if n.name in out_nodes)
+            pool_limit = budgets.max_unhealthy_nodes_per_pool.of(len(pool_nodes))
+            if pool_out + 1 > pool_limit:
+                blocked.append(
+                    Blocked(
+                        action,
+                        f"max unhealthy nodes per pool {budgets.max_unhealthy_nodes_per_pool} reached in pool "
+                        f"{pool or '(none)'}: {pool_out} of {len(pool_nodes)} out",
+                        "max-unhealthy-nodes-per-pool",
+                    )
+                )
+                continue
+        if action.disruptive:
+            if concurrent + 1 > budgets.max_concurrent_remediations:
+                blocked.append(
+                    Blocked(
+                        action,
+                        f"max concurrent remediations {budgets.max_concurrent_remediations} reached",
+                        "max-concurrent",
+                    )
+                )
+                continue
+            if action.workload is not None:
+                last = last_disruption.get(action.workload.key)
+                if last is not None and now - last < budgets.workload_disruption_interval:
+                    blocked.append(
+                        Blocked(
+                            action,
+                            f"workload {action.workload.key} was disrupted {now - last:.0f}s ago "
+                            f"(at most one disruptive action per {budgets.workload_disruption_interval:.0f}s)",
+                            "workload-interval",
+                        )
+                    )
+                    continue
+                last_disruption[action.workload.key] = now
+            concurrent += 1
+        if action.kind in NODE_TAKING:
+            out_nodes.add(action.node)
+        actions.append(action)
+        planned_targets.add(target)
+    return Plan(tuple(actions), tuple(blocked), breaker_open, breaker_reason)
+
+
+def count_by_kind(plan: Plan) -> Counter[ActionKind]:
+    return Counter(a.kind for a in plan.actions)

@@ -1,0 +1,53 @@
+"""Which workload a pod belongs to, and which class of remedy suits it.
+
+A pluggable table of gang markers (label -> owner kind) comes first, then owner
+references. Pure: works on labels and owner references only, so no extra watches are
+needed for the common controllers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from devheal.model.cluster import GANG_LABEL, OwnerRef, Workload, WorkloadClass
+
+GANG_LABELS: tuple[tuple[str, str], ...] = (
+    (GANG_LABEL, "Gang"),
+    ("jobset.sigs.k8s.io/jobset-name", "JobSet"),
+    ("training.kubeflow.org/job-name", "KubeflowJob"),
+    ("scheduling.x-k8s.io/pod-group", "PodGroup"),
+    ("volcano.sh/job-name", "VolcanoJob"),
+    ("kueue.x-k8s.io/pod-group-name", "KueuePodGroup"),
+)
+"""Labels whose presence makes a pod a member of a gang named by the label's value."""
+
+INFERENCE_LABELS: tuple[tuple[str, str], ...] = (("leaderworkerset.sigs.k8s.io/name", "LeaderWorkerSet"),)
+
+JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+TEMPLATE_HASH_LABEL = "pod-template-hash"
+
+
+def classify(
+    namespace: str, pod_name: str, labels: Mapping[str, str], owner: OwnerRef | None, restart_policy: str
+) -> Workload:
+    for label, kind in GANG_LABELS:
+        if labels.get(label):
+            return Workload(namespace, kind, labels[label], WorkloadClass.GANG)
+    for label, kind in INFERENCE_LABELS:
+        if labels.get(label):
+            return Workload(namespace, kind, labels[label], WorkloadClass.INFERENCE)
+    if owner is None:
+        return Workload(namespace, "Pod", pod_name, WorkloadClass.STANDALONE)
+    if owner.kind == "Job":
+        if JOB_INDEX_LABEL in labels:
+            return Workload(namespace, "Job", owner.name, WorkloadClass.GANG)
+        return Workload(namespace, "Job", owner.name, WorkloadClass.BATCH)
+    if owner.kind == "ReplicaSet" and restart_policy == "Always":
+        pod_hash = labels.get(TEMPLATE_HASH_LABEL, "")
+        if pod_hash and owner.name.endswith("-" + pod_hash):
+            return Workload(namespace, "Deployment", owner.name[: -len(pod_hash) - 1], WorkloadClass.INFERENCE)
+        return Workload(namespace, "ReplicaSet", owner.name, WorkloadClass.INFERENCE)
+    if owner.kind in ("StatefulSet", "LeaderWorkerSet") and restart_policy == "Always":
+        return Workload(namespace, owner.kind, owner.name, WorkloadClass.INFERENCE)
+    return Workload(namespace, owner.kind, owner.name, WorkloadClass.STANDALONE)

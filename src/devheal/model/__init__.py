@@ -1,0 +1,1 @@
+"""Typed records of the cluster, policies, findings and plans. No I/O."""

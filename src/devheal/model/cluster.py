@@ -1,0 +1,172 @@
+"""The controller's picture of the cluster: small immutable records, no I/O.
+
+The cache (``devheal.controller.cache``) projects API objects into these records
+and keeps them in a ``ClusterView``; findings and the engine read only these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+GPU_RESOURCE = "nvidia.com/gpu"
+DEVICE_FAILED_CONDITION = "devheal.io/DeviceFailed"
+OWNED_TAINT_KEY = "devheal.io/device-failure"
+OWNERSHIP_ANNOTATION = "devheal.io/owns"
+"""On a node: comma-separated marks of what devheal set (``taint``, ``cordon``), so only that is lifted."""
+PAUSE_ANNOTATION = "devheal.io/paused"
+GANG_LABEL = "devheal.io/gang"
+
+
+class DeviceHealth(StrEnum):
+    HEALTHY = "Healthy"
+    DEGRADED = "Degraded"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+class WorkloadClass(StrEnum):
+    INFERENCE = "inference"
+    """restartPolicy Always under a ReplicaSet / StatefulSet / LeaderWorkerSet."""
+    BATCH = "batch"
+    """A Job's pod (not part of a gang)."""
+    GANG = "gang"
+    """JobSet, indexed Job, or an explicit gang label: members restart together."""
+    STANDALONE = "standalone"
+    """A bare pod, or an owner devheal does not know."""
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    kind: str
+    name: str
+    uid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The thing a pod belongs to, and how devheal treats it."""
+
+    namespace: str
+    kind: str
+    name: str
+    cls: WorkloadClass
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    """One allocated device of one container, as the pod's status reports it (KEP-4680)."""
+
+    container: str
+    resource: str
+    device_id: str
+    health: DeviceHealth
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerState:
+    name: str
+    restart_count: int = 0
+    waiting_reason: str = ""
+    exit_code: int | None = None
+    """Exit code of the current (terminated) or, while waiting, the last terminated run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    phase: str
+    labels: Mapping[str, str]
+    restart_policy: str
+    workload: Workload
+    devices: tuple[DeviceStatus, ...] = ()
+    containers: tuple[ContainerState, ...] = ()
+    true_conditions: frozenset[str] = frozenset()
+    deleting: bool = False
+    gpu_request: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def active(self) -> bool:
+        return self.phase not in ("Succeeded", "Failed") and not self.deleting
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    uid: str
+    labels: Mapping[str, str]
+    ready: bool
+    unschedulable: bool
+    taints: tuple[Taint, ...]
+    gpu_capacity: int
+    gpu_allocatable: int
+    owned: frozenset[str] = frozenset()
+    """What devheal set on this node (from OWNERSHIP_ANNOTATION): ``taint``, ``cordon``."""
+    gap_since: float | None = None
+    """Since when allocatable < capacity for GPUs (None while equal); kept by the cache across updates."""
+
+    @property
+    def gpu_gap(self) -> int:
+        return max(0, self.gpu_capacity - self.gpu_allocatable)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedDevice:
+    """One device in a node agent's ``NodeDevices`` report."""
+
+    device_id: str
+    index: int
+    health: DeviceHealth
+    reason: str = ""
+    code: int | None = None
+    pod: str = ""
+    """``namespace/name`` of the pod holding it, if the agent knows."""
+    since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDevicesReport:
+    node: str
+    devices: tuple[ReportedDevice, ...]
+
+    @property
+    def unhealthy(self) -> tuple[ReportedDevice, ...]:
+        return tuple(d for d in self.devices if d.health is DeviceHealth.UNHEALTHY)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """A read-only view over the cache. Mappings are owned by the cache; never mutate them here."""
+
+    nodes: Mapping[str, Node]
+    pods: Mapping[str, Pod]
+    reports: Mapping[str, NodeDevicesReport] = field(default_factory=dict)
+    pods_by_node: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    pod_by_device: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    """(node, device id) -> pod key."""
+
+    def pods_on(self, node: str) -> list[Pod]:
+        return [self.pods[k] for k in self.pods_by_node.get(node, frozenset()) if k in self.pods]
+
+    def busy_gpus(self, node: str) -> int:
+        return sum(p.gpu_request for p in self.pods_on(node) if p.active)

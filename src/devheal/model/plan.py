@@ -1,0 +1,142 @@
+"""What detection finds and what the engine decides: findings, actions, plans, in-flight work."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from devheal.model.cluster import Workload
+from devheal.model.policy import DISRUPTIVE, ActionKind
+
+
+class FindingKind(StrEnum):
+    DEVICE_FAILED = "DeviceFailed"
+    """A device allocated to a pod is unhealthy (pod status or the node agent's report)."""
+    DEVICE_ERROR_EXIT = "DeviceErrorExit"
+    """A container on a device exited with a policy-declared device-error exit code."""
+    CRASH_LOOP_ON_DEVICE = "CrashLoopOnDevice"
+    """A container holding a device crash-loops."""
+    NODE_DEVICES_FAILED = "NodeDevicesFailed"
+    """A node has failed devices, reported by pods, the agent, or allocatable below capacity for too long."""
+    NODE_RECOVERED = "NodeRecovered"
+    """A node devheal marked is healthy again."""
+
+
+POD_FINDINGS = frozenset({FindingKind.DEVICE_FAILED, FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE})
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: FindingKind
+    node: str
+    source: str
+    """Which signal: ``pod-status``, ``nodedevices``, ``node-capacity``, ``container-exit``."""
+    evidence: str
+    since: float
+    pod: str = ""
+    """``namespace/name`` for pod findings."""
+    pod_uid: str = ""
+    device_ids: tuple[str, ...] = ()
+    all_devices_failed: bool = False
+    """Node findings: every device of the node is unhealthy."""
+    node_idle: bool = False
+    """Node findings: no active pod uses a GPU on the node."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.node}/{self.pod}"
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    IN_PROGRESS = "InProgress"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SKIPPED = "Skipped"
+    BLOCKED = "Blocked"
+    DRY_RUN = "DryRun"
+
+
+ACTIVE_PHASES = frozenset({Phase.PENDING, Phase.IN_PROGRESS})
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: ActionKind
+    target_kind: str
+    """``Pod`` or ``Node``."""
+    target: str
+    """Pod key ``namespace/name`` or node name."""
+    node: str
+    finding: Finding
+    policy: str
+    workload: Workload | None = None
+    target_uid: str = ""
+    dry_run: bool = False
+    reason: str = ""
+    epoch: int = 0
+    """Node actions: how many times devheal has lifted its marks from this node before; a new
+    fault after a recovery is a new decision, and a restarted controller computes the same number."""
+
+    @property
+    def disruptive(self) -> bool:
+        return self.kind in DISRUPTIVE
+
+    @property
+    def name(self) -> str:
+        """The Remediation object's name: one per (action, target, incarnation, finding kind, epoch)."""
+        return remediation_name(self.kind, self.target, self.target_uid, self.finding.kind, self.epoch)
+
+
+def remediation_name(kind: ActionKind, target: str, uid: str, finding: FindingKind, epoch: int = 0) -> str:
+    digest = hashlib.sha256(f"{kind}|{target}|{uid}|{finding}|{epoch}".encode()).hexdigest()[:10]
+    readable = re.sub(r"[^a-z0-9-]+", "-", target.lower()).strip("-")[:200]
+    return f"{kind.lower()}-{readable}-{digest}"
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """A decision not to act (a budget, the breaker, a pause), recorded so operators see why."""
+
+    action: Action
+    why: str
+    rail: str
+    """Which rail: ``max-unhealthy-nodes``, ``max-unhealthy-nodes-per-pool``, ``max-concurrent``,
+    ``workload-interval``, ``circuit-breaker``, ``paused``, ``gang-budget``."""
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """What the engine needs to know of an existing Remediation object."""
+
+    name: str
+    action: ActionKind
+    target_kind: str
+    target: str
+    node: str
+    phase: Phase
+    started: float
+    workload: str = ""
+    """Workload key, for the per-workload disruption interval."""
+    dry_run: bool = False
+    policy: str = ""
+    resume: Action | None = None
+    """The recorded decision, rebuilt, so an interrupted remediation can be carried on."""
+
+    @property
+    def active(self) -> bool:
+        return self.phase in ACTIVE_PHASES
+
+    @property
+    def disruptive(self) -> bool:
+        return self.action in DISRUPTIVE and not self.dry_run and self.phase not in (Phase.BLOCKED, Phase.SKIPPED)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    actions: tuple[Action, ...] = ()
+    blocked: tuple[Blocked, ...] = ()
+    breaker_open: bool = False
+    breaker_reason: str = ""
