@@ -102,7 +102,7 @@ def _candidate_actions(
                 out.append((replace(base, reason="failed GPUs: keep new pods off the node"), policy))
             if rules.cordon and "cordon" not in node.owned and not node.unschedulable:
                 out.append((replace(base, kind=ActionKind.CORDON, reason="failed GPUs: cordon the node"), policy))
-            held = now - f.since
+            held = now - (f.all_failed_since if f.all_failed_since is not None else f.since)
             if rules.template is not None and f.all_devices_failed and held >= rules.remediate_after:
                 if f.node_idle:
                     out.append(
@@ -173,6 +173,11 @@ def decide(
     out_nodes = {n.name for n in view.nodes.values() if _node_out(n, in_flight)}
     concurrent = sum(1 for r in in_flight if r.active and r.disruptive)
     last_disruption: dict[str, float] = {}
+    gang_restarts: Counter[str] = Counter(
+        r.workload
+        for r in in_flight
+        if r.action is ActionKind.RESTART_GANG and r.workload and r.disruptive and now - r.started < 3600
+    )
     for r in in_flight:
         if r.workload and r.disruptive:
             last_disruption[r.workload] = max(last_disruption.get(r.workload, 0.0), r.started)
@@ -180,22 +185,23 @@ def decide(
     actions: list[Action] = []
     blocked: list[Blocked] = []
     planned_targets: set[tuple[str, str]] = set()
-    for action, policy in candidates:
+    for candidate, policy in candidates:
+        dry = settings.dry_run or policy.dry_run
+        action = replace(candidate, dry_run=dry)  # before naming it: a dry-run decision has its own name
         prior = existing.get(action.name)
         if prior is not None and prior.phase is not Phase.BLOCKED:
             continue  # decided before (in flight, done, recorded as dry-run, or failed): never twice
         target = (action.target_kind, action.target)
         # One remediation at a time per target: the next step waits for the current one to end.
-        if target in planned_targets or (target in active_targets and (prior is None or prior.name != action.name)):
+        if target in planned_targets or target in active_targets:
             continue
-        dry = settings.dry_run or policy.dry_run
         if settings.paused or policy.paused:
             blocked.append(
                 Blocked(action, "devheal is paused" if settings.paused else f"policy {policy.name} is paused", "paused")
             )
             continue
         if dry:
-            actions.append(replace(action, dry_run=True))
+            actions.append(action)
             planned_targets.add(target)
             continue
         if action.disruptive and breaker_open:
@@ -239,6 +245,20 @@ def decide(
                     )
                 )
                 continue
+            if action.kind is ActionKind.RESTART_GANG and action.workload is not None:
+                restarts = gang_restarts.get(action.workload.key, 0)
+                if restarts >= budgets.gang_restarts_per_hour:
+                    blocked.append(
+                        Blocked(
+                            action,
+                            f"gang {action.workload.key} restarted {restarts} times in the last hour "
+                            f"(budget {budgets.gang_restarts_per_hour}/h): falling back to the workload's own "
+                            "failure handling",
+                            "gang-budget",
+                        )
+                    )
+                    continue
+                gang_restarts[action.workload.key] = restarts + 1
             if action.workload is not None:
                 last = last_disruption.get(action.workload.key)
                 if last is not None and now - last < budgets.workload_disruption_interval:

@@ -170,14 +170,18 @@ class FindingTracker:
         self, findings: Iterable[Finding], view: ClusterView, policies: Sequence[Policy], now: float
     ) -> list[Finding]:
         current = list(findings)
-        keys = {f.key for f in current}
+        keys = {f.key for f in current} | {f.key + "/all" for f in current if f.all_devices_failed}
         for key in [k for k in self.first_seen if k not in keys]:
             del self.first_seen[key]
         out = []
         for f in current:
             since = min(self.first_seen.setdefault(f.key, f.since), f.since)
             self.first_seen[f.key] = since
-            out.append(replace(f, since=since))
+            all_failed_since = None
+            if f.all_devices_failed:
+                # Remediation waits for "all devices failed" to hold, not for the first failure.
+                all_failed_since = self.first_seen.setdefault(f.key + "/all", now)
+            out.append(replace(f, since=since, all_failed_since=all_failed_since))
         faulty_nodes = {f.node for f in current if f.kind is FindingKind.NODE_DEVICES_FAILED}
         for name, node in view.nodes.items():
             if name in faulty_nodes or node.gpu_gap > 0:

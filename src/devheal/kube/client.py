@@ -68,7 +68,7 @@ class KubeClient:
         try:
             if kubeconfig is None:
                 try:
-                    k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+                    k8s_config.load_incluster_config(client_configuration=cfg)
                 except k8s_config.ConfigException:
                     await k8s_config.load_kube_config(client_configuration=cfg)
             else:

@@ -41,6 +41,8 @@ class Finding:
     device_ids: tuple[str, ...] = ()
     all_devices_failed: bool = False
     """Node findings: every device of the node is unhealthy."""
+    all_failed_since: float | None = None
+    """Node findings: since when every device has been unhealthy (kept by the FindingTracker)."""
     node_idle: bool = False
     """Node findings: no active pod uses a GPU on the node."""
 
@@ -86,12 +88,17 @@ class Action:
 
     @property
     def name(self) -> str:
-        """The Remediation object's name: one per (action, target, incarnation, finding kind, epoch)."""
-        return remediation_name(self.kind, self.target, self.target_uid, self.finding.kind, self.epoch)
+        """The Remediation object's name: one per (action, target, incarnation, finding kind, epoch, dry-run).
+
+        A dry-run decision has a name of its own, so turning dry-run off lets the real action happen."""
+        return remediation_name(self.kind, self.target, self.target_uid, self.finding.kind, self.epoch, self.dry_run)
 
 
-def remediation_name(kind: ActionKind, target: str, uid: str, finding: FindingKind, epoch: int = 0) -> str:
-    digest = hashlib.sha256(f"{kind}|{target}|{uid}|{finding}|{epoch}".encode()).hexdigest()[:10]
+def remediation_name(
+    kind: ActionKind, target: str, uid: str, finding: FindingKind, epoch: int = 0, dry_run: bool = False
+) -> str:
+    mark = "|dry" if dry_run else ""
+    digest = hashlib.sha256(f"{kind}|{target}|{uid}|{finding}|{epoch}{mark}".encode()).hexdigest()[:10]
     readable = re.sub(r"[^a-z0-9-]+", "-", target.lower()).strip("-")[:200]
     return f"{kind.lower()}-{readable}-{digest}"
 

@@ -204,15 +204,28 @@ DEFAULT_POLICY = Policy(name="devheal-default")
 
 # ---- parsing ---------------------------------------------------------------------------------
 
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
-_QUANTITY = re.compile(r"^(\d+)(%?)$")
+# ASCII digits only and full matches, exactly as the CRD's patterns (the API server's regex engine).
+_DURATION = re.compile(r"(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+(?:\.[0-9]+)?)s)?")
+_QUANTITY = re.compile(r"([0-9]+)(%?)")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SPEC_FIELDS = frozenset(
+    {
+        "selector",
+        "actions",
+        "deviceErrorExitCodes",
+        "crashLoopRestarts",
+        "node",
+        "budgets",
+        "allowDelete",
+        "dryRun",
+        "paused",
+    }
+)
 
 
 def parse_duration(text: Any, where: str) -> float:
-    """``90s``, ``5m``, ``1h30m`` -> seconds."""
-    if isinstance(text, int | float) and not isinstance(text, bool) and text >= 0:
-        return float(text)
-    match = _DURATION.match(str(text)) if isinstance(text, str) and text else None
+    """``90s``, ``5m``, ``1h30m`` -> seconds (a string, as the CRD requires)."""
+    match = _DURATION.fullmatch(text) if isinstance(text, str) and text else None
     if match is None or not any(match.groups()):
         raise PolicyError(f"{where}: expected a duration like 30s, 5m or 1h30m, got {text!r}")
     hours, minutes, seconds = match.groups()
@@ -222,7 +235,7 @@ def parse_duration(text: Any, where: str) -> float:
 def parse_quantity(value: Any, where: str) -> Quantity:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return Quantity(value, False)
-    match = _QUANTITY.match(str(value)) if isinstance(value, str) else None
+    match = _QUANTITY.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise PolicyError(f"{where}: expected a count (3) or a percentage (10%), got {value!r}")
     number, percent = int(match.group(1)), bool(match.group(2))
@@ -258,6 +271,9 @@ def _int(value: Any, where: str, default: int, minimum: int = 0) -> int:
 def _selector(value: Any, where: str) -> LabelSelector:
     spec = _mapping(value, where)
     labels = _mapping(spec.get("matchLabels"), f"{where}.matchLabels")
+    for key, val in labels.items():
+        if not isinstance(val, str):
+            raise PolicyError(f"{where}.matchLabels.{key}: expected a string, got {val!r}")
     reqs = []
     for i, expr in enumerate(spec.get("matchExpressions") or []):
         at = f"{where}.matchExpressions[{i}]"
@@ -266,6 +282,8 @@ def _selector(value: Any, where: str) -> LabelSelector:
         if op not in _LABEL_OPS:
             raise PolicyError(f"{at}.operator: expected one of {', '.join(_LABEL_OPS)}, got {op!r}")
         values = expr.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise PolicyError(f"{at}.values: expected a list of strings, got {values!r}")
         if op in ("In", "NotIn") and not values:
             raise PolicyError(f"{at}.values: operator {op} needs at least one value")
         if op in ("Exists", "DoesNotExist") and values:
@@ -276,6 +294,14 @@ def _selector(value: Any, where: str) -> LabelSelector:
     return LabelSelector(tuple(sorted((str(k), str(v)) for k, v in labels.items())), tuple(reqs))
 
 
+def _pool_label(value: Any, where: str) -> str:
+    if value is None:
+        return Budgets().pool_label
+    if not isinstance(value, str) or not value:
+        raise PolicyError(f"{where}: expected a label key, got {value!r}")
+    return value
+
+
 def _template(value: Any, where: str) -> TemplateRef | None:
     if value is None:
         return None
@@ -283,6 +309,9 @@ def _template(value: Any, where: str) -> TemplateRef | None:
     missing = [k for k in ("apiVersion", "kind", "name", "namespace") if not spec.get(k)]
     if missing:
         raise PolicyError(f"{where}: missing {', '.join(missing)}")
+    wrong = [k for k in ("apiVersion", "kind", "name", "namespace") if not isinstance(spec.get(k), str)]
+    if wrong:
+        raise PolicyError(f"{where}: {', '.join(wrong)} must be strings")
     return TemplateRef(str(spec["apiVersion"]), str(spec["kind"]), str(spec["name"]), str(spec["namespace"]))
 
 
@@ -295,9 +324,14 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
     prefix = f"RemediationPolicy {name}: spec"
     spec = _mapping(obj.get("spec"), prefix)
     sel = _mapping(spec.get("selector"), f"{prefix}.selector")
+    unknown = sorted(set(spec) - _SPEC_FIELDS)
+    if unknown:
+        raise PolicyError(
+            f"{prefix}: unknown field(s) {', '.join(unknown)}; expected {', '.join(sorted(_SPEC_FIELDS))}"
+        )
     namespaces = sel.get("namespaces") or []
-    if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
-        raise PolicyError(f"{prefix}.selector.namespaces: expected a list of namespace names")
+    if not isinstance(namespaces, list) or not all(isinstance(n, str) and _DNS_LABEL.fullmatch(n) for n in namespaces):
+        raise PolicyError(f"{prefix}.selector.namespaces: expected a list of namespace names, got {namespaces!r}")
 
     actions = dict(DEFAULT_ACTIONS)
     for cls_name, value in _mapping(spec.get("actions"), f"{prefix}.actions").items():
@@ -314,7 +348,9 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         actions[cls] = ActionKind(value)
 
     codes = spec.get("deviceErrorExitCodes") or []
-    if not isinstance(codes, list) or not all(isinstance(c, int) and 1 <= c <= 255 for c in codes):
+    if not isinstance(codes, list) or not all(
+        isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 255 for c in codes
+    ):
         raise PolicyError(f"{prefix}.deviceErrorExitCodes: expected exit codes between 1 and 255, got {codes!r}")
 
     node = _mapping(spec.get("node"), f"{prefix}.node")
@@ -323,6 +359,8 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         mode = RemediationMode(mode_value)
     except ValueError:
         raise PolicyError(f"{prefix}.node.remediation: expected IdleOnly or Drain, got {mode_value!r}") from None
+    if mode is RemediationMode.DRAIN and node.get("template") is None:
+        raise PolicyError(f"{prefix}.node.template: required when node.remediation is Drain")
     defaults = NodeRules()
     node_rules = NodeRules(
         taint=_bool(node.get("taint"), f"{prefix}.node.taint", defaults.taint),
@@ -349,7 +387,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         max_unhealthy_nodes_per_pool=parse_quantity(
             b.get("maxUnhealthyNodesPerPool", "50%"), f"{prefix}.budgets.maxUnhealthyNodesPerPool"
         ),
-        pool_label=str(b.get("poolLabel") or bd.pool_label),
+        pool_label=_pool_label(b.get("poolLabel"), f"{prefix}.budgets.poolLabel"),
         max_concurrent_remediations=_int(
             b.get("maxConcurrentRemediations"),
             f"{prefix}.budgets.maxConcurrentRemediations",

@@ -78,8 +78,9 @@ class ControllerHarness:
 
     def start(self, *args: str, env: dict[str, str] | None = None) -> ControllerProcess:
         log = self.tmp / f"controller-{len(self.processes)}.log"
-        proc = ControllerProcess(self.lab, log, ["--no-leader-elect", *args] if "--leader-elect" not in args
-                                 else list(args), env or {})
+        proc = ControllerProcess(
+            self.lab, log, ["--no-leader-elect", *args] if "--leader-elect" not in args else list(args), env or {}
+        )
         self.processes.append(proc)
         return proc
 
@@ -93,8 +94,12 @@ class ControllerHarness:
                 selector["namespaces"] = [self.namespace]
         await self.kube.create(
             POLICIES,
-            {"apiVersion": GV, "kind": "RemediationPolicy", "metadata": {"name": name},
-             "spec": {"selector": selector, **spec}},
+            {
+                "apiVersion": GV,
+                "kind": "RemediationPolicy",
+                "metadata": {"name": name},
+                "spec": {"selector": selector, **spec},
+            },
         )
         self.policies.append(name)
         return name
@@ -125,7 +130,9 @@ class ControllerHarness:
             meta = node["metadata"]
             owned = (meta.get("annotations") or {}).get(OWNERSHIP_ANNOTATION, "")
             taints = node["spec"].get("taints") or []
-            dirty = owned or any(t["key"] == OWNED_TAINT_KEY for t in taints) or TEST_LABEL in (meta.get("labels") or {})
+            dirty = (
+                owned or any(t["key"] == OWNED_TAINT_KEY for t in taints) or TEST_LABEL in (meta.get("labels") or {})
+            )
             if not dirty:
                 continue
             node["spec"]["taints"] = [t for t in taints if t["key"] != OWNED_TAINT_KEY]

@@ -12,7 +12,9 @@ from .conftest import ControllerHarness
 
 async def running(kube: KubeClient, namespace: str) -> list[dict]:
     pods = await pods_of(kube, namespace, "app=inf")
-    return [p for p in pods if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    return [
+        p for p in pods if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
 
 
 async def test_failed_gpu_under_inference_pod_is_descheduled(

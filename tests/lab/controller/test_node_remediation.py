@@ -1,0 +1,131 @@
+"""(c) All GPUs of an idle node fail: taint, then an external remediation after the policy's duration;
+after recovery plus hold-down everything devheal set is lifted."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, api_path
+from devheal.lab.workloads import wait_until
+from devheal.model.cluster import OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
+
+from ..conftest import RecordingFaults
+from .conftest import ControllerHarness
+
+GROUP = "remediation.test.devheal.io"
+GV = f"{GROUP}/v1"
+NODE = "gpu-node-005"
+
+
+def crd(kind: str) -> dict:
+    plural = kind.lower() + "s"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
+        },
+    }
+
+
+async def install_fake_remediator(kube: KubeClient) -> None:
+    """A medik8s-style pair: FakeRemediationTemplate (holds the spec) and FakeRemediation (one per node)."""
+    for kind in ("FakeRemediationTemplate", "FakeRemediation"):
+        body = crd(kind)
+        await kube.apply(
+            api_path("apiextensions.k8s.io/v1", "customresourcedefinitions", name=body["metadata"]["name"]), body
+        )
+
+    async def established() -> bool:
+        try:
+            await kube.get(api_path(GV, "fakeremediationtemplates", namespace="default"))
+            await kube.get(api_path(GV, "fakeremediations", namespace="default"))
+            return True
+        except (errors.NotFound, errors.TooManyRequests):  # 429 while the new resource's storage starts
+            return False
+
+    await wait_until(established, bool, timeout=20, what="fake remediation CRDs served")
+    with contextlib.suppress(errors.AlreadyExists):
+        await kube.create(
+            api_path(GV, "fakeremediationtemplates", namespace="default"),
+            {
+                "apiVersion": GV,
+                "kind": "FakeRemediationTemplate",
+                "metadata": {"name": "reboot"},
+                "spec": {"template": {"spec": {"strategy": "Reboot"}}},
+            },
+        )
+
+
+async def test_idle_node_with_all_gpus_failed_is_tainted_remediated_and_lifted(
+    harness: ControllerHarness, kube: KubeClient, faults: RecordingFaults
+) -> None:
+    await install_fake_remediator(kube)
+    await harness.label_nodes(NODE)
+    await harness.policy(
+        {
+            "node": {
+                "taint": True,
+                "capacityGapAfter": "1s",
+                "remediateAfter": "3s",
+                "holdDown": "2s",
+                "template": {
+                    "apiVersion": GV,
+                    "kind": "FakeRemediationTemplate",
+                    "name": "reboot",
+                    "namespace": "default",
+                },
+            },
+            "budgets": {"maxUnhealthyNodes": 1},
+        },
+        nodes_only=True,
+    )
+    harness.start()
+    started = time.monotonic()
+    for gpu in range(8):
+        faults.xid(NODE, gpu, 79)
+
+    async def node() -> dict:
+        return await kube.get(api_path("v1", "nodes", name=NODE))
+
+    def tainted(n: dict) -> bool:
+        return any(t["key"] == OWNED_TAINT_KEY for t in n["spec"].get("taints") or [])
+
+    n = await wait_until(node, tainted, timeout=20, what="devheal's taint on the node")
+    assert n["metadata"]["annotations"][OWNERSHIP_ANNOTATION] == "taint"
+
+    async def external() -> dict | None:
+        try:
+            return await kube.get(api_path(GV, "fakeremediations", namespace="default", name=NODE))
+        except errors.NotFound:
+            return None
+
+    obj = await wait_until(external, lambda o: o is not None, timeout=30, what="FakeRemediation for the node")
+    assert time.monotonic() - started >= 3.0, "not before the policy's remediateAfter"
+    assert obj is not None and obj["spec"] == {"strategy": "Reboot"}
+    records = await harness.remediations()
+    (rem,) = [r for r in records if r["spec"]["action"] == "RemediateNode"]
+    assert rem["status"]["phase"] == "InProgress"
+    assert rem["spec"]["target"] == {**rem["spec"]["target"], "kind": "Node", "name": NODE}
+
+    for gpu in range(8):
+        faults.recover(NODE, gpu)
+    await wait_until(external, lambda o: o is None, timeout=30, what="FakeRemediation removed after recovery")
+    n = await wait_until(node, lambda n: not tainted(n), timeout=30, what="taint lifted after hold-down")
+    assert OWNERSHIP_ANNOTATION not in (n["metadata"].get("annotations") or {})
+    records = await harness.remediations()
+    phases = {r["spec"]["action"]: r["status"]["phase"] for r in records}
+    assert phases == {"Taint": "Succeeded", "RemediateNode": "Succeeded", "Lift": "Succeeded"}, phases

@@ -1,0 +1,97 @@
+"""decide within the node budgets: unhealthy nodes cluster-wide and per pool."""
+
+from __future__ import annotations
+
+from devheal.engine.decide import decide
+from devheal.model.plan import Action, InFlight, Phase
+from devheal.model.policy import ActionKind, Policy
+
+from .builders import NOW, node, node_failed, policy, view
+
+NO_BREAKER = {"circuitBreaker": {"maxFaultyNodesPercent": 100}}
+
+
+def budgeted(**budgets: object) -> Policy:
+    return policy(budgets={"maxUnhealthyNodesPerPool": "100%", **NO_BREAKER, **budgets})
+
+
+def targets(actions: tuple[Action, ...]) -> list[str]:
+    return [a.target for a in actions]
+
+
+def test_max_unhealthy_nodes_blocks_the_second_node() -> None:
+    v = view([node(f"n{i}") for i in range(1, 5)])
+    plan = decide(v, [node_failed("n1"), node_failed("n2")], [budgeted(maxUnhealthyNodes=1)], [], NOW)
+    assert targets(plan.actions) == ["n1"]
+    [blocked] = plan.blocked
+    assert (blocked.action.kind, blocked.action.target, blocked.rail) == (ActionKind.TAINT, "n2", "max-unhealthy-nodes")
+    assert blocked.why == "max unhealthy nodes 1 reached: 1 of 4 nodes already out (n1)"
+
+
+def test_a_percentage_budget_counts_selected_nodes() -> None:
+    nodes = [node(f"n{i}") for i in range(10)] + [node(f"x{i}", pool="x") for i in range(10)]
+    only_pool_a = policy(
+        selector={"nodeSelector": {"matchLabels": {"devheal.io/pool": "a"}}},
+        budgets={"maxUnhealthyNodes": "20%", "maxUnhealthyNodesPerPool": "100%", **NO_BREAKER},
+    )
+    findings = [node_failed(f"n{i}") for i in range(4)]
+    plan = decide(view(nodes), findings, [only_pool_a], [], NOW)
+    assert targets(plan.actions) == ["n0", "n1"]
+    assert [b.rail for b in plan.blocked] == ["max-unhealthy-nodes"] * 2
+    assert "2 of 10 nodes already out" in plan.blocked[0].why
+
+
+def test_nodes_already_out_count_against_the_budget() -> None:
+    v = view([node("n1", owned=["cordon"]), node("n2"), node("n3"), node("n4")])
+    plan = decide(v, [node_failed("n2")], [budgeted(maxUnhealthyNodes=1)], [], NOW)
+    assert plan.actions == ()
+    assert plan.blocked[0].why.endswith("1 of 4 nodes already out (n1)")
+
+
+def test_active_node_remediations_count_against_the_budget() -> None:
+    v = view([node(f"n{i}") for i in range(1, 5)])
+    draining = InFlight("drain-n1", ActionKind.DRAIN, "Node", "n1", "n1", Phase.IN_PROGRESS, NOW - 5)
+    finished = InFlight("drain-n1-old", ActionKind.DRAIN, "Node", "n3", "n3", Phase.SUCCEEDED, NOW - 500)
+    ps = [budgeted(maxUnhealthyNodes=1)]
+    assert [b.rail for b in decide(v, [node_failed("n2")], ps, [draining], NOW).blocked] == ["max-unhealthy-nodes"]
+    assert targets(decide(v, [node_failed("n2")], ps, [finished], NOW).actions) == ["n2"]
+
+
+def test_a_node_already_out_may_take_its_next_step() -> None:
+    v = view([node("n1", owned=["taint"]), node("n2", owned=["taint"])])
+    cordoning = [policy(node={"cordon": True}, budgets={"maxUnhealthyNodes": 1, **NO_BREAKER})]
+    [cordon] = decide(v, [node_failed("n1")], cordoning, [], NOW).actions
+    assert (cordon.kind, cordon.target) == (ActionKind.CORDON, "n1")
+
+
+def test_zero_budget_takes_no_node_out() -> None:
+    v = view([node("n1"), node("n2")])
+    plan = decide(v, [node_failed("n1")], [budgeted(maxUnhealthyNodes="0%")], [], NOW)
+    assert plan.actions == ()
+    assert [b.rail for b in plan.blocked] == ["max-unhealthy-nodes"]
+
+
+def test_per_pool_limit() -> None:
+    nodes = [node("a1", pool="a"), node("a2", pool="a"), node("b1", pool="b"), node("b2", pool="b")]
+    ps = [policy(budgets={"maxUnhealthyNodes": "100%", "maxUnhealthyNodesPerPool": 1, **NO_BREAKER})]
+    plan = decide(view(nodes), [node_failed("a1"), node_failed("a2"), node_failed("b1")], ps, [], NOW)
+    assert targets(plan.actions) == ["a1", "b1"]
+    [blocked] = plan.blocked
+    assert (blocked.action.target, blocked.rail) == ("a2", "max-unhealthy-nodes-per-pool")
+    assert blocked.why == "max unhealthy nodes per pool 1 reached in pool a: 1 of 2 out"
+
+
+def test_per_pool_percentage_default() -> None:
+    nodes = [node(f"a{i}", pool="a") for i in range(4)]
+    ps = [policy(budgets={"maxUnhealthyNodes": "100%", **NO_BREAKER})]
+    plan = decide(view(nodes), [node_failed(f"a{i}") for i in range(4)], ps, [], NOW)
+    assert targets(plan.actions) == ["a0", "a1"]
+    assert [b.rail for b in plan.blocked] == ["max-unhealthy-nodes-per-pool"] * 2
+
+
+def test_nodes_without_the_pool_label_share_one_pool() -> None:
+    nodes = [node("u1", pool=""), node("u2", pool=""), node("a1", pool="a")]
+    ps = [policy(budgets={"maxUnhealthyNodes": "100%", "maxUnhealthyNodesPerPool": 1, **NO_BREAKER})]
+    plan = decide(view(nodes), [node_failed("u1"), node_failed("u2")], ps, [], NOW)
+    assert targets(plan.actions) == ["u1"]
+    assert "in pool (none)" in plan.blocked[0].why
