@@ -22,12 +22,13 @@ from typing import Any
 
 from devheal.controller import metrics
 from devheal.controller.actuators import Actuators
-from devheal.controller.cache import ClusterCache
+from devheal.controller.cache import GROUP_VERSION, ClusterCache
 from devheal.controller.leader import LeaderElector
+from devheal.controller.projections import format_time
 from devheal.engine.decide import Settings, decide
 from devheal.engine.findings import FindingTracker, detect
 from devheal.kube import errors
-from devheal.kube.client import KubeClient
+from devheal.kube.client import KubeClient, api_path
 from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase
 from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy
 
@@ -123,10 +124,52 @@ class Controller:
             Settings(dry_run=self.options.dry_run, paused=self.options.paused),
         )
         metrics.BREAKER_OPEN.set(1 if plan.breaker_open else 0)
+        self._publish_policy_status(plan.breaker_open, plan.breaker_reason)
         for action in plan.actions:
             self._start(action, now)
         for item in plan.blocked:
             self._record_blocked(item)
+
+    def _publish_policy_status(self, breaker_open: bool, breaker_reason: str) -> None:
+        """observedGeneration and conditions (Valid, CircuitBreakerOpen) on each policy, written on change."""
+        now = format_time(time.time())
+        for name, obj in self.cache.policy_objects.store.items():
+            meta = obj.get("metadata") or {}
+            generation = int(meta.get("generation") or 0)
+            error = self.cache.policy_errors.get(name)
+            wanted = {
+                "Valid": ("False", "InvalidSpec", error) if error else ("True", "Accepted", "policy is in force"),
+                "CircuitBreakerOpen": ("True", "FaultStorm", breaker_reason)
+                if breaker_open
+                else ("False", "Closed", "disruptive actions allowed"),
+            }
+            status = obj.get("status") or {}
+            current = {c.get("type"): c for c in status.get("conditions") or []}
+            if status.get("observedGeneration") == generation and all(
+                (current.get(t) or {}).get("status") == v[0] and (current.get(t) or {}).get("message") == v[2]
+                for t, v in wanted.items()
+            ):
+                continue
+            conditions = []
+            for ctype, (cstatus, reason, message) in wanted.items():
+                old = current.get(ctype) or {}
+                conditions.append(
+                    {
+                        "type": ctype,
+                        "status": cstatus,
+                        "reason": reason,
+                        "message": message[:1000],
+                        "observedGeneration": generation,
+                        "lastTransitionTime": old.get("lastTransitionTime") if old.get("status") == cstatus else now,
+                    }
+                )
+            body = {"status": {"observedGeneration": generation, "conditions": conditions}}
+            key = f"policy-status/{name}"
+            if key not in self._tasks:
+                self._spawn(key, self._patch_policy_status(name, body))
+
+    async def _patch_policy_status(self, name: str, body: dict[str, Any]) -> None:
+        await self.client.patch(api_path(GROUP_VERSION, "remediationpolicies", name=name, subresource="status"), body)
 
     def _carry_on(self, in_flight: list[InFlight], findings: list[Finding], now: float) -> None:
         faulty = {f.node for f in findings if f.kind is FindingKind.NODE_DEVICES_FAILED}

@@ -14,7 +14,7 @@ from .conftest import ControllerHarness
 async def test_dry_run_records_decisions_without_acting(
     harness: ControllerHarness, kube: KubeClient, namespace: str, faults: RecordingFaults
 ) -> None:
-    await harness.policy({"selector": {"namespaces": [namespace]}})
+    policy = await harness.policy({"selector": {"namespaces": [namespace]}})
     await kube.create(api_path("apps/v1", "deployments", namespace=namespace), gpu_deployment("inf", replicas=2))
 
     async def running() -> list[dict]:
@@ -43,3 +43,9 @@ async def test_dry_run_records_decisions_without_acting(
     assert DEVICE_FAILED_CONDITION not in {c["type"] for c in pod["status"]["conditions"]}
     node_obj = await kube.get(api_path("v1", "nodes", name=node))
     assert not any(t["key"] == OWNED_TAINT_KEY for t in node_obj["spec"].get("taints") or [])
+
+    status = (await kube.get(api_path("devheal.io/v1alpha1", "remediationpolicies", name=policy)))["status"]
+    assert status["observedGeneration"] == 1
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Valid"]["status"] == "True"
+    assert conditions["CircuitBreakerOpen"]["status"] == "False"
