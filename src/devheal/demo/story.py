@@ -1,23 +1,29 @@
-"""The demo's script: a GPU fails under an inference pod, and Kubernetes alone does not notice.
+"""The demo's script: GPUs fail on a live lab cluster, and devheal heals it, workload by workload.
 
-Until devheal's controller lands, the story shows the problem itself, measured on a
-real control plane: the node's allocatable drops, the pod's KEP-4680 device health
-turns Unhealthy, and yet the pod keeps running on the dead GPU.
+It brings up the lab, installs devheal's CRDs and a policy, runs the controller as a
+real process, deploys an inference Deployment and a training Job, then injects a
+scripted sequence of faults and measures, for each, how fast devheal noticed, what it
+did, how long until the workload ran again, and how many pods were disrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from devheal.kube.client import KubeClient, api_path
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.kube.crds import install_crds
 from devheal.kube.informer import get_path
 from devheal.lab import toolchain
 from devheal.lab.cluster import Lab, LabSpec
@@ -25,12 +31,27 @@ from devheal.lab.faults import Faults
 from devheal.lab.workloads import gpu_deployment, pod_devices, pods_of, wait_until
 
 NAMESPACE = "demo"
+GV = "devheal.io/v1alpha1"
+REMEDIATIONS = api_path(GV, "remediations")
+SPARE_POOL = "spare"
+FAKE_GROUP = "remediation.demo.devheal.io"
 
 
 @dataclass
-class Observation:
-    label: str
-    value: str
+class FaultResult:
+    """One scripted fault and what followed."""
+
+    fault: str
+    detection_seconds: float | None = None
+    action: str = "-"
+    recovered_seconds: float | None = None
+    pods_disrupted: int = 0
+    expected_disrupted: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.recovered_seconds is not None and self.pods_disrupted == self.expected_disrupted
 
 
 def default_demo_dir() -> Path:
@@ -41,95 +62,403 @@ def default_demo_dir() -> Path:
     return (Path(state) if state else Path.home() / ".local" / "state") / "devheal" / "demo"
 
 
-async def run(console: Console, *, keep: bool, nodes: int, observe_seconds: float, directory: Path | None) -> bool:
+def demo_policy() -> Obj:
+    return {
+        "apiVersion": GV,
+        "kind": "RemediationPolicy",
+        "metadata": {"name": "demo"},
+        "spec": {
+            "selector": {"namespaces": [NAMESPACE]},
+            "actions": {"inference": "Deschedule", "batch": "FailPod"},
+            "node": {
+                "taint": True,
+                "capacityGapAfter": "2s",
+                "remediateAfter": "5s",
+                "holdDown": "3s",
+                "template": {
+                    "apiVersion": f"{FAKE_GROUP}/v1",
+                    "kind": "RebootRemediationTemplate",
+                    "name": "reboot",
+                    "namespace": "default",
+                },
+            },
+            # A 4-node lab with two faulty nodes is 50% faulty: the storm breaker must allow that here.
+            "budgets": {
+                "maxUnhealthyNodes": 3,
+                "maxUnhealthyNodesPerPool": "100%",
+                "circuitBreaker": {"maxFaultyNodesPercent": 75, "window": "10m"},
+            },
+        },
+    }
+
+
+def training_job() -> Obj:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "training"},
+        "spec": {
+            "completions": 2,
+            "parallelism": 2,
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "devheal.io/DeviceFailed"}]}]
+            },
+            "template": {
+                "metadata": {"labels": {"app": "training"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "nodeSelector": {"devheal.io/pool": "default"},
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "registry.invalid/devheal/fake-train:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "2"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+async def _install_fake_remediator(kube: KubeClient) -> None:
+    """A medik8s-style remediator pair, so node remediation has something to create."""
+    for kind in ("RebootRemediationTemplate", "RebootRemediation"):
+        plural = kind.lower() + "s"
+        name = f"{plural}.{FAKE_GROUP}"
+        await kube.apply(
+            api_path("apiextensions.k8s.io/v1", "customresourcedefinitions", name=name),
+            {
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": {"name": name},
+                "spec": {
+                    "group": FAKE_GROUP,
+                    "scope": "Namespaced",
+                    "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+                    "versions": [
+                        {
+                            "name": "v1",
+                            "served": True,
+                            "storage": True,
+                            "schema": {
+                                "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                            },
+                        }
+                    ],
+                },
+            },
+        )
+
+    async def served() -> bool:
+        try:
+            await kube.get(api_path(f"{FAKE_GROUP}/v1", "rebootremediationtemplates", namespace="default"))
+            return True
+        except (errors.NotFound, errors.TooManyRequests):
+            return False
+
+    await wait_until(served, bool, timeout=30, what="the demo remediator's CRDs")
+    with contextlib.suppress(errors.AlreadyExists):
+        await kube.create(
+            api_path(f"{FAKE_GROUP}/v1", "rebootremediationtemplates", namespace="default"),
+            {
+                "apiVersion": f"{FAKE_GROUP}/v1",
+                "kind": "RebootRemediationTemplate",
+                "metadata": {"name": "reboot"},
+                "spec": {"template": {"spec": {"action": "reboot"}}},
+            },
+        )
+
+
+class Story:
+    def __init__(self, console: Console, lab: Lab, kube: KubeClient) -> None:
+        self.console = console
+        self.lab = lab
+        self.kube = kube
+        self.faults = Faults(lab)
+        self.t0 = time.monotonic()
+
+    def say(self, kind: str, message: str) -> None:
+        styles = {
+            "FAULT": "bold red",
+            "FOUND": "yellow",
+            "ACT": "cyan",
+            "HEALED": "bold green",
+            "INFO": "dim",
+            "NOTE": "magenta",
+        }
+        self.console.print(
+            f"[dim]{time.monotonic() - self.t0:6.1f}s[/dim]  [{styles.get(kind, '')}]{kind:<6}[/]  {message}"
+        )
+
+    async def running(self, app: str) -> list[Obj]:
+        pods = await pods_of(self.kube, NAMESPACE, f"app={app}")
+        return [
+            p
+            for p in pods
+            if get_path(p, "status", "phase") == "Running" and not get_path(p, "metadata", "deletionTimestamp")
+        ]
+
+    async def remediations(self) -> list[Obj]:
+        items, _ = await self.kube.list_all(REMEDIATIONS)
+        return items
+
+    async def _gpu_of(self, pod: Obj) -> tuple[str, int, str]:
+        node = pod["spec"]["nodeName"]
+        device = pod_devices(pod)[0].device_id
+        index = next(d["index"] for d in self.faults.devices(node)["devices"] if d["uuid"] == device)
+        return node, index, device
+
+    async def _first_remediation(self, match: Callable[[Obj], bool], started: float) -> Obj:
+        found = await wait_until(
+            self.remediations,
+            lambda items: any(match(i) for i in items),
+            timeout=30,
+            what="devheal's Remediation",
+            interval=0.05,
+        )
+        record = next(i for i in found if match(i))
+        spec = record["spec"]
+        self.say(
+            "FOUND",
+            f"{spec['finding']['kind']} ({spec['finding']['source']}): {spec['finding']['evidence']} "
+            f"after {time.monotonic() - started:.2f}s",
+        )
+        return record
+
+    async def _wait_done(self, name: str, phases: tuple[str, ...] = ("Succeeded", "Failed", "Blocked")) -> Obj:
+        async def read() -> Obj:
+            return await self.kube.get(f"{REMEDIATIONS}/{name}")
+
+        record = await wait_until(
+            read,
+            lambda r: (r.get("status") or {}).get("phase") in phases,
+            timeout=30,
+            what=f"remediation {name} acted on",
+            interval=0.05,
+        )
+        status = record.get("status") or {}
+        self.say("ACT", f"{record['spec']['action']}: {status.get('message', '')} [{status.get('phase')}]")
+        return record
+
+    async def workload_fault(self, app: str, replicas: int, code: int, label: str) -> FaultResult:
+        pods = await wait_until(
+            lambda: self.running(app), lambda ps: len(ps) == replicas, timeout=60, what=f"{replicas} running {app} pods"
+        )
+        before = {p["metadata"]["uid"] for p in pods}
+        victim = pods[0]
+        node, index, device = await self._gpu_of(victim)
+        result = FaultResult(f"XID {code} on {node} GPU {index} under {label}", expected_disrupted=1)
+        self.say("FAULT", f"XID {code} on {node} GPU {index} ({device[:16]}…), used by {victim['metadata']['name']}")
+        started = time.monotonic()
+        self.faults.xid(node, index, code)
+        record = await self._first_remediation(
+            lambda r: r["spec"]["target"].get("name") == victim["metadata"]["name"], started
+        )
+        result.detection_seconds = time.monotonic() - started
+        result.action = record["spec"]["action"]
+        await self._wait_done(record["metadata"]["name"])
+        healed = await wait_until(
+            lambda: self.running(app),
+            lambda ps: len(ps) == replicas and victim["metadata"]["uid"] not in {p["metadata"]["uid"] for p in ps},
+            timeout=60,
+            what=f"{app} back to {replicas} running pods",
+        )
+        result.recovered_seconds = time.monotonic() - started
+        result.pods_disrupted = len(before - {p["metadata"]["uid"] for p in healed})
+        new = next(p for p in healed if p["metadata"]["uid"] not in before)
+        nnode, nindex, _ = await self._gpu_of(new)
+        self.say(
+            "HEALED",
+            f"{app}: {replicas}/{replicas} running again after {result.recovered_seconds:.2f}s; "
+            f"replacement {new['metadata']['name']} on {nnode} GPU {nindex} (healthy)",
+        )
+        return result
+
+    async def idle_node_fault(self, node: str) -> FaultResult:
+        result = FaultResult(f"all 8 GPUs of idle {node} fail", expected_disrupted=0)
+        self.say("FAULT", f"{node} (idle, pool {SPARE_POOL}) loses all 8 GPUs (XID 79 x8)")
+        started = time.monotonic()
+        for gpu in range(8):
+            self.faults.xid(node, gpu, 79)
+        taint = await self._first_remediation(
+            lambda r: r["spec"]["target"].get("name") == node and r["spec"]["action"] == "Taint", started
+        )
+        result.detection_seconds = time.monotonic() - started
+        await self._wait_done(taint["metadata"]["name"])
+        remediate = await wait_until(
+            self.remediations,
+            lambda items: any(
+                i["spec"]["action"] == "RemediateNode" and i["spec"]["target"]["name"] == node for i in items
+            ),
+            timeout=60,
+            what="node remediation requested",
+        )
+        rec = next(i for i in remediate if i["spec"]["action"] == "RemediateNode")
+        rec = await self._wait_done(rec["metadata"]["name"], ("InProgress", "Failed", "Blocked"))
+        if rec["status"]["phase"] != "InProgress":
+            result.notes.append(f"node remediation {rec['status']['phase']}: {rec['status'].get('message')}")
+            return result
+        result.action = "Taint + RemediateNode"
+        self.say("NOTE", f"an external remediator (here: RebootRemediation default/{node}) reboots the node…")
+        await asyncio.sleep(1.0)
+        for gpu in range(8):
+            self.faults.recover(node, gpu)
+
+        async def lifted() -> bool:
+            obj = await self.kube.get(api_path("v1", "nodes", name=node))
+            return not any(t.get("key") == "devheal.io/device-failure" for t in obj["spec"].get("taints") or [])
+
+        await wait_until(lifted, bool, timeout=60, what="devheal lifts its taint after hold-down")
+        result.recovered_seconds = time.monotonic() - started
+        self.say(
+            "HEALED",
+            f"{node}: GPUs healthy, remediation closed, taint lifted after hold-down "
+            f"({result.recovered_seconds:.1f}s after the fault)",
+        )
+        return result
+
+    async def plugin_restart(self, node: str) -> FaultResult:
+        result = FaultResult(f"device plugin restart on {node}", expected_disrupted=0, action="none (no device failed)")
+        pods_before = {
+            p["metadata"]["uid"]
+            for p in await pods_of(self.kube, NAMESPACE)
+            if p["spec"].get("nodeName") == node and get_path(p, "status", "phase") == "Running"
+        }
+        records_before = {r["metadata"]["name"] for r in await self.remediations()}
+        self.say("FAULT", f"device plugin on {node} restarts: GPU capacity and allocatable drop to 0 for 3s")
+        started = time.monotonic()
+        self.faults.plugin_restart(node, 3.0)
+
+        async def capacity() -> str:
+            obj = await self.kube.get(api_path("v1", "nodes", name=node))
+            return str(get_path(obj, "status", "capacity", "nvidia.com/gpu", default="0"))
+
+        await wait_until(capacity, lambda c: c == "8", timeout=20, what="GPU capacity back")
+        await asyncio.sleep(2.0)
+        result.recovered_seconds = time.monotonic() - started
+        after = {
+            p["metadata"]["uid"]
+            for p in await pods_of(self.kube, NAMESPACE)
+            if p["spec"].get("nodeName") == node and get_path(p, "status", "phase") == "Running"
+        }
+        result.pods_disrupted = len(pods_before - after)
+        new_records = {r["metadata"]["name"] for r in await self.remediations()} - records_before
+        if new_records:
+            result.action = f"{len(new_records)} remediation(s): {sorted(new_records)}"
+            result.pods_disrupted = max(result.pods_disrupted, 1)
+        self.say(
+            "HEALED",
+            f"{node}: capacity back after {result.recovered_seconds:.1f}s; {len(after)} pods kept "
+            "running, devheal did not act (nothing failed)",
+        )
+        return result
+
+
+async def run(
+    console: Console, *, keep: bool, nodes: int, observe_seconds: float, directory: Path | None
+) -> list[FaultResult]:
+    """Tell the whole story; returns one result per scripted fault."""
     lab = Lab(directory or default_demo_dir())
     t0 = time.monotonic()
-
-    def step(msg: str) -> None:
-        console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim]  {msg}")
-
-    step("bringing up the lab (first run builds the control plane from source: several minutes)")
+    console.print("[bold]devheal demo[/bold]: GPUs fail on a real local control plane; devheal heals the cluster.")
     with console.status("lab") as status:
-        state = await asyncio.to_thread(lab.up, LabSpec(nodes=nodes), lambda m: status.update(m))
-    step(
-        f"lab ready in {state.ready_seconds:.1f}s: {nodes} kwok nodes x 8 simulated GPUs, real "
-        "etcd/apiserver/controller-manager/scheduler"
+        state = await asyncio.to_thread(lab.up, LabSpec(nodes=max(nodes, 3)), lambda m: status.update(m))
+    console.print(
+        f"[dim]{time.monotonic() - t0:6.1f}s[/dim]  INFO    lab ready in {state.ready_seconds:.1f}s: "
+        f"{state.spec.nodes} kwok nodes x 8 simulated GPUs, real etcd/apiserver/controller-manager/scheduler"
     )
-    ok = False
+    controller: subprocess.Popen[bytes] | None = None
+    results: list[FaultResult] = []
     try:
         async with await KubeClient.connect(str(lab.kubeconfig)) as kube:
-            ok = await _story(console, step, lab, kube, observe_seconds)
+            story = Story(console, lab, kube)
+            story.t0 = t0
+            await install_crds(kube)
+            await _install_fake_remediator(kube)
+            await kube.create(api_path(GV, "remediationpolicies"), demo_policy())
+            spare = f"gpu-node-{state.spec.nodes - 1:03d}"
+            await kube.patch(
+                api_path("v1", "nodes", name=spare), {"metadata": {"labels": {"devheal.io/pool": SPARE_POOL}}}
+            )
+            story.say("INFO", f"installed devheal CRDs and policy 'demo'; {spare} is an idle spare (pool {SPARE_POOL})")
+            controller = await asyncio.to_thread(_start_controller, lab)
+
+            async def policy_observed() -> bool:
+                obj = await kube.get(api_path(GV, "remediationpolicies", name="demo"))
+                return get_path(obj, "status", "observedGeneration") == get_path(obj, "metadata", "generation")
+
+            await wait_until(policy_observed, bool, timeout=60, what="the controller to take up policy 'demo'")
+            story.say(
+                "INFO", f"devheal controller running (pid {controller.pid}, log {lab.dir / 'logs' / 'controller.log'})"
+            )
+            await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
+            deployment = gpu_deployment("inference", replicas=4, gpus=1)
+            deployment["spec"]["template"]["spec"]["nodeSelector"] = {"devheal.io/pool": "default"}
+            await kube.create(api_path("apps/v1", "deployments", namespace=NAMESPACE), deployment)
+            await kube.create(api_path("batch/v1", "jobs", namespace=NAMESPACE), training_job())
+            story.say(
+                "INFO",
+                "deployed 'inference' (Deployment, 4 x 1 GPU) and 'training' (Job, 2 x 2 GPUs, "
+                "podFailurePolicy ignores devheal.io/DeviceFailed)",
+            )
+            results.append(await story.workload_fault("inference", 4, 79, "inference"))
+            results.append(await story.workload_fault("training", 2, 48, "training"))
+            results.append(await story.idle_node_fault(spare))
+            busy = next(p["spec"]["nodeName"] for p in await story.running("inference"))
+            results.append(await story.plugin_restart(busy))
+            if observe_seconds > 0:
+                await asyncio.sleep(observe_seconds)
+            _summary(console, results, lab)
     finally:
-        kubectl = f"{toolchain.binary('kubectl')} --kubeconfig {lab.kubeconfig}"
+        if controller is not None and controller.poll() is None:
+            controller.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                controller.wait(timeout=15)
         if keep:
+            kubectl = f"{toolchain.binary('kubectl')} --kubeconfig {lab.kubeconfig}"
             console.print("\nThe lab keeps running. Look around:")
-            console.print(f"  {kubectl} get nodes -o custom-columns=NAME:.metadata.name,GPUS:.status.allocatable")
+            console.print(f"  {kubectl} get remediations")
+            console.print(f"  {kubectl} get remediationpolicies")
             console.print(f"  {kubectl} -n {NAMESPACE} get pods -o wide")
-            console.print("  devheal lab down --dir " + str(lab.dir))
+            console.print(f"  {kubectl} get events -A --field-selector source=devheal-controller")
+            console.print(f"  devheal lab down --dir {lab.dir}")
         else:
-            step("tearing the lab down")
+            console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim]  INFO    tearing the lab down")
             await asyncio.to_thread(lab.down)
-    return ok
+    return results
 
 
-async def _story(console: Console, step: Any, lab: Lab, kube: KubeClient, observe_seconds: float) -> bool:
-    await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
-    await kube.create(
-        api_path("apps/v1", "deployments", namespace=NAMESPACE),
-        gpu_deployment("inference", replicas=4, gpus=1),
-    )
-    step("deployed 'inference': 4 replicas x 1 GPU")
-    pods = await wait_until(
-        lambda: _running_pods(kube), lambda ps: len(ps) == 4, timeout=60, what="4 running inference pods"
-    )
-    table = Table("pod", "node", "GPU (device id)", "health", title="inference pods and their GPUs")
-    for pod in pods:
-        for dev in pod_devices(pod):
-            table.add_row(pod["metadata"]["name"], pod["spec"]["nodeName"], dev.device_id, dev.health)
+def _start_controller(lab: Lab) -> subprocess.Popen[bytes]:
+    with (lab.dir / "logs" / "controller.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "devheal", "controller", f"--kubeconfig={lab.kubeconfig}", "--no-leader-elect"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def _summary(console: Console, results: list[FaultResult], lab: Lab) -> None:
+    table = Table("fault", "detected", "action", "workload running again", "pods disrupted", title="summary")
+    for r in results:
+        table.add_row(
+            r.fault,
+            _fmt(r.detection_seconds),
+            r.action,
+            _fmt(r.recovered_seconds),
+            f"{r.pods_disrupted} (expected {r.expected_disrupted})",
+        )
     console.print(table)
-
-    victim = pods[0]
-    node = victim["spec"]["nodeName"]
-    device = pod_devices(victim)[0].device_id
-    faults = Faults(lab)
-    index = next(d["index"] for d in faults.devices(node)["devices"] if d["uuid"] == device)
-    step(f"injecting XID 79 (GPU has fallen off the bus) on {node} GPU {index}, used by {victim['metadata']['name']}")
-    injected = time.monotonic()
-    faults.xid(node, index, 79)
-
-    async def node_gpus() -> str:
-        obj = await kube.get(api_path("v1", "nodes", name=node))
-        return str(get_path(obj, "status", "allocatable", "nvidia.com/gpu", default="?"))
-
-    await wait_until(node_gpus, lambda v: v == "7", timeout=10, what=f"{node} allocatable 7")
-    step(f"{node}: allocatable nvidia.com/gpu 8 -> 7 after {time.monotonic() - injected:.2f}s")
-
-    async def victim_health() -> str:
-        obj = await kube.get(api_path("v1", "pods", namespace=NAMESPACE, name=victim["metadata"]["name"]))
-        return next((d.health for d in pod_devices(obj) if d.device_id == device), "?")
-
-    await wait_until(victim_health, lambda h: h == "Unhealthy", timeout=10, what="device Unhealthy in pod status")
-    step(f"pod status (KEP-4680 allocatedResourcesStatus): {device} Unhealthy after {time.monotonic() - injected:.2f}s")
-
-    step(f"watching the cluster for {observe_seconds:.0f}s: does anything move the pod off the dead GPU?")
-    await asyncio.sleep(observe_seconds)
-    obj = await kube.get(api_path("v1", "pods", namespace=NAMESPACE, name=victim["metadata"]["name"]))
-    still_running = get_path(obj, "status", "phase") == "Running" and not get_path(obj, "metadata", "deletionTimestamp")
-    still_holds = any(d.device_id == device for d in pod_devices(obj))
-    summary = Table("what", "observed", title="summary")
-    summary.add_row("fault", f"XID 79 on {node} GPU {index}")
-    summary.add_row("node allocatable", "8 -> 7 (the device plugin saw it)")
-    summary.add_row("pod device health", "Unhealthy (kubelet reported it)")
-    summary.add_row(
-        f"pod after {observe_seconds:.0f}s",
-        "still Running on the failed GPU" if still_running and still_holds else "moved",
-    )
-    summary.add_row("what devheal adds", "evict/fail/restart per policy (controller: coming next)")
-    console.print(summary)
-    if still_running and still_holds:
-        step("Kubernetes knows the GPU failed, and the pod keeps it forever. That is the gap devheal closes.")
-    return still_running and still_holds
-
-
-async def _running_pods(kube: KubeClient) -> list[dict[str, Any]]:
-    return [p for p in await pods_of(kube, NAMESPACE, "app=inference") if get_path(p, "status", "phase") == "Running"]
+    for r in results:
+        for note in r.notes:
+            console.print(f"  {r.fault}: {note}")
+    kubectl = f"{toolchain.binary('kubectl')} --kubeconfig {lab.kubeconfig}"
+    console.print("Audit trail while the lab runs (use --keep):")
+    console.print(f"  {kubectl} get remediations -o wide")
