@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -384,7 +383,7 @@ async def run(
                 api_path("v1", "nodes", name=spare), {"metadata": {"labels": {"devheal.io/pool": SPARE_POOL}}}
             )
             story.say("INFO", f"installed devheal CRDs and policy 'demo'; {spare} is an idle spare (pool {SPARE_POOL})")
-            controller = await asyncio.to_thread(_start_controller, lab)
+            controller = await asyncio.to_thread(lab.spawn_devheal, "controller", "--no-leader-elect")
 
             async def policy_observed() -> bool:
                 obj = await kube.get(api_path(GV, "remediationpolicies", name="demo"))
@@ -429,16 +428,6 @@ async def run(
             console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim]  INFO    tearing the lab down")
             await asyncio.to_thread(lab.down)
     return results
-
-
-def _start_controller(lab: Lab) -> subprocess.Popen[bytes]:
-    with (lab.dir / "logs" / "controller.log").open("ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "devheal", "controller", f"--kubeconfig={lab.kubeconfig}", "--no-leader-elect"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
 
 
 def _fmt(value: float | None) -> str:

@@ -470,6 +470,22 @@ class Lab:
             "versions": {"kubernetes": versions.KUBERNETES, "etcd": versions.ETCD, "kwok": versions.KWOK},
         }
 
+    def spawn_devheal(
+        self, command: str, *args: str, log: Path | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Run ``devheal <command> --kubeconfig <this lab> ARGS`` detached, logging to ``log``
+        (default ``logs/<command>.log``). The caller owns the process."""
+        path = log or self.log_path(command)
+        with path.open("ab") as handle:
+            return subprocess.Popen(
+                [sys.executable, "-m", "devheal", command, f"--kubeconfig={self.kubeconfig}", *args],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
+
     # ---- stop --------------------------------------------------------------------------------
 
     def down(self, timeout: float = 20.0) -> list[str]:

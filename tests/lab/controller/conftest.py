@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,15 +35,7 @@ TEST_LABEL = "devheal.io/test"
 class ControllerProcess:
     def __init__(self, lab: Lab, log: Path, args: list[str], env: dict[str, str]) -> None:
         self.log = log
-        handle = log.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "devheal", "controller", f"--kubeconfig={lab.kubeconfig}", *args],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            start_new_session=True,
-        )
-        handle.close()
+        self.proc = lab.spawn_devheal("controller", *args, log=log, env=env)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
