@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from devheal.controller import metrics
+from devheal.controller.gangs import GangRestarter
 from devheal.controller.projections import format_time
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
@@ -56,7 +57,8 @@ def _split(key: str) -> tuple[str, str]:
 
 def remediation_body(action: Action) -> Obj:
     target: Obj = {"kind": action.target_kind, "name": action.target, "uid": action.target_uid, "node": action.node}
-    if action.target_kind == "Pod":
+    if action.target_kind in ("Pod", "Gang"):
+        # Pods: "ns/name"; gangs: "ns/Kind/name" (the workload key), stored as namespace + "Kind/name".
         ns, name = _split(action.target)
         target = {**target, "namespace": ns, "name": name}
     body: Obj = {
@@ -102,6 +104,7 @@ class Actuators:
         self.policies = policies
         self.clock = clock
         self.in_progress: set[str] = set()
+        self.gangs = GangRestarter(client, REMEDIATIONS, clock)
 
     # ---- records -----------------------------------------------------------------------------
 
@@ -119,6 +122,9 @@ class Actuators:
         if action.target_kind == "Pod":
             ns, name = _split(action.target)
             involved = {"kind": "Pod", "namespace": ns, "name": name, "uid": action.target_uid, "apiVersion": "v1"}
+        elif action.target_kind == "Gang" and action.workload is not None:
+            ns, name = action.workload.namespace, action.workload.name
+            involved = {"kind": action.workload.kind, "namespace": ns, "name": name}
         else:
             ns, name = "default", action.target
             involved = {"kind": "Node", "name": name, "uid": action.target_uid, "apiVersion": "v1"}
@@ -176,6 +182,7 @@ class Actuators:
         phase = status.get("phase") or ""
         if phase in (Phase.SUCCEEDED.value, Phase.FAILED.value, Phase.DRY_RUN.value, Phase.SKIPPED.value):
             return Outcome(Phase(phase), str(status.get("reason") or ""), str(status.get("message") or ""))
+        continuing = phase == Phase.IN_PROGRESS.value
         attempts = int(status.get("attempts") or 0) + 1
         steps = list(status.get("steps") or [])
         if action.dry_run:
@@ -193,23 +200,24 @@ class Actuators:
             metrics.ACTIONS.labels(action=action.kind.value, result="dry-run").inc()
             await self._event(action, "DevhealDryRun", message)
             return Outcome(Phase.DRY_RUN, "DryRun", message)
-        await self._set_status(
-            action.name,
-            {
-                "phase": Phase.IN_PROGRESS.value,
-                "reason": "Acting",
-                "message": action.reason,
-                "attempts": attempts,
-                "startedAt": status.get("startedAt") or format_time(started),
-                "observedAt": format_time(action.finding.since),
-                "steps": steps,
-            },
-        )
+        if not continuing:
+            await self._set_status(
+                action.name,
+                {
+                    "phase": Phase.IN_PROGRESS.value,
+                    "reason": "Acting",
+                    "message": action.reason,
+                    "attempts": attempts,
+                    "startedAt": status.get("startedAt") or format_time(started),
+                    "observedAt": format_time(action.finding.since),
+                    "steps": steps,
+                },
+            )
         if os.environ.get(CRASH_AFTER_INTENT):
             log.error("test hook %s set: exiting after recording the intent of %s", CRASH_AFTER_INTENT, action.name)
             os._exit(70)
         try:
-            outcome, new_steps = await self._act(action)
+            outcome, new_steps = await self._act(action, obj)
         except StepFailed as exc:
             phase_out = Phase.IN_PROGRESS if exc.retry else Phase.FAILED
             await self._set_status(
@@ -218,6 +226,15 @@ class Actuators:
             metrics.ACTIONS.labels(action=action.kind.value, result="retry" if exc.retry else "failed").inc()
             await self._event(action, f"Devheal{action.kind}Failed", str(exc), "Warning")
             return Outcome(phase_out, exc.reason, str(exc))
+        if (
+            continuing
+            and not new_steps
+            and outcome.phase is Phase.IN_PROGRESS
+            and outcome.reason == status.get("reason")
+        ):
+            if outcome.message != status.get("message"):
+                await self._set_status(action.name, {"message": outcome.message})
+            return outcome  # a pass that changed nothing: not an attempt
         steps += [{"name": s, "at": format_time(self.clock())} for s in new_steps]
         final: Obj = {
             "phase": outcome.phase.value,
@@ -234,11 +251,13 @@ class Actuators:
         await self._event(action, f"Devheal{action.kind}", f"{outcome.message} ({action.finding.evidence})")
         return outcome
 
-    async def _act(self, action: Action) -> tuple[Outcome, list[str]]:
+    async def _act(self, action: Action, record: Obj) -> tuple[Outcome, list[str]]:
+        if action.kind is ActionKind.RESTART_GANG:
+            phase, reason, message, steps = await self.gangs.step(action, record)
+            return Outcome(phase, reason, message), steps
         handler: dict[ActionKind, Callable[[Action], Awaitable[tuple[Outcome, list[str]]]]] = {
             ActionKind.DESCHEDULE: self._deschedule,
             ActionKind.FAIL_POD: self._fail_pod,
-            ActionKind.RESTART_GANG: self._fail_pod,
             ActionKind.NOTIFY: self._notify,
             ActionKind.TAINT: self._taint,
             ActionKind.CORDON: self._cordon,

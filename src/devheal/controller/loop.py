@@ -183,7 +183,9 @@ class Controller:
                     )
                 continue
             if record.resume is not None and now >= self._next_try.get(record.name, 0.0):
-                self._next_try[record.name] = now + self.options.retry_after
+                # A gang restart is followed closely (it waits for replacements); failed steps back off.
+                pace = 0.2 if record.action is ActionKind.RESTART_GANG else self.options.retry_after
+                self._next_try[record.name] = now + pace
                 self._start(record.resume, now, resumed=True)
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
@@ -219,7 +221,8 @@ class Controller:
             policy=action.policy,
             resume=action,
         )
-        log.info(
+        log.log(
+            logging.DEBUG if resumed else logging.INFO,
             "%s %s %s %s: %s",
             "resuming" if resumed else "acting:",
             action.kind,

@@ -208,7 +208,7 @@ def project_remediation(obj: Obj) -> InFlight:
     except ValueError as exc:
         raise ProjectionError(f"{_name(obj)}: status.phase {status.get('phase')!r} is not a phase") from exc
     target_name = str(target.get("name") or "")
-    if target.get("kind") == "Pod":
+    if target.get("kind") in ("Pod", "Gang"):
         target_name = f"{target.get('namespace')}/{target_name}"
     workload_key = (
         f"{workload.get('namespace')}/{workload.get('kind')}/{workload.get('name')}" if workload.get("name") else ""

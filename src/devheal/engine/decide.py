@@ -12,7 +12,7 @@ decisions, and tests check its invariants directly:
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -54,6 +54,11 @@ def _candidate_actions(
 ) -> list[tuple[Action, Policy]]:
     out: list[tuple[Action, Policy]] = []
     epochs = lift_epochs(in_flight)
+    gang_epochs = Counter(
+        r.target
+        for r in in_flight
+        if r.action is ActionKind.RESTART_GANG and r.phase in (Phase.SUCCEEDED, Phase.FAILED)
+    )
     for f in findings:
         node = view.nodes.get(f.node)
         if f.kind in POD_FINDINGS:
@@ -64,6 +69,26 @@ def _candidate_actions(
             if policy is None:
                 continue
             kind = policy.actions[pod.workload.cls]
+            if kind is ActionKind.RESTART_GANG:
+                # One remediation per gang restart: every rank that fails while it runs joins it.
+                out.append(
+                    (
+                        Action(
+                            kind=kind,
+                            target_kind="Gang",
+                            target=pod.workload.key,
+                            node=pod.node,
+                            finding=f,
+                            policy=policy.name,
+                            workload=pod.workload,
+                            epoch=gang_epochs[pod.workload.key],
+                            reason=f"{f.kind} on rank {pod.key}: policy {policy.name} says {kind} "
+                            f"(restart {pod.workload.kind}/{pod.workload.name} in place, replace only the broken pod)",
+                        ),
+                        policy,
+                    )
+                )
+                continue
             out.append(
                 (
                     Action(
@@ -185,7 +210,9 @@ def decide(
     actions: list[Action] = []
     blocked: list[Blocked] = []
     planned_targets: set[tuple[str, str]] = set()
-    for candidate, policy in candidates:
+    queue = deque(candidates)
+    while queue:
+        candidate, policy = queue.popleft()
         dry = settings.dry_run or policy.dry_run
         action = replace(candidate, dry_run=dry)  # before naming it: a dry-run decision has its own name
         prior = existing.get(action.name)
@@ -257,6 +284,21 @@ def decide(
                             "gang-budget",
                         )
                     )
+                    # Fail the broken pod instead, so the Job/JobSet's own failure policy decides.
+                    finding = action.finding
+                    if finding.pod:
+                        fallback = replace(
+                            action,
+                            kind=ActionKind.FAIL_POD,
+                            target_kind="Pod",
+                            target=finding.pod,
+                            target_uid=finding.pod_uid,
+                            epoch=0,
+                            dry_run=False,
+                            reason=f"gang restart budget spent: fail {finding.pod} and let {action.workload.kind} "
+                            f"{action.workload.name} handle it",
+                        )
+                        queue.append((fallback, policy))
                     continue
                 gang_restarts[action.workload.key] = restarts + 1
             if action.workload is not None:

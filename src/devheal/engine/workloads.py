@@ -51,3 +51,13 @@ def classify(
     if owner.kind in ("StatefulSet", "LeaderWorkerSet") and restart_policy == "Always":
         return Workload(namespace, owner.kind, owner.name, WorkloadClass.INFERENCE)
     return Workload(namespace, owner.kind, owner.name, WorkloadClass.STANDALONE)
+
+
+def member_selector(workload: Workload) -> str:
+    """The label selector that lists a gang's member pods."""
+    for label, kind in GANG_LABELS:
+        if kind == workload.kind:
+            return f"{label}={workload.name}"
+    if workload.kind == "Job":
+        return f"{JOB_NAME_LABEL}={workload.name}"
+    raise ValueError(f"workload {workload.key} is not a gang devheal can list members of")

@@ -30,7 +30,8 @@ def check_selectors(s: Scenario, plan: Plan) -> None:
         if action.target_kind == "Node":
             chosen = policy_for_node(s.policies, s.view.nodes[action.target])
         else:
-            p = s.view.pods[action.target]
+            # A gang restart targets the gang; the rank whose finding started it is the selected pod.
+            p = s.view.pods[action.finding.pod if action.target_kind == "Gang" else action.target]
             assert p.active, f"action on inactive pod {p.key}"
             chosen = policy_for_pod(s.policies, p, s.view.nodes.get(p.node))
         assert chosen is not None, f"{action.kind} on {action.target}: no policy selects it"

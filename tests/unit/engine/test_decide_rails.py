@@ -122,15 +122,16 @@ def test_gang_restarts_per_hour() -> None:
     p = failing("rank-3", "n1", "train", WorkloadClass.GANG)
     ps = [policy(actions={"gang": "RestartGang"}, budgets={"gangRestartsPerHour": 1})]
     earlier = InFlight(
-        "restartgang-rank-0",
+        "restartgang-train-0",
         ActionKind.RESTART_GANG,
-        "Pod",
-        "default/rank-0",
+        "Gang",
+        "default/JobSet/train",
         "n2",
         Phase.SUCCEEDED,
         NOW - 600,  # outside the 1m workload interval, inside the hour
         "default/JobSet/train",
     )
     plan = decide(view([node("n1")], [p]), [pod_failed(p)], ps, [earlier], NOW)
-    assert plan.actions == ()
     assert [b.rail for b in plan.blocked] == ["gang-budget"]
+    # The budget is spent: the broken pod is failed instead, for the workload's own failure handling.
+    assert [(a.kind, a.target_kind, a.target) for a in plan.actions] == [(ActionKind.FAIL_POD, "Pod", p.key)]

@@ -1,0 +1,162 @@
+"""Restart a training gang in place and replace only its broken pods.
+
+One ``RestartGang`` remediation carries a gang from the failure to "all ranks running
+again", over several passes (it stays ``InProgress`` in between, with ``status.reason``
+showing the stage: ``Restarting`` -> ``WaitingForReplacement`` -> ``Running``):
+
+1. every member with a failed device gets ``devheal.io/DeviceFailed`` and is evicted
+   (its owner recreates it; the scheduler places it on a healthy device);
+2. the gang's restart generation is bumped once per remediation: the new number is
+   written on the Remediation first (so a restarted controller reuses it), then as the
+   annotation ``devheal.io/restart-generation`` on every member: their launchers
+   restart the training process in place;
+3. replacements get the same generation once they exist; when every member runs with it,
+   the remediation succeeds. A rank that fails meanwhile joins the same remediation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from devheal.engine.workloads import member_selector
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.model.cluster import DEVICE_FAILED_CONDITION
+from devheal.model.plan import Action, Phase
+
+log = logging.getLogger(__name__)
+
+GENERATION = "devheal.io/restart-generation"
+REMEDIATION_GENERATION = "devheal.io/gang-generation"
+REMEDIATION_SIZE = "devheal.io/gang-size"
+REMEDIATION_STARTED = "devheal.io/gang-started"
+
+
+def _annotations(obj: Obj) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("annotations") or {})
+
+
+def _generation(pod: Obj) -> int:
+    try:
+        return int(_annotations(pod).get(GENERATION, "0"))
+    except ValueError:
+        return 0
+
+
+def _active(pod: Obj) -> bool:
+    meta = pod.get("metadata") or {}
+    return not meta.get("deletionTimestamp") and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def _broken(pod: Obj) -> bool:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        for entry in cs.get("allocatedResourcesStatus") or []:
+            if any(r.get("health") == "Unhealthy" for r in entry.get("resources") or []):
+                return True
+    return False
+
+
+class GangRestarter:
+    def __init__(self, client: KubeClient, remediations_path: str, clock: Any) -> None:
+        self.client = client
+        self.remediations = remediations_path
+        self.clock = clock
+
+    async def _members(self, action: Action) -> list[Obj]:
+        assert action.workload is not None
+        items, _ = await self.client.list_all(
+            api_path("v1", "pods", namespace=action.workload.namespace),
+            {"labelSelector": member_selector(action.workload)},
+        )
+        return items
+
+    async def _mark_and_evict(self, pod: Obj, action: Action) -> None:
+        meta = pod["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        condition = {
+            "type": DEVICE_FAILED_CONDITION,
+            "status": "True",
+            "reason": action.finding.kind.value,
+            "message": f"rank of gang {action.target} on a failed device; replaced, the gang restarts in place",
+        }
+        await self.client.patch(
+            api_path("v1", "pods", namespace=ns, name=name, subresource="status"),
+            {"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
+        )
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": ns},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        with contextlib.suppress(errors.NotFound, errors.Conflict):  # gone or replaced already
+            await self.client.create(api_path("v1", "pods", namespace=ns, name=name, subresource="eviction"), eviction)
+
+    async def _set_generation(self, pod: Obj, generation: int) -> None:
+        meta = pod["metadata"]
+        await self.client.patch(
+            api_path("v1", "pods", namespace=meta["namespace"], name=meta["name"]),
+            {"metadata": {"uid": meta["uid"], "annotations": {GENERATION: str(generation)}}},
+        )
+
+    async def step(self, action: Action, record: Obj) -> tuple[Phase, str, str, list[str]]:
+        """One pass; returns (phase, reason, message, steps taken)."""
+        members = await self._members(action)
+        active = [p for p in members if _active(p)]
+        notes = _annotations(record)
+        steps: list[str] = []
+        generation = int(notes.get(REMEDIATION_GENERATION, "0"))
+        if not generation:
+            generation = max((_generation(p) for p in members), default=0) + 1
+            size = len(active)
+            started = self.clock()
+            # Intent first: a controller that dies after this reuses the same generation.
+            await self.client.patch(
+                f"{self.remediations}/{action.name}",
+                {
+                    "metadata": {
+                        "annotations": {
+                            REMEDIATION_GENERATION: str(generation),
+                            REMEDIATION_SIZE: str(size),
+                            REMEDIATION_STARTED: repr(started),
+                        }
+                    }
+                },
+            )
+            notes = {
+                REMEDIATION_GENERATION: str(generation),
+                REMEDIATION_SIZE: str(size),
+                REMEDIATION_STARTED: repr(started),
+            }
+        size = int(notes.get(REMEDIATION_SIZE, "0")) or len(active)
+        started = float(notes.get(REMEDIATION_STARTED, "0") or 0) or self.clock()
+
+        broken = [p for p in active if _broken(p)]
+        for pod in broken:
+            await self._mark_and_evict(pod, action)
+            steps.append(f"replace {pod['metadata']['name']}")
+        healthy = [p for p in active if p not in broken]
+        behind = [p for p in healthy if _generation(p) < generation]
+        await asyncio.gather(*(self._set_generation(p, generation) for p in behind))
+        if behind:
+            steps.append(f"generation {generation} on {len(behind)} pods")
+        running = [p for p in healthy if (p.get("status") or {}).get("phase") == "Running"]
+        if not broken and len(running) >= size:
+            elapsed = self.clock() - started
+            return (
+                Phase.SUCCEEDED,
+                "Running",
+                f"gang {action.target}: all {size} ranks running again at generation {generation} after {elapsed:.2f}s",
+                steps,
+            )
+        stage = "Restarting" if broken else "WaitingForReplacement"
+        return (
+            Phase.IN_PROGRESS,
+            stage,
+            f"gang {action.target}: generation {generation}; {len(running)}/{size} ranks running",
+            steps,
+        )

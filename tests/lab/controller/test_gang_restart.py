@@ -1,0 +1,137 @@
+"""Gangs: replace only the broken rank, bump the restart generation on the rest; coalesce; budget."""
+
+from __future__ import annotations
+
+import asyncio
+
+from devheal.kube.client import KubeClient, api_path
+from devheal.kube.informer import get_path
+from devheal.lab.workloads import pod_devices, pods_of, wait_until
+
+from ..conftest import RecordingFaults
+from .conftest import ControllerHarness
+
+GENERATION = "devheal.io/restart-generation"
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def indexed_job(name: str, ranks: int) -> dict:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": ranks,
+            "parallelism": ranks,
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "devheal.io/DeviceFailed"}]}]
+            },
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "rank",
+                            "image": "registry.invalid/train:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+async def test_gang_restarts_in_place_replacing_only_broken_ranks(
+    harness: ControllerHarness, kube: KubeClient, namespace: str, faults: RecordingFaults
+) -> None:
+    await harness.policy(
+        {
+            "selector": {"namespaces": [namespace]},
+            "actions": {"gang": "RestartGang"},
+            "node": {"taint": False},
+            "budgets": {
+                # Three of the lab's six nodes get a failed GPU here: keep the storm breaker out of it.
+                "gangRestartsPerHour": 2,
+                "workloadDisruptionInterval": "0s",
+                "circuitBreaker": {"maxFaultyNodesPercent": 100},
+            },
+        }
+    )
+    await kube.create(api_path("batch/v1", "jobs", namespace=namespace), indexed_job("train", 4))
+
+    async def ranks() -> dict[str, dict]:
+        pods = await pods_of(kube, namespace, "app=train")
+        return {
+            p["metadata"]["labels"][INDEX]: p
+            for p in pods
+            if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        }
+
+    before = await wait_until(ranks, lambda r: len(r) == 4, timeout=30, what="4 running ranks")
+    harness.start()
+
+    async def fail(rank: str, pods: dict[str, dict]) -> None:
+        pod = pods[rank]
+        node = pod["spec"]["nodeName"]
+        device = pod_devices(pod)[0].device_id
+        index = next(
+            d["index"] for d in (await asyncio.to_thread(faults.devices, node))["devices"] if d["uuid"] == device
+        )
+        await asyncio.to_thread(faults.xid, node, index, 79)
+
+    def generation_everywhere(gen: str):
+        return lambda r: (
+            len(r) == 4 and all(p["metadata"].get("annotations", {}).get(GENERATION) == gen for p in r.values())
+        )
+
+    async def gang_records() -> list[dict]:
+        return [r for r in await harness.remediations() if r["spec"]["action"] == "RestartGang"]
+
+    # 1. One broken rank: only it is replaced; the others get generation 1 and keep their pods.
+    await fail("2", before)
+    records = await wait_until(
+        gang_records,
+        lambda rs: len(rs) == 1 and rs[0].get("status", {}).get("phase") == "Succeeded",
+        timeout=30,
+        what="the gang restart to finish",
+    )
+    assert records[0]["status"]["reason"] == "Running"
+    assert records[0]["spec"]["target"] == {**records[0]["spec"]["target"], "kind": "Gang", "name": "Job/train"}
+    after = await wait_until(ranks, generation_everywhere("1"), timeout=30, what="generation 1 on every rank")
+    for rank in ("0", "1", "3"):
+        assert after[rank]["metadata"]["uid"] == before[rank]["metadata"]["uid"], f"rank {rank} was recreated"
+    assert after["2"]["metadata"]["uid"] != before["2"]["metadata"]["uid"]
+    assert all(d.health == "Healthy" for d in pod_devices(after["2"]))
+
+    # 2. Two ranks fail in quick succession: one remediation replaces both.
+    await asyncio.gather(fail("0", after), fail("1", after))
+    records = await wait_until(
+        gang_records,
+        lambda rs: len(rs) == 2 and all(r.get("status", {}).get("phase") == "Succeeded" for r in rs),
+        timeout=90,  # a Job backs off before it recreates failed pods
+        what="the second gang restart",
+    )
+    latest = await wait_until(ranks, generation_everywhere("2"), timeout=30, what="generation 2 on every rank")
+    assert latest["0"]["metadata"]["uid"] != after["0"]["metadata"]["uid"]
+    assert latest["1"]["metadata"]["uid"] != after["1"]["metadata"]["uid"]
+    assert latest["3"]["metadata"]["uid"] == before["3"]["metadata"]["uid"]
+
+    # 3. The budget (2 per hour) is spent: the next failure falls back to failing the pod.
+    await fail("3", latest)
+    items = await harness.wait_remediation(
+        lambda rs: any(
+            r["spec"]["action"] == "FailPod" and r.get("status", {}).get("phase") == "Succeeded" for r in rs
+        ),
+        "the fallback FailPod",
+        timeout=60,
+    )
+    blocked = [r for r in items if r.get("status", {}).get("phase") == "Blocked"]
+    assert blocked and blocked[0]["status"]["reason"] == "GangBudget"
+    assert len([r for r in items if r["spec"]["action"] == "RestartGang" and r["status"]["phase"] == "Succeeded"]) == 2
+    job = await kube.get(api_path("batch/v1", "jobs", namespace=namespace, name="train"))
+    assert not job["status"].get("failed")
