@@ -179,3 +179,54 @@ async def test_node_not_ready_and_back(kube: KubeClient, faults: RecordingFaults
 def test_bad_fault_requests_get_clear_errors(faults: RecordingFaults, call, message: str) -> None:
     with pytest.raises(FaultError, match=message):
         call(faults)
+
+
+async def test_pods_recreated_under_the_same_names_get_the_devices_back(kube: KubeClient, namespace: str) -> None:
+    """StatefulSet pods come back with the same names: the earlier pods' devices must be free again."""
+    node = "gpu-node-003"
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "whole"},
+        "spec": {
+            "serviceName": "whole",
+            "replicas": 8,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": "whole"}},
+            "template": {
+                "metadata": {"labels": {"app": "whole"}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.invalid/x:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    await kube.create(api_path("apps/v1", "statefulsets", namespace=namespace), sts)
+    for _ in range(4):
+        # The node is full: a single leaked device makes a recreated pod fail admission.
+        before = {p["metadata"]["uid"] for p in await running_pods(kube, namespace, "whole", 8)}
+        await kube.request(
+            "DELETE",
+            api_path("v1", "pods", namespace=namespace),
+            params={"labelSelector": "app=whole", "gracePeriodSeconds": 0},
+        )
+
+        async def recreated(before: set[str] = before) -> list[dict]:
+            pods = await pods_of(kube, namespace, "app=whole")
+            return [p for p in pods if p["metadata"]["uid"] not in before]
+
+        new = await wait_until(
+            recreated,
+            lambda ps: len(ps) == 8 and all(get_path(p, "status", "phase") in ("Running", "Failed") for p in ps),
+            timeout=30,
+            what="8 pods recreated",
+        )
+        assert all(get_path(p, "status", "phase") == "Running" for p in new), [p["status"] for p in new]

@@ -5,9 +5,12 @@ from __future__ import annotations
 import typer
 
 from devheal import __version__
+from devheal.cli import agent as agent_cli
 from devheal.cli import controller as controller_cli
 from devheal.cli import demo as demo_cli
 from devheal.cli import lab as lab_cli
+from devheal.cli import launch as launch_cli
+from devheal.cli import simulate as simulate_cli
 
 app = typer.Typer(
     help="devheal: detect failing GPUs, find the pods and workloads using them, and heal the cluster.",
@@ -17,6 +20,9 @@ app = typer.Typer(
 app.add_typer(lab_cli.app, name="lab")
 app.command("demo")(demo_cli.demo)
 app.command("controller")(controller_cli.controller)
+app.command("agent")(agent_cli.agent)
+app.command("simulate")(simulate_cli.simulate)
+app.command("launch")(launch_cli.launch)
 
 
 @app.command()

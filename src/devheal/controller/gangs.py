@@ -64,6 +64,14 @@ class GangRestarter:
         self.client = client
         self.remediations = remediations_path
         self.clock = clock
+        self.replaced: dict[str, float] = {}
+        """UIDs of ranks this controller replaced, and when: until the cache sees them go, their old
+        device status must not start another gang restart."""
+
+    def recently_replaced(self, now: float, keep: float = 600.0) -> set[str]:
+        for uid in [u for u, at in self.replaced.items() if now - at > keep]:
+            del self.replaced[uid]
+        return set(self.replaced)
 
     async def _members(self, action: Action) -> list[Obj]:
         assert action.workload is not None
@@ -138,6 +146,7 @@ class GangRestarter:
         broken = [p for p in active if _broken(p)]
         for pod in broken:
             await self._mark_and_evict(pod, action)
+            self.replaced[pod["metadata"]["uid"]] = self.clock()
             steps.append(f"replace {pod['metadata']['name']}")
         healthy = [p for p in active if p not in broken]
         behind = [p for p in healthy if _generation(p) < generation]

@@ -108,7 +108,9 @@ class Controller:
         metrics.RECONCILES.inc()
         self._policies = self.current_policies()
         view = self.cache.view()
-        findings = self.tracker.observe(detect(view, self._policies, now), view, self._policies, now)
+        replaced = self.actuators.gangs.recently_replaced(now)
+        detected = [f for f in detect(view, self._policies, now) if not (f.pod_uid and f.pod_uid in replaced)]
+        findings = self.tracker.observe(detected, view, self._policies, now)
         for kind in FindingKind:
             metrics.FINDINGS.labels(kind=kind.value).set(sum(1 for f in findings if f.kind is kind))
         for name, size in self.cache.sizes().items():

@@ -368,6 +368,11 @@ class NodeSimulator:
                 if record.view.key == key:
                     self._forget(uid, record.view.node)
             return None
+        # A pod recreated under the same name (StatefulSet) shares the key: whatever an earlier
+        # incarnation held is free again, as kubelet frees the devices of a removed pod.
+        for uid, record in list(self.running.items()):
+            if record.view.key == key and uid != pod.uid:
+                self._forget(uid, record.view.node)
         if pod.node not in self.nodes:
             return None
         nd = self.nodes[pod.node]

@@ -1,0 +1,140 @@
+"""``devheal launch -- CMD ARGS``: run a training command in its pod and restart it in place with its gang."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient
+from devheal.launch.gang import KubeGang
+from devheal.launch.launcher import DEFAULT_TERMINATION_LOG, Launcher, LaunchError, LaunchOptions
+from devheal.launch.steps import DEFAULT_WINDOW
+from devheal.launch.steps_server import parse_steps_address
+from devheal.model.cluster import GANG_LABEL
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+USAGE_ERROR = 2
+
+
+def parse_exit_codes(text: str) -> frozenset[int]:
+    """``"74,79"`` -> {74, 79}; raises ValueError naming the bad entry."""
+    codes: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or not 1 <= int(part) <= 255:
+            raise ValueError(f"expected comma-separated exit codes within 1..255, got {part!r}")
+        codes.add(int(part))
+    return frozenset(codes)
+
+
+def _namespace_of_service_account() -> str:
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    except OSError:
+        return ""
+
+
+def launch(
+    command: Annotated[
+        list[str],
+        typer.Argument(help="The training command and its arguments; put them after `--`.", metavar="CMD"),
+    ],
+    pod: Annotated[
+        str,
+        typer.Option(envvar="POD_NAME", help="This pod's name (in a pod: $POD_NAME from the downward API)."),
+    ] = "",
+    namespace: Annotated[
+        str,
+        typer.Option(
+            envvar="POD_NAMESPACE",
+            help="This pod's namespace (in a pod: $POD_NAMESPACE, else the service account's namespace).",
+        ),
+    ] = "",
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="Kubeconfig path; in-cluster service account when absent.")
+    ] = None,
+    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when stopping the command.")] = 10.0,
+    barrier_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds to wait for the whole gang to stop before restarting anyway (with a warning)."),
+    ] = 120.0,
+    gang_label: Annotated[str, typer.Option(help="Pods with the same value of this label form the gang.")] = GANG_LABEL,
+    device_error_exit_codes: Annotated[
+        str,
+        typer.Option(help="Comma-separated exit codes of the command that mean a device error, e.g. 74,79."),
+    ] = "",
+    termination_log: Annotated[
+        Path, typer.Option(help="Where to write the pod's termination message on a device error.")
+    ] = DEFAULT_TERMINATION_LOG,
+    steps_addr: Annotated[
+        str, typer.Option(help="Loopback HOST:PORT for step reports (port 0: any free port).")
+    ] = "127.0.0.1:0",
+    steps_window: Annotated[int, typer.Option(help="How many recent steps the step-time figures cover.")] = (
+        DEFAULT_WINDOW
+    ),
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run CMD; restart it in place when the gang's restart generation rises; exit with CMD's exit code.
+
+    Example: devheal launch --device-error-exit-codes 74,79 -- python train.py --epochs 3
+    """
+    logging.basicConfig(
+        level=log_level.upper(),
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    if not pod:
+        raise typer.BadParameter(
+            "name this pod: --pod NAME or $POD_NAME (downward API: fieldRef metadata.name)", param_hint="--pod"
+        )
+    namespace = namespace or _namespace_of_service_account()
+    if not namespace:
+        raise typer.BadParameter(
+            "name this pod's namespace: --namespace NS or $POD_NAMESPACE (downward API: fieldRef metadata.namespace)",
+            param_hint="--namespace",
+        )
+    if grace < 0:
+        raise typer.BadParameter(f"must be >= 0, got {grace}", param_hint="--grace")
+    if barrier_timeout < 0:
+        raise typer.BadParameter(f"must be >= 0, got {barrier_timeout}", param_hint="--barrier-timeout")
+    if steps_window < 1:
+        raise typer.BadParameter(f"must be >= 1, got {steps_window}", param_hint="--steps-window")
+    try:
+        codes = parse_exit_codes(device_error_exit_codes)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--device-error-exit-codes") from exc
+    try:
+        host, port = parse_steps_address(steps_addr)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--steps-addr") from exc
+    options = LaunchOptions(
+        command=tuple(command),
+        grace=grace,
+        barrier_timeout=barrier_timeout,
+        device_error_exit_codes=codes,
+        termination_log=termination_log,
+        steps_host=host,
+        steps_port=port,
+        steps_window=steps_window,
+    )
+    try:
+        code = asyncio.run(_run(options, kubeconfig, namespace, pod, gang_label))
+    except LaunchError as exc:
+        typer.echo(f"devheal launch: {exc}", err=True)
+        raise typer.Exit(USAGE_ERROR) from exc
+    raise typer.Exit(code)
+
+
+async def _run(options: LaunchOptions, kubeconfig: str | None, namespace: str, pod: str, gang_label: str) -> int:
+    try:
+        kube = await KubeClient.connect(kubeconfig, max_connections=4)
+    except errors.PermanentError as exc:
+        raise LaunchError(f"{exc} (--kubeconfig)") from exc
+    async with kube:
+        return await Launcher(options, KubeGang(kube, namespace, pod, gang_label)).run()

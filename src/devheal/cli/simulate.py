@@ -1,0 +1,259 @@
+"""``devheal simulate``: replay a fleet's failures against remediation strategies and compare goodput."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from devheal.model.policy import Policy, PolicyError, parse_policy
+from devheal.simulate import plots
+from devheal.simulate.config import PRESETS, ConfigError, SimConfig, build_preset
+from devheal.simulate.failures import LLAMA3_INTERRUPTIONS, TraceError
+from devheal.simulate.fleet import Loss
+from devheal.simulate.results import StrategyResult, percentile
+from devheal.simulate.runner import Comparison, run_comparison
+from devheal.simulate.strategies import lineup
+from devheal.simulate.tracefile import read_trace
+
+
+class _InputError(Exception):
+    """Bad input from the command line or a file: printed without a traceback."""
+
+
+def load_policies(paths: list[Path]) -> list[Policy]:
+    """Every ``RemediationPolicy`` document in the given YAML files."""
+    policies: list[Policy] = []
+    for path in paths:
+        try:
+            documents = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+        except OSError as exc:
+            raise _InputError(f"{path}: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise _InputError(f"{path}: not valid YAML: {exc}") from exc
+        found = 0
+        for i, doc in enumerate(documents):
+            if doc is None:
+                continue
+            if not isinstance(doc, dict):
+                raise _InputError(f"{path}: document {i + 1}: expected a RemediationPolicy object")
+            kind = doc.get("kind", "RemediationPolicy")
+            if kind != "RemediationPolicy":
+                raise _InputError(f"{path}: document {i + 1}: kind {kind!r}, expected RemediationPolicy")
+            try:
+                policies.append(parse_policy(doc))
+            except PolicyError as exc:
+                raise _InputError(f"{path}: {exc}") from exc
+            found += 1
+        if not found:
+            raise _InputError(f"{path}: no RemediationPolicy in the file")
+    return policies
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _spread_pct(values: list[float | None]) -> str:
+    present = [v for v in values if v is not None]
+    if not present:
+        return "-"
+    mean = sum(present) / len(present)
+    if len(present) == 1:
+        return _pct(mean)
+    return f"{_pct(mean)} ({100 * min(present):.1f}-{100 * max(present):.1f})"
+
+
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f}"
+
+
+def _count(value: float) -> str:
+    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+
+
+def _gpu_hours(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _tables(comparison: Comparison) -> list[Table]:
+    results = comparison.results
+    any_result = next(iter(results.values()))[0]
+    has_inference = any_result.inference_availability is not None
+    has_batch = any_result.batch_goodput is not None
+    several = len(comparison.traces) > 1
+
+    summary = Table(
+        title="Goodput by strategy" + (f" (mean, and range over {len(comparison.traces)} seeds)" if several else "")
+    )
+    summary.add_column("strategy", no_wrap=True)
+    summary.add_column("training ETTR", justify="right")
+    if has_inference:
+        summary.add_column("inference avail.", justify="right")
+    if has_batch:
+        summary.add_column("batch goodput", justify="right")
+    if has_inference or has_batch:
+        summary.add_column("fleet goodput", justify="right")
+    summary.add_column("interruptions", justify="right")
+    summary.add_column("GPU-h lost", justify="right")
+    for q in (50, 90, 99):
+        summary.add_column(f"recovery p{q} (min)" if q == 50 else f"p{q} (min)", justify="right")
+    for name, rs in results.items():
+        recoveries = [r for res in rs for r in res.recoveries_s]
+        row = [name, _spread_pct([r.training_ettr for r in rs])]
+        if has_inference:
+            row.append(_spread_pct([r.inference_availability for r in rs]))
+        if has_batch:
+            row.append(_spread_pct([r.batch_goodput for r in rs]))
+        if has_inference or has_batch:
+            row.append(_spread_pct([r.fleet_goodput for r in rs]))
+        interruptions = [r.interruptions for r in rs]
+        row += [
+            f"{min(interruptions)}-{max(interruptions)}" if several else str(interruptions[0]),
+            _gpu_hours(sum(r.lost_gpu_hours for r in rs) / len(rs)),
+            *(_minutes(percentile(recoveries, q)) for q in (50, 90, 99)),
+        ]
+        summary.add_row(*row)
+
+    losses = Table(title="GPU-hours lost by cause (all workloads, mean per run)")
+    losses.add_column("strategy", no_wrap=True)
+    for loss in Loss:
+        losses.add_column(loss.value.replace("-", " "), justify="right")
+    for name, rs in results.items():
+        losses.add_row(name, *(_gpu_hours(sum(r.loss_gpu_hours[loss.value] for r in rs) / len(rs)) for loss in Loss))
+
+    remediations = Table(title="Remediations by type (mean per run)")
+    remediations.add_column("strategy", no_wrap=True)
+    remediations.add_column("who did what, how often")
+    for name, rs in results.items():
+        kinds = sorted({k for r in rs for k in r.remediations})
+        text = ", ".join(f"{k} {_count(sum(r.remediations.get(k, 0) for r in rs) / len(rs))}" for k in kinds)
+        remediations.add_row(name, text)
+    return [summary, losses, remediations]
+
+
+def _describe(config: SimConfig, seeds: list[int], replay: Path | None) -> str:
+    fleet = config.fleet
+    parts = [
+        f"{config.preset}: {fleet.workload_nodes:,} nodes x {fleet.gpus_per_node} GPUs"
+        f" (+{fleet.spare_nodes} spare nodes, {fleet.gpus:,} GPUs) for {config.days:g} days"
+    ]
+    parts.append(
+        f"trace {replay}"
+        if replay
+        else f"seed{'s' if len(seeds) > 1 else ''} {seeds[0]}" + (f"..{seeds[-1]}" if len(seeds) > 1 else "")
+    )
+    return ", ".join(parts)
+
+
+def _write(comparison: Comparison, out: Path, console: Console, plots_wanted: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    path.write_text(json.dumps(comparison.to_json(), indent=2) + "\n", encoding="utf-8")
+    console.print(f"wrote {path}", markup=False, soft_wrap=True)
+    if not plots_wanted:
+        return
+    if not plots.available():
+        console.print("plots skipped: matplotlib is not installed (pip install matplotlib, or pass --no-plots)")
+        return
+    for written in plots.write_plots(comparison, out):
+        console.print(f"wrote {written}", markup=False, soft_wrap=True)
+
+
+def simulate(
+    preset: Annotated[str, typer.Option(help=f"Fleet and workload preset: {', '.join(PRESETS)}.")] = "llama3-405b",
+    nodes: Annotated[int | None, typer.Option(help="Nodes running workloads (the preset adds its spare pool).")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default 8).")] = None,
+    days: Annotated[float | None, typer.Option(help="Simulated days (default: the preset's).")] = None,
+    spare_nodes: Annotated[
+        int | None, typer.Option("--spare-nodes", help="Spare nodes (default: the preset's share of --nodes).")
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option("--rate", help="Failures per GPU-hour, all classes (default 1.97e-5, Llama 3 405B's)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the first generated trace.")] = 0,
+    seeds: Annotated[int, typer.Option(help="How many seeds to run: seed, seed+1, ...")] = 1,
+    policy: Annotated[
+        list[Path] | None, typer.Option("--policy", help="A RemediationPolicy YAML file to compare too (repeatable).")
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Replay this trace file (CSV or JSONL); --seed, --seeds and --rate then go unused."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Directory for results.json and the plots.")] = Path("simulate-results"),
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not draw the PNG plots.")] = False,
+    no_color: Annotated[bool, typer.Option("--no-color", help="Plain output (for logs and CI).")] = False,
+) -> None:
+    """Compare remediation strategies on a simulated GPU fleet: goodput, GPU-hours lost, recovery times.
+
+    Strategies: kubernetes-default, node-health-controller, pod-watcher, devheal-default (devheal's engine
+    with its default policy) and one per --policy file. All replay the same failures."""
+    console = Console(no_color=no_color, highlight=not no_color)
+    if not console.is_terminal:
+        console.width = max(console.width, 150)  # logs and pipes: keep table rows on one line
+    try:
+        if seeds < 1:
+            raise _InputError("--seeds: expected at least 1")
+        config = build_preset(preset, nodes, gpus_per_node, days)
+        if spare_nodes is not None:
+            config = replace(config, fleet=replace(config.fleet, spare_nodes=spare_nodes))
+        if rate is not None:
+            config = replace(config, trace=replace(config.trace, rate_per_gpu_hour=rate))
+        config.validate()
+        strategies = lineup(load_policies(policy or []))
+        seed_list = list(range(seed, seed + seeds))
+        replay = None
+        if trace is not None:
+            replay = read_trace(trace, config.fleet.nodes, config.fleet.gpus_per_node, config.horizon_s)
+        console.print(f"devheal simulate: {_describe(config, seed_list, trace)}", markup=False, soft_wrap=True)
+        runs = len(strategies) * (1 if replay is not None else len(seed_list))
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("simulating", total=runs)
+
+            def advance(what: str) -> None:
+                bar.update(task, advance=1, description=f"simulated {what}")
+
+            comparison = run_comparison(config, strategies, seed_list, replay, advance)
+    except (_InputError, ConfigError, TraceError, ValueError) as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from exc
+    _report(comparison, console)
+    _write(comparison, out, console, not no_plots)
+
+
+def _report(comparison: Comparison, console: Console) -> None:
+    traces = comparison.traces
+    expected = comparison.to_json()["reference"]["expected_faults"]
+    if len(traces) == 1:
+        t = traces[0]
+        console.print(
+            f"trace: {t.faults} faults (expected {expected:.0f}); "
+            f"{t.lemon_nodes} lemon nodes, {t.slow_nodes} slow nodes"
+        )
+    else:
+        counts = [t.faults for t in traces]
+        console.print(f"traces: {min(counts)}-{max(counts)} faults per seed (expected {expected:.0f})")
+    for table in _tables(comparison):
+        console.print(table)
+    first: list[StrategyResult] = next(iter(comparison.results.values()))
+    interruptions = [r.interruptions for r in first]
+    band: Any = interruptions[0] if len(interruptions) == 1 else f"{min(interruptions)}-{max(interruptions)}"
+    console.print(
+        f"training interruptions ({first[0].strategy}): {band}; Llama 3 405B reported {LLAMA3_INTERRUPTIONS} "
+        f"in 54 days on 16,384 GPUs. Simulated in {comparison.run_seconds:.1f}s."
+    )

@@ -1,0 +1,128 @@
+"""``report_step``: the one call a training loop makes to tell its launcher how long a step took.
+
+Runs inside the training process, so it imports only the standard library, never raises,
+and never waits long: one small POST over loopback with a short timeout, on a kept-alive
+connection (a new connection per step would leave thousands of sockets in TIME_WAIT at
+high step rates). Without a launcher (``DEVHEAL_LAUNCHER_ADDR`` unset) it does nothing.
+When the launcher does not answer, reports are skipped for a while instead of costing
+every step a timeout. Safe across threads and ``fork`` (data-loader workers).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import math
+import os
+import threading
+import time
+
+ADDR_ENV = "DEVHEAL_LAUNCHER_ADDR"
+"""Set by the launcher for its child: ``host:port`` of its step endpoint (loopback)."""
+RESTARTS_ENV = "DEVHEAL_LAUNCHER_RESTARTS"
+"""Set by the launcher for its child: how many times it restarted the command in place (0 on the first run)."""
+STEPS_PATH = "/steps"
+TIMEOUT_SECONDS = 0.25
+BACKOFF_SECONDS = 10.0
+"""After a failed report, skip reports for this long."""
+
+log = logging.getLogger(__name__)
+
+_state: dict[str, float | bool] = {"suspended_until": 0.0, "told_absent": False}
+
+
+class _Connection:
+    """One kept-alive connection to the launcher, shared by the threads of one process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.conn: http.client.HTTPConnection | None = None
+        self.target: tuple[str, int] | None = None
+
+    def post(self, host: str, port: int, body: bytes) -> int:
+        if not self.lock.acquire(timeout=TIMEOUT_SECONDS):
+            raise TimeoutError("another thread is still reporting")
+        try:
+            for attempt in range(2):
+                reused = self.conn is not None and self.target == (host, port)
+                if not reused:
+                    self.close()
+                    self.conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT_SECONDS)
+                    self.target = (host, port)
+                assert self.conn is not None
+                try:
+                    self.conn.request("POST", STEPS_PATH, body=body, headers={"Content-Type": "application/json"})
+                    response = self.conn.getresponse()
+                    response.read()
+                    return response.status
+                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                    self.close()
+                    if not reused or attempt:
+                        raise  # a kept-alive connection the launcher closed is retried once, fresh
+                except Exception:
+                    self.close()
+                    raise
+            raise AssertionError("unreachable")
+        finally:
+            self.lock.release()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+        self.target = None
+
+
+_connection = _Connection()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's socket and lock are not ours to use: start afresh (the socket copy is dropped, not shut down).
+    global _connection
+    _connection = _Connection()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{ADDR_ENV}={address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def report_step(duration_seconds: float, step: int | None = None) -> None:
+    """Report that one training step took ``duration_seconds`` (and, optionally, which step it was).
+
+    Safe to call on every step: returns within about 0.25 s even when the launcher hangs,
+    never raises, and does nothing outside a launcher.
+    """
+    try:
+        address = os.environ.get(ADDR_ENV)
+        if not address:
+            if not _state["told_absent"]:
+                _state["told_absent"] = True
+                log.debug("%s is not set (not run by devheal launch); step reports are dropped", ADDR_ENV)
+            return
+        now = time.monotonic()
+        if now < float(_state["suspended_until"]):
+            return
+        if isinstance(duration_seconds, bool) or not isinstance(duration_seconds, int | float):
+            log.debug("step report dropped: duration %r is not a number", duration_seconds)
+            return
+        if not math.isfinite(duration_seconds) or duration_seconds < 0:
+            log.debug("step report dropped: duration %r is not a finite number >= 0", duration_seconds)
+            return
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            log.debug("step number %r is not an integer; reporting the duration alone", step)
+            step = None
+        host, port = _split_address(address)
+        body = json.dumps({"duration_seconds": float(duration_seconds), "step": step}).encode()
+        status = _connection.post(host, port, body)
+        if status >= 300:
+            log.debug("launcher refused a step report: HTTP %s", status)
+    except Exception as exc:
+        _state["suspended_until"] = time.monotonic() + BACKOFF_SECONDS
+        log.debug("step report failed (%s: %s); skipping reports for %.0fs", type(exc).__name__, exc, BACKOFF_SECONDS)

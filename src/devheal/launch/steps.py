@@ -1,0 +1,94 @@
+"""Step-time aggregation for one rank: the numbers that let a slow GPU stand out among its peers.
+
+The training command reports each step's duration to its launcher (``report_step``); the
+launcher keeps the figures here, in memory, and serves them at ``GET /steps``. Pure: the
+caller passes the time, so tests use a fake clock. Nothing is ever written to the API
+server per step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_WINDOW = 100
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of sorted values, interpolating linearly between ranks."""
+    if not ordered:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile must be within 0..1, got {q}")
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+class InvalidStep(ValueError):
+    """A step report that cannot be counted (the message says why)."""
+
+
+@dataclass
+class StepStats:
+    """Counts every reported step; keeps the last ``window`` durations and arrival times for the figures."""
+
+    window: int = DEFAULT_WINDOW
+    count: int = 0
+    last_step: int | None = None
+    last_report: float | None = None
+    durations: deque[float] = field(default_factory=deque)
+    arrivals: deque[float] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"the step window must hold at least 1 step, got {self.window}")
+        self.durations = deque(self.durations, maxlen=self.window)
+        self.arrivals = deque(self.arrivals, maxlen=self.window)
+
+    def record(self, duration_seconds: float, step: int | None, now: float) -> None:
+        """One step took ``duration_seconds``; ``now`` is when the report arrived (monotonic seconds)."""
+        if isinstance(duration_seconds, bool) or not isinstance(duration_seconds, int | float):
+            raise InvalidStep(f"duration_seconds must be a number, got {duration_seconds!r}")
+        if not math.isfinite(duration_seconds) or duration_seconds < 0:
+            raise InvalidStep(f"duration_seconds must be a finite number >= 0, got {duration_seconds!r}")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise InvalidStep(f"step must be an integer or null, got {step!r}")
+        self.count += 1
+        if step is not None:
+            self.last_step = step
+        self.last_report = now
+        self.durations.append(float(duration_seconds))
+        self.arrivals.append(now)
+
+    def new_run(self) -> None:
+        """The training command was restarted: forget the window (the figures describe this run), keep the totals."""
+        self.durations.clear()
+        self.arrivals.clear()
+
+    def steps_per_second(self) -> float | None:
+        """Throughput over the window, from arrival times (so time outside the reported steps counts too)."""
+        if len(self.arrivals) < 2:
+            return None
+        span = self.arrivals[-1] - self.arrivals[0]
+        if span <= 0:
+            return None
+        return (len(self.arrivals) - 1) / span
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """The figures as a JSON-ready mapping (None where there is no data yet)."""
+        ordered = sorted(self.durations)
+        return {
+            "count": self.count,
+            "last_step": self.last_step,
+            "window": self.window,
+            "window_count": len(ordered),
+            "mean_seconds": sum(ordered) / len(ordered) if ordered else None,
+            "p50_seconds": percentile(ordered, 0.5) if ordered else None,
+            "p90_seconds": percentile(ordered, 0.9) if ordered else None,
+            "steps_per_second": self.steps_per_second(),
+            "last_report_age_seconds": max(0.0, now - self.last_report) if self.last_report is not None else None,
+        }

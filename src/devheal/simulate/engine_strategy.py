@@ -1,0 +1,510 @@
+"""devheal as a strategy: the controller's own engine decides, the simulator only carries the plan out.
+
+At each moment the live controller would run a decision round that matters (a GPU fault
+becomes visible, a node comes back from repair, a duration or hold-down in the policy
+expires, a blocked decision may now pass), this strategy builds a ``ClusterView`` of the
+nodes devheal has reason to look at (nodes with visible GPU faults, nodes devheal marked,
+nodes with remediations in flight) and their pods and agent reports, then calls
+``detect``, ``FindingTracker.observe`` and ``decide`` with the strategy's ``Policy``,
+exactly as ``devheal.controller.loop`` does. The plan's actions become simulated effects:
+
+- ``FailPod`` / ``Deschedule`` on a pod: the pod is gone; its workload recreates every pod
+  elsewhere. ``RestartGang``: only the broken pod is replaced, the rest restart in place;
+- ``Notify``, dry-run and blocked decisions: nothing happens (people act later);
+- ``Taint`` / ``Cordon``: the node takes no new pods until devheal lifts its marks;
+  ``Lift``: the node returns to the spare pool;
+- ``Drain``: the node's pods are evicted; ``RemediateNode``: the policy's external
+  remediation reboots (or replaces) the node, and the record stays in progress until the
+  node is healthy, as the controller keeps it.
+
+A small view gives the same findings as the whole fleet would (healthy, unmarked nodes
+produce none), but budgets counted in percent of the fleet and the circuit breaker do
+depend on the fleet size. A smaller view only makes those rails stricter, so a plan that
+none of them stopped is exact; a round whose plan they stopped is decided again over a
+wider view (enough healthy nodes for the percentages), and then over every node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import replace
+from typing import Any
+
+from devheal.engine.decide import decide
+from devheal.engine.findings import FindingTracker, detect
+from devheal.engine.workloads import classify
+from devheal.model.cluster import (
+    GPU_RESOURCE,
+    OWNED_TAINT_KEY,
+    ClusterView,
+    ContainerState,
+    DeviceHealth,
+    DeviceStatus,
+    Node,
+    NodeDevicesReport,
+    OwnerRef,
+    Pod,
+    ReportedDevice,
+    Taint,
+    Workload,
+)
+from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan
+from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy
+from devheal.simulate.events import Event, EventKind
+from devheal.simulate.failures import Signal
+from devheal.simulate.fleet import NodeState, Unit, UnitKind, node_name
+from devheal.simulate.simulation import Simulation, Strategy
+
+FLEET_RAILS = frozenset({"max-unhealthy-nodes", "max-unhealthy-nodes-per-pool", "circuit-breaker"})
+"""Rails whose outcome depends on how many nodes the fleet has: a plan they stopped is decided again wider."""
+RETRY_FIRST_S = 60.0
+RETRY_MAX_S = 3600.0
+SLACK_S = 1e-3
+"""Rounds scheduled for a policy duration run just after it, so ``now - since >= duration`` holds."""
+TEMPLATE_HASH = "7c9d8f"
+
+
+def gpu_id(node: str, index: int) -> str:
+    return f"{node}-gpu{index}"
+
+
+class EngineStrategy(Strategy):
+    """Decisions from devheal's engine under one ``RemediationPolicy``."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.policies = [policy]
+        self.name = "devheal-default" if policy is DEFAULT_POLICY else f"policy:{policy.name}"
+        actions = ", ".join(f"{cls}={kind}" for cls, kind in policy.actions.items())
+        self.description = f"devheal engine, policy {policy.name} ({actions}" + (
+            ", dry-run)" if policy.dry_run else ")"
+        )
+
+    def attach(self, sim: Simulation) -> None:
+        super().attach(sim)
+        self.tracker = FindingTracker()
+        self.records: dict[str, InFlight] = {}
+        self.by_node: dict[str, set[str]] = {}
+        self.by_target: dict[str, set[str]] = {}
+        self.active: set[str] = set()
+        self.recent: deque[tuple[float, str]] = deque()
+        self.keep_recent_s = max(3600.0, self.policy.budgets.workload_disruption_interval)
+        self.watch: set[int] = set()
+        self.plain: dict[int, Node] = {}
+        self.cache: dict[int, tuple[tuple[Any, ...], tuple[Node, Pod | None, NodeDevicesReport | None]]] = {}
+        self.index = {node_name(i): i for i in range(len(sim.nodes))}
+        self.workloads: dict[int, tuple[Workload, dict[str, str]]] = {}
+        self.scheduled: set[float] = set()
+        self.retry_s = RETRY_FIRST_S
+        self.blocked_seen: dict[str, str] = {}
+        self.gang_restarts: dict[str, int] = {}
+        """Gang-wide RestartGang records in progress -> the unit restarting."""
+        self.rounds = 0
+        self.wider_rounds = 0
+        self.decisions: Counter[str] = Counter()
+        self.blocked: Counter[str] = Counter()
+
+    # ---- hooks -----------------------------------------------------------------------------------
+
+    def on_device_fault(self, node: int, fault: int) -> None:
+        self.watch.add(node)
+        costs = self.sim.costs
+        for delay in sorted({costs.agent_detect_s, costs.pod_status_detect_s}):
+            self._schedule(self.sim.now + delay)
+
+    def on_node_repaired(self, node: int) -> None:
+        if node in self.watch:
+            self._schedule(self.sim.now)
+
+    def on_signal(self, event: Event) -> None:
+        self.scheduled.discard(event.time)
+        self.decision_round()
+
+    def engine_stats(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.name,
+            "rounds": self.rounds,
+            "wider_rounds": self.wider_rounds,
+            "decisions": dict(sorted(self.decisions.items())),
+            "blocked": dict(sorted(self.blocked.items())),
+        }
+
+    def _schedule(self, when: float) -> None:
+        if when not in self.scheduled:
+            self.scheduled.add(when)
+            self.sim.queue.push(when, EventKind.SIGNAL, -1, 0)
+
+    # ---- the cluster as the controller's cache would show it ----------------------------------
+
+    def _visible(self, state: NodeState, delay: float) -> dict[int, int]:
+        """GPU index -> fault index for GPU faults on the node that this signal shows by now."""
+        now = self.sim.now
+        out: dict[int, int] = {}
+        for i in state.faults:
+            fault = self.sim.faults[i]
+            if fault.failure_class.signal is Signal.DEVICE and now >= fault.time + delay:
+                out.setdefault(fault.gpu, i)
+        return out
+
+    def _workload(self, unit: Unit) -> tuple[Workload, dict[str, str]]:
+        cached = self.workloads.get(unit.uid)
+        if cached is not None:
+            return cached
+        owner: OwnerRef | None
+        if unit.kind is UnitKind.GANG:
+            labels, owner, restart = {"jobset.sigs.k8s.io/jobset-name": unit.name}, OwnerRef("Job", unit.name), "Never"
+        elif unit.kind is UnitKind.INFERENCE:
+            labels, owner, restart = (
+                {"pod-template-hash": TEMPLATE_HASH},
+                OwnerRef("ReplicaSet", f"serve-{TEMPLATE_HASH}"),
+                "Always",
+            )
+        else:
+            labels, owner, restart = {"batch.kubernetes.io/job-name": unit.name}, OwnerRef("Job", unit.name), "Never"
+        workload = classify(unit.namespace, unit.name, labels, owner, restart)
+        self.workloads[unit.uid] = (workload, labels)
+        return workload, labels
+
+    def _node(self, n: int) -> Node:
+        state = self.sim.nodes[n]
+        gpus = self.sim.config.fleet.gpus_per_node
+        costs = self.sim.costs
+        failed = self._visible(state, costs.device_plugin_detect_s)
+        gap_since = min((self.sim.faults[i].time + costs.device_plugin_detect_s for i in failed.values()), default=None)
+        name = state.name
+        return Node(
+            name=name,
+            uid=f"uid-{name}",
+            labels={},
+            ready=not (state.down or state.repairing),
+            unschedulable="cordon" in state.marks,
+            taints=(Taint(OWNED_TAINT_KEY, "true", "NoSchedule"),) if "taint" in state.marks else (),
+            gpu_capacity=gpus,
+            gpu_allocatable=gpus - len(failed),
+            owned=frozenset(state.marks),
+            gap_since=gap_since,
+        )
+
+    def _plain_node(self, n: int) -> Node:
+        """A node without faults, marks, repair or outage always looks the same: build it once."""
+        state = self.sim.nodes[n]
+        if state.faults or state.marks or state.repairing or state.down:
+            return self._node(n)
+        node = self.plain.get(n)
+        if node is None:
+            node = self.plain[n] = self._node(n)
+        return node
+
+    def _pod(self, n: int) -> Pod | None:
+        unit = self.sim.unit_of(n)
+        if unit is None:
+            return None
+        state = self.sim.nodes[n]
+        slot = unit.members[n]
+        workload, labels = self._workload(unit)
+        bad = self._visible(state, self.sim.costs.pod_status_detect_s)
+        devices = tuple(
+            DeviceStatus(
+                "main",
+                GPU_RESOURCE,
+                gpu_id(state.name, g),
+                DeviceHealth.UNHEALTHY if g in bad else DeviceHealth.HEALTHY,
+                self.sim.faults[bad[g]].failure_class.label if g in bad else "",
+            )
+            for g in range(unit.gpus_per_node)
+        )
+        return Pod(
+            namespace=unit.namespace,
+            name=unit.pod_name(slot),
+            uid=unit.pod_uid(slot),
+            node=state.name,
+            phase="Running",
+            labels=labels,
+            restart_policy="Always" if unit.kind is UnitKind.INFERENCE else "Never",
+            workload=workload,
+            devices=devices,
+            containers=(ContainerState("main"),),
+            gpu_request=unit.gpus_per_node,
+        )
+
+    def _report(self, n: int, pod: Pod | None) -> NodeDevicesReport | None:
+        """The agent's report; None while every GPU is healthy (such a report adds no finding)."""
+        state = self.sim.nodes[n]
+        delay = self.sim.costs.agent_detect_s
+        bad = self._visible(state, delay)
+        if not bad:
+            return None
+        devices = []
+        for g in range(self.sim.config.fleet.gpus_per_node):
+            if g in bad:
+                fault = self.sim.faults[bad[g]]
+                cls = fault.failure_class
+                devices.append(
+                    ReportedDevice(
+                        gpu_id(state.name, g),
+                        g,
+                        DeviceHealth.UNHEALTHY,
+                        reason=cls.label,
+                        code=cls.xid,
+                        pod=pod.key if pod is not None else "",
+                        since=fault.time + delay,
+                    )
+                )
+            else:
+                devices.append(
+                    ReportedDevice(gpu_id(state.name, g), g, DeviceHealth.HEALTHY, pod=pod.key if pod else "")
+                )
+        return NodeDevicesReport(state.name, tuple(devices))
+
+    def _records(self, n: int) -> tuple[Node, Pod | None, NodeDevicesReport | None]:
+        """A watched node as the cache shows it. Reused while nothing about the node changed and every
+        fault on it is older than the slowest signal (so time alone changes nothing either)."""
+        state = self.sim.nodes[n]
+        unit = self.sim.unit_of(n)
+        pod_uid = unit.pod_uid(unit.members[n]) if unit is not None else ""
+        costs = self.sim.costs
+        slowest = max(costs.agent_detect_s, costs.pod_status_detect_s, costs.device_plugin_detect_s)
+        settled = all(self.sim.now >= self.sim.faults[i].time + slowest for i in state.faults)
+        key = (tuple(state.faults), tuple(sorted(state.marks)), state.repairing, state.down, pod_uid)
+        cached = self.cache.get(n)
+        if settled and cached is not None and cached[0] == key:
+            return cached[1]
+        node = self._node(n)
+        pod = self._pod(n)
+        records = (node, pod, self._report(n, pod))
+        if settled:
+            self.cache[n] = (key, records)
+        return records
+
+    def _view(self, watched: list[int], more_nodes: int = 0) -> ClusterView:
+        """The watched nodes with their pods and agent reports; plus ``more_nodes`` other nodes, for the
+        budget arithmetic only (unwatched nodes show no GPU fault, so their pods and reports add nothing)."""
+        nodes: dict[str, Node] = {}
+        if more_nodes:
+            taken = set(watched)
+            for n in range(len(self.sim.nodes)):
+                if len(nodes) >= more_nodes:
+                    break
+                if n not in taken:
+                    node = self._plain_node(n)
+                    nodes[node.name] = node
+        pods: dict[str, Pod] = {}
+        reports: dict[str, NodeDevicesReport] = {}
+        by_node: dict[str, frozenset[str]] = {}
+        by_device: dict[tuple[str, str], str] = {}
+        for n in watched:
+            node, pod, report = self._records(n)
+            nodes[node.name] = node
+            if pod is not None:
+                pods[pod.key] = pod
+                by_node[node.name] = frozenset({pod.key})
+                for d in pod.devices:
+                    by_device[(node.name, d.device_id)] = pod.key
+            if report is not None:
+                reports[node.name] = report
+        return ClusterView(nodes=nodes, pods=pods, reports=reports, pods_by_node=by_node, pod_by_device=by_device)
+
+    def _in_flight(self, view: ClusterView) -> list[InFlight]:
+        """Every record ``decide`` can depend on for this view: active ones, those targeting the nodes, pods
+        and workloads in view (decided-before names, lift and gang-restart epochs), and recent ones (gang
+        restarts per hour, the disruption interval). Older records of other targets cannot change this
+        view's plan (tests check this against deciding with every record over every node)."""
+        now = self.sim.now
+        while self.recent and now - self.recent[0][0] >= self.keep_recent_s:
+            self.recent.popleft()
+        names = set(self.active)
+        for name in view.nodes:
+            names |= self.by_node.get(name, set())
+        for pod in view.pods.values():
+            names |= self.by_target.get(pod.key, set())
+            names |= self.by_target.get(pod.workload.key, set())
+        names |= {name for _, name in self.recent}
+        return [self.records[n] for n in sorted(names)]
+
+    # ---- one round, as the controller's reconcile_once ----------------------------------------
+
+    def decision_round(self) -> Plan:
+        now = self.sim.now
+        watched = sorted(self.watch)
+        view = self._view(watched)
+        findings = self.tracker.observe(detect(view, self.policies, now), view, self.policies, now)
+        self._carry_on(findings)
+        in_flight = self._in_flight(view)
+        plan = self._plan(watched, view, findings, in_flight)
+        self.rounds += 1
+        for action in plan.actions:
+            self._apply(action)
+        for item in plan.blocked:
+            self._record_blocked(item)
+        self._schedule_next(findings, plan)
+        self._prune_watch()
+        return plan
+
+    def _plan(self, watched: list[int], view: ClusterView, findings: list[Finding], in_flight: list[InFlight]) -> Plan:
+        """The whole fleet's plan, computed on as few nodes as give the same answer.
+
+        Percent budgets and the breaker count nodes, and a view of fewer nodes is stricter, never
+        laxer. So a plan that no such rail stopped is the whole fleet's plan; otherwise decide again
+        over enough nodes for the percentages, and finally over every node."""
+        now = self.sim.now
+        plan = decide(view, findings, self.policies, in_flight, now)
+        fleet = len(self.sim.nodes)
+        for target in (self._enough_nodes(), fleet):
+            if not (plan.breaker_open or any(b.rail in FLEET_RAILS for b in plan.blocked)):
+                break
+            more = min(target, fleet) - len(watched)
+            if more > 0:
+                plan = decide(self._view(watched, more), findings, self.policies, in_flight, now)
+                self.wider_rounds += 1
+        return plan
+
+    def _enough_nodes(self) -> int:
+        """A node count at which the policy's percent rails allow every watched node to be out (and more)."""
+        budgets = self.policy.budgets
+        percents = [q.value for q in (budgets.max_unhealthy_nodes, budgets.max_unhealthy_nodes_per_pool) if q.percent]
+        if budgets.breaker_max_faulty_nodes_percent < 100:
+            percents.append(budgets.breaker_max_faulty_nodes_percent)
+        percents = [p for p in percents if p > 0]
+        if not percents:
+            return len(self.watch)
+        return math.ceil(100 * (len(self.watch) + 2) / min(percents))
+
+    def _carry_on(self, findings: list[Finding]) -> None:
+        """Remediations in progress, carried on as the controller does: an external node remediation
+        ends once the node is no longer faulty; a gang restart takes in ranks that failed meanwhile
+        and ends once the gang runs again."""
+        faulty = {f.node for f in findings if f.kind is FindingKind.NODE_DEVICES_FAILED}
+        pod_status = self.sim.costs.pod_status_detect_s
+        for name in sorted(self.active):
+            record = self.records[name]
+            if record.action is ActionKind.REMEDIATE_NODE and record.phase is Phase.IN_PROGRESS:
+                state = self.sim.nodes[self.index[record.node]]
+                if record.node not in faulty and not state.repairing:
+                    self._store(replace(record, phase=Phase.SUCCEEDED))
+            elif name in self.gang_restarts:
+                unit = self.sim.units[self.gang_restarts[name]]
+                if unit.run_start >= record.started:  # the gang has run again since
+                    del self.gang_restarts[name]
+                    self._store(replace(record, phase=Phase.SUCCEEDED))
+                    continue
+                for n in sorted(m for m in unit.stuck if m >= 0):
+                    if self._visible(self.sim.nodes[n], pod_status):
+                        self.sim.release(n, recreate=False, why="devheal:RestartGang (joined)")
+
+    def _store(self, record: InFlight) -> None:
+        self.records[record.name] = record
+        if record.target_kind == "Node":  # pod and gang records are found by their target
+            self.by_node.setdefault(record.node, set()).add(record.name)
+        self.by_target.setdefault(record.target, set()).add(record.name)
+        if record.active:
+            self.active.add(record.name)
+        else:
+            self.active.discard(record.name)
+
+    def _apply(self, action: Action) -> None:
+        sim = self.sim
+        now = sim.now
+        phase = Phase.SUCCEEDED
+        label = f"devheal:{action.kind}" + (" (dry-run)" if action.dry_run else "")
+        self.decisions[label] += 1
+        sim.remediations[label] += 1
+        n = self.index[action.node]
+        state = sim.nodes[n]
+        if action.dry_run:
+            phase = Phase.DRY_RUN
+        elif action.kind is ActionKind.RESTART_GANG:
+            # The broken rank's pod is replaced; the other ranks restart in place. A gang-wide record
+            # (target kind Gang) stays in progress until the gang runs again; ranks failing meanwhile join it.
+            unit = sim.unit_of(n)
+            self._release_pod(n, action.finding.pod, action.finding.pod_uid, recreate=False)
+            if action.target_kind == "Gang" and unit is not None:
+                phase = Phase.IN_PROGRESS
+                self.gang_restarts[action.name] = unit.uid
+        elif action.target_kind == "Pod":
+            if action.kind is not ActionKind.NOTIFY:
+                self._release_pod(n, action.target, action.target_uid, recreate=True)
+        elif action.kind is ActionKind.TAINT:
+            state.marks.add("taint")
+            sim.take_from_pool(n)
+        elif action.kind is ActionKind.CORDON:
+            state.marks.add("cordon")
+            sim.take_from_pool(n)
+        elif action.kind is ActionKind.LIFT:
+            state.marks.clear()
+            sim.node_available(n)
+        elif action.kind is ActionKind.DRAIN:
+            sim.release(n, recreate=True, why=None)
+        elif action.kind is ActionKind.REMEDIATE_NODE:
+            sim.start_repair(n, sim.costs.template_remediation, None)
+            phase = Phase.IN_PROGRESS
+        record = InFlight(
+            name=action.name,
+            action=action.kind,
+            target_kind=action.target_kind,
+            target=action.target,
+            node=action.node,
+            phase=phase,
+            started=now,
+            workload=action.workload.key if action.workload else "",
+            dry_run=action.dry_run,
+            policy=action.policy,
+            resume=action,
+        )
+        self._store(record)
+        self.recent.append((now, record.name))
+
+    def _release_pod(self, n: int, key: str, uid: str, recreate: bool) -> None:
+        """Like the actuators: act only on the pod decided about, never on a replacement."""
+        unit = self.sim.unit_of(n)
+        if unit is None:
+            return
+        slot = unit.members[n]
+        if f"{unit.namespace}/{unit.pod_name(slot)}" == key and unit.pod_uid(slot) == uid:
+            self.sim.release(n, recreate=recreate, why=None)
+
+    def _record_blocked(self, item: Blocked) -> None:
+        name = item.action.name
+        if self.blocked_seen.get(name) != item.why:
+            self.blocked_seen[name] = item.why
+            self.blocked[item.rail] += 1
+            self.sim.remediations[f"devheal:blocked:{item.rail}"] += 1
+        self._store(
+            InFlight(
+                name=name,
+                action=item.action.kind,
+                target_kind=item.action.target_kind,
+                target=item.action.target,
+                node=item.action.node,
+                phase=Phase.BLOCKED,
+                started=self.sim.now,
+                policy=item.action.policy,
+            )
+        )
+
+    def _schedule_next(self, findings: list[Finding], plan: Plan) -> None:
+        now = self.sim.now
+        rules = self.policy.node
+        wake: list[float] = []
+        for f in findings:
+            if f.kind is FindingKind.NODE_DEVICES_FAILED and rules.template is not None and f.all_devices_failed:
+                since = f.all_failed_since if f.all_failed_since is not None else f.since
+                wake.append(since + rules.remediate_after + SLACK_S)
+            elif f.kind is FindingKind.NODE_RECOVERED:
+                wake.append(f.since + rules.hold_down + SLACK_S)
+        if plan.blocked:
+            wake.append(now + self.retry_s)
+            self.retry_s = min(self.retry_s * 2, RETRY_MAX_S)
+        else:
+            self.retry_s = RETRY_FIRST_S
+        for when in wake:
+            if when > now:
+                self._schedule(when)
+
+    def _prune_watch(self) -> None:
+        busy = {self.records[name].node for name in self.active}
+        for n in sorted(self.watch):
+            state = self.sim.nodes[n]
+            has_gpu_fault = any(self.sim.faults[i].failure_class.signal is Signal.DEVICE for i in state.faults)
+            if not (has_gpu_fault or state.marks or state.name in busy):
+                self.watch.discard(n)

@@ -1,0 +1,201 @@
+"""The simulated fleet: node state, and workloads (units) with their goodput accounting.
+
+A unit is a workload on whole nodes: a training gang (checkpointed; any member's
+failure stops all of it), an inference replica (stateless) or a batch-job slot (loses the
+running job). Its wall time splits exactly into useful time and named losses, so the
+losses a report shows always add up to what the workload did not get.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Loss(StrEnum):
+    """Where a workload's wall time went when it was not doing useful work."""
+
+    ROLLBACK = "rollback"
+    """Progress since the last checkpoint, lost when the workload stopped."""
+    AWAITING_REMEDIATION = "awaiting-remediation"
+    """Stopped, with a member still on a failed node, until something acts (a strategy, Kubernetes, a person)."""
+    AWAITING_NODE = "awaiting-node"
+    """Released from failed nodes, waiting for a free healthy node (the spare pool was empty)."""
+    RESTART = "restart"
+    """Pods recreated or restarted, rendezvous, checkpoint load."""
+    CHECKPOINTS = "checkpoints"
+    """Training paused to write checkpoints."""
+    STRAGGLERS = "stragglers"
+    """A slow (gray) member held the whole gang back."""
+
+
+class UnitKind(StrEnum):
+    GANG = "gang"
+    INFERENCE = "inference"
+    BATCH = "batch"
+
+
+class UnitState(StrEnum):
+    RUNNING = "running"
+    DOWN = "down"
+    RESTARTING = "restarting"
+
+
+@dataclass(slots=True)
+class NodeState:
+    index: int
+    slow: float = 1.0
+    """Step-time multiple of a healthy node (gray failure); 1.0 for a healthy node."""
+    unit: int | None = None
+    faults: list[int] = field(default_factory=list)
+    """Trace indices of faults that stay on the node until it is rebooted, repaired or replaced."""
+    repairing: bool = False
+    repair_kind: str = ""
+    repair_token: int = 0
+    down: bool = False
+    """NotReady (a node-down fault)."""
+    marks: set[str] = field(default_factory=set)
+    """What devheal set on the node (``taint``, ``cordon``): new pods stay off it."""
+    in_pool: bool = False
+
+    @property
+    def name(self) -> str:
+        return node_name(self.index)
+
+
+def node_name(index: int) -> str:
+    return f"node-{index:05d}"
+
+
+@dataclass(slots=True)
+class Unit:
+    uid: int
+    kind: UnitKind
+    name: str
+    namespace: str
+    size: int
+    gpus_per_node: int
+    checkpoint_s: float
+    """Checkpoint interval (batch: the job length); 0 for stateless work."""
+    stall_s: float
+    restart_s: float
+    """After the pods run again: rendezvous + checkpoint load (gangs), model load (inference), pod start (batch)."""
+    members: dict[int, int] = field(default_factory=dict)
+    """node -> slot (pod index)."""
+    free_slots: list[int] = field(default_factory=list)
+    incarnation: list[int] = field(default_factory=list)
+    generation: int = 0
+    """Bumped whenever every pod is recreated (new pod uids)."""
+    stuck: set[int] = field(default_factory=set)
+    """What keeps the unit down: member nodes (>= 0) still holding it, or crashed/hung runs (-(fault index + 1))."""
+    missing: int = 0
+    recreate: bool = False
+    """The coming restart recreates every pod (else: in place, only replaced pods are new)."""
+    state: UnitState = UnitState.RUNNING
+    since: float = 0.0
+    run_start: float = 0.0
+    outage_start: float = 0.0
+    planned: bool = False
+    """The current outage was planned (a straggler swap): not counted as an interruption or in recovery times."""
+    restart_token: int = 0
+    slowdown: float = 1.0
+    straggler_check_pending: bool = False
+    useful_s: float = 0.0
+    losses: dict[Loss, float] = field(default_factory=lambda: dict.fromkeys(Loss, 0.0))
+    interruptions: int = 0
+    recoveries: list[float] = field(default_factory=list)
+    """Seconds from each unplanned stop to running again."""
+    commits: list[tuple[float, float, float]] = field(default_factory=list)
+    """(start, end, useful seconds per wall second) of every stretch of work that was kept."""
+
+    @property
+    def gpus(self) -> int:
+        return self.size * self.gpus_per_node
+
+    def pod_name(self, slot: int) -> str:
+        return f"{self.name}-{slot}"
+
+    def pod_uid(self, slot: int) -> str:
+        return f"{self.name}-{slot}-g{self.generation}-i{self.incarnation[slot]}"
+
+    # ---- accounting ----------------------------------------------------------------------------
+
+    def _category(self) -> Loss | None:
+        if self.state is UnitState.RUNNING:
+            return None
+        if self.state is UnitState.RESTARTING:
+            return Loss.RESTART
+        if self.stuck:
+            return Loss.AWAITING_REMEDIATION
+        if self.missing:
+            return Loss.AWAITING_NODE
+        return Loss.RESTART
+
+    def accrue(self, now: float) -> None:
+        """Book the time since the last change to the current loss category (running time is booked at stop)."""
+        category = self._category()
+        if category is not None:
+            self.losses[category] += now - self.since
+        self.since = now
+
+    def _commit(self, end: float, keep_until: float, to_the_end: bool = False) -> None:
+        """The run from run_start ends at ``end``. Work up to the last checkpoint at or before ``keep_until``
+        is kept, the rest rolled back; ``to_the_end``: everything is kept (the simulation is over)."""
+        if self.checkpoint_s > 0:
+            # A tiny tolerance: a swap scheduled exactly at a checkpoint keeps that checkpoint.
+            k = math.floor((keep_until - self.run_start) / self.checkpoint_s + 1e-9)
+            kept_until = end if to_the_end else self.run_start + k * self.checkpoint_s
+        else:
+            k, kept_until = 0, keep_until
+        committed = kept_until - self.run_start
+        stalls = k * self.stall_s
+        work = committed - stalls
+        useful = work / self.slowdown
+        self.losses[Loss.CHECKPOINTS] += stalls
+        self.losses[Loss.STRAGGLERS] += work - useful
+        self.losses[Loss.ROLLBACK] += end - kept_until
+        self.useful_s += useful
+        if committed > 0:
+            self.commits.append((self.run_start, kept_until, useful / committed))
+
+    def stop(self, now: float, rollback_to: float | None = None, planned: bool = False) -> None:
+        """Something stopped the unit. ``rollback_to``: the last moment whose work can be kept (default: now)."""
+        if self.state is UnitState.RUNNING:
+            keep = now if rollback_to is None else max(min(rollback_to, now), self.run_start)
+            self._commit(now, keep)
+            self.state = UnitState.DOWN
+            self.since = now
+            self.outage_start = now
+            self.planned = planned
+            return
+        self.accrue(now)
+        if self.state is UnitState.RESTARTING:
+            self.state = UnitState.DOWN
+            self.planned = self.planned and planned
+
+    def can_restart(self) -> bool:
+        return self.state is UnitState.DOWN and not self.stuck and self.missing == 0
+
+    def begin_restart(self, now: float) -> None:
+        self.accrue(now)
+        self.state = UnitState.RESTARTING
+        self.restart_token += 1
+
+    def finish_restart(self, now: float, slowdown: float) -> None:
+        self.accrue(now)
+        self.state = UnitState.RUNNING
+        self.run_start = now
+        self.slowdown = slowdown
+        if not self.planned:
+            self.recoveries.append(now - self.outage_start)
+        self.planned = False
+        self.recreate = False
+
+    def close(self, horizon: float) -> None:
+        """End of the simulation: a running unit keeps its work (nothing is rolled back at the horizon)."""
+        if self.state is UnitState.RUNNING:
+            self._commit(horizon, horizon, to_the_end=True)
+            self.run_start = horizon
+        else:
+            self.accrue(horizon)

@@ -1,0 +1,462 @@
+"""The discrete-event loop: one strategy, one trace, one fleet, from t = 0 to the horizon.
+
+What happens whatever the strategy is modelled here, once, for all of them:
+
+- hardware: a fault hits a node; persistent faults stay until a reboot (if it fixes them),
+  a repair or a replacement; faults on a node already out for repair hit nothing;
+- the workload: a fault on a member stops the unit; it restarts when no member is stuck on a
+  failed node, every released member has been replaced from the spare pool, and the restart
+  time has passed;
+- Kubernetes itself: pods leave a NotReady node after the grace period and the not-ready
+  toleration; a crashed job is restarted by its own controller (all pods recreated);
+- people: every persistent fault is eventually handled by an on-call engineer (release the
+  workload, send the node to reboot or repair), and slow gang members are swapped out.
+
+A ``Strategy`` adds what it does for GPU faults (the signal Kubernetes remediation tools act
+on): the baselines in ``strategies`` and devheal's engine in ``engine_strategy``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+from devheal.model.cluster import WorkloadClass
+from devheal.simulate.config import CostModel, SimConfig
+from devheal.simulate.events import Event, EventKind, EventQueue
+from devheal.simulate.failures import DAY, HOUR, PERSISTENT, Signal, Trace, TraceError
+from devheal.simulate.fleet import NodeState, Unit, UnitKind, UnitState
+from devheal.simulate.results import StrategyResult, summarize_units
+
+WORKLOAD_CLASS = {
+    UnitKind.GANG: WorkloadClass.GANG,
+    UnitKind.INFERENCE: WorkloadClass.INFERENCE,
+    UnitKind.BATCH: WorkloadClass.BATCH,
+}
+
+
+class Strategy:
+    """What a remediation strategy does on top of Kubernetes and people. The default does nothing."""
+
+    name = "strategy"
+    description = ""
+
+    def attach(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def on_device_fault(self, node: int, fault: int) -> None:
+        """A GPU fault (visible to NVML, the device plugin and KEP-4680) now sits on ``node``."""
+
+    def on_signal(self, event: Event) -> None:
+        """An event this strategy scheduled with ``EventKind.SIGNAL`` fires."""
+
+    def on_node_repaired(self, node: int) -> None:
+        """A node's reboot, repair or replacement finished (its faults may or may not be gone)."""
+
+    def engine_stats(self) -> dict[str, Any]:
+        return {}
+
+
+class Simulation:
+    def __init__(self, config: SimConfig, trace: Trace, strategy: Strategy) -> None:
+        config.validate()
+        fleet = config.fleet
+        if trace.nodes != fleet.nodes or trace.gpus_per_node != fleet.gpus_per_node:
+            raise TraceError(
+                f"{trace.source}: trace is for {trace.nodes} nodes x {trace.gpus_per_node} GPUs, "
+                f"the fleet has {fleet.nodes} x {fleet.gpus_per_node}"
+            )
+        trace.validate()
+        self.config = config
+        self.costs: CostModel = config.costs
+        self.trace = trace
+        self.faults = trace.faults
+        self.horizon = config.horizon_s
+        self.queue = EventQueue()
+        self.nodes = [NodeState(i, slow=trace.slow.get(i, 1.0)) for i in range(fleet.nodes)]
+        self.slow_nodes = {n for n, factor in trace.slow.items() if factor > 1.0}
+        self.units: list[Unit] = []
+        self.pool: deque[int] = deque()
+        self.waiting: deque[int] = deque()
+        self.remediations: Counter[str] = Counter()
+        self.absorbed = 0
+        self.repair_seconds = 0.0
+        self.min_spares = fleet.spare_nodes
+        self._transient_unit: dict[int, int] = {}
+        self._build_units()
+        for i, fault in enumerate(self.faults):
+            if fault.time <= self.horizon:
+                self.queue.push(fault.time, EventKind.FAULT, fault.node, i)
+        self.strategy = strategy
+        strategy.attach(self)
+
+    # ---- set-up --------------------------------------------------------------------------------
+
+    def _build_units(self) -> None:
+        fleet = self.config.fleet
+        next_node = 0
+
+        def add(
+            kind: UnitKind, name: str, namespace: str, size: int, ckpt: float, stall: float, restart: float
+        ) -> None:
+            nonlocal next_node
+            unit = Unit(
+                uid=len(self.units),
+                kind=kind,
+                name=name,
+                namespace=namespace,
+                size=size,
+                gpus_per_node=fleet.gpus_per_node,
+                checkpoint_s=ckpt,
+                stall_s=stall,
+                restart_s=restart,
+                incarnation=[0] * size,
+            )
+            for slot in range(size):
+                unit.members[next_node] = slot
+                self.nodes[next_node].unit = unit.uid
+                next_node += 1
+            self.units.append(unit)
+
+        for gang in fleet.gangs:
+            add(
+                UnitKind.GANG,
+                gang.name,
+                "training",
+                gang.nodes,
+                gang.checkpoint_interval_s,
+                gang.checkpoint_stall_s,
+                gang.restart_s,
+            )
+        if fleet.inference is not None:
+            for r in range(fleet.inference.replicas):
+                add(UnitKind.INFERENCE, f"serve-{r}", "inference", 1, 0.0, 0.0, fleet.inference.start_s)
+        if fleet.batch is not None:
+            for b in range(fleet.batch.nodes):
+                add(UnitKind.BATCH, f"batch-{b}", "batch", 1, fleet.batch.job_hours * HOUR, 0.0, fleet.batch.start_s)
+        for n in range(next_node, fleet.nodes):
+            self.nodes[n].in_pool = True
+            self.pool.append(n)
+
+    # ---- primitives (used by strategies too) ----------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        return self.queue.now
+
+    def unit_of(self, node: int) -> Unit | None:
+        uid = self.nodes[node].unit
+        return None if uid is None else self.units[uid]
+
+    def release(self, node: int, recreate: bool, why: str | None) -> bool:
+        """The workload's pod on ``node`` is gone (deleted, failed, evicted): the unit needs a new node.
+
+        ``recreate``: every pod of the unit is recreated on restart (else only the replaced pod is new).
+        ``why``: the remediation to count (None: the caller counts it)."""
+        unit = self.unit_of(node)
+        if unit is None:
+            return False
+        unit.stop(self.now)  # a running unit stops; a restart in progress starts over without this member
+        unit.stuck.discard(node)
+        slot = unit.members.pop(node)
+        unit.free_slots.append(slot)
+        unit.missing += 1
+        unit.recreate = unit.recreate or recreate
+        self.nodes[node].unit = None
+        if why:
+            self.remediations[why] += 1
+        self._fill(unit)
+        self._try_restart(unit)
+        self.node_available(node)
+        return True
+
+    def start_repair(self, node: int, kind: str, why: str | None) -> None:
+        """Take the node out: ``reboot`` (clears faults a reboot fixes), ``repair`` or ``replace`` (clear all)."""
+        state = self.nodes[node]
+        if state.repairing:
+            return
+        costs = self.costs
+        factor = max((self.faults[i].repair_factor for i in state.faults), default=1.0)
+        duration = {
+            "reboot": costs.node_reboot_s,
+            "repair": costs.hardware_repair_s * factor,
+            "replace": costs.node_replace_s,
+        }[kind]
+        self.take_from_pool(node)
+        state.repairing = True
+        state.repair_kind = kind
+        state.repair_token += 1
+        self.repair_seconds += max(0.0, min(self.now + duration, self.horizon) - self.now)
+        if why:
+            self.remediations[why] += 1
+        self.queue.push(self.now + duration, EventKind.REPAIR_DONE, node, state.repair_token)
+
+    def node_available(self, node: int) -> None:
+        """Give a healthy, unmarked, idle node to a waiting workload, or to the spare pool."""
+        state = self.nodes[node]
+        if state.unit is not None or state.faults or state.repairing or state.marks or state.down or state.in_pool:
+            return
+        while self.waiting:
+            unit = self.units[self.waiting[0]]
+            if unit.missing == 0:
+                self.waiting.popleft()
+                continue
+            self._assign(unit, node)
+            if unit.missing == 0:
+                self.waiting.popleft()
+            self._try_restart(unit)
+            return
+        state.in_pool = True
+        self.pool.append(node)
+
+    def repair_kind_for(self, node: int) -> str:
+        faults = self.nodes[node].faults
+        return "reboot" if faults and all(self.faults[i].reboot_fixes for i in faults) else "repair"
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def take_from_pool(self, node: int) -> None:
+        state = self.nodes[node]
+        if state.in_pool:
+            state.in_pool = False
+            self.pool.remove(node)
+            self.min_spares = min(self.min_spares, len(self.pool))
+
+    def _assign(self, unit: Unit, node: int) -> None:
+        unit.accrue(self.now)
+        slot = unit.free_slots.pop()
+        unit.incarnation[slot] += 1
+        unit.members[node] = slot
+        unit.missing -= 1
+        self.nodes[node].unit = unit.uid
+
+    def _fill(self, unit: Unit) -> None:
+        while unit.missing and self.pool:
+            node = self.pool.popleft()
+            self.nodes[node].in_pool = False
+            self._assign(unit, node)
+        self.min_spares = min(self.min_spares, len(self.pool))
+        if unit.missing and unit.uid not in self.waiting:
+            self.waiting.append(unit.uid)
+
+    def _stop(self, unit: Unit, rollback_to: float | None = None, planned: bool = False) -> None:
+        unit.stop(self.now, rollback_to, planned)
+
+    def _try_restart(self, unit: Unit) -> None:
+        if not unit.can_restart():
+            return
+        unit.begin_restart(self.now)
+        if unit.kind is UnitKind.GANG:
+            duration = unit.restart_s + (self.costs.pod_recreate_s if unit.recreate else self.costs.inplace_restart_s)
+        else:
+            duration = unit.restart_s
+        if unit.recreate:
+            unit.generation += 1
+        self.queue.push(self.now + duration, EventKind.RESTART_DONE, unit.uid, unit.restart_token)
+
+    def _slow_members(self, unit: Unit) -> list[int]:
+        return [n for n in sorted(self.slow_nodes) if self.nodes[n].unit == unit.uid]
+
+    def _slowdown(self, unit: Unit) -> float:
+        if unit.kind is not UnitKind.GANG:
+            return 1.0
+        return max((self.nodes[n].slow for n in self._slow_members(unit)), default=1.0)
+
+    def _schedule_straggler_check(self, unit: Unit) -> None:
+        if unit.kind is not UnitKind.GANG or unit.straggler_check_pending:
+            return
+        if self._slow_members(unit):
+            unit.straggler_check_pending = True
+            self.queue.push(self.now + self.costs.straggler_detect_s, EventKind.STRAGGLER_CHECK, unit.uid)
+
+    def _swap_stragglers(self, unit: Unit) -> None:
+        for n in self._slow_members(unit):
+            self.start_repair(n, "repair", None)  # first: the released node must not go straight back to work
+            self.release(n, recreate=True, why="people:swap-straggler")
+
+    # ---- event handlers ------------------------------------------------------------------------
+
+    def _on_fault(self, index: int) -> None:
+        fault = self.faults[index]
+        node = self.nodes[fault.node]
+        if node.repairing:
+            self.absorbed += 1
+            return
+        signal = fault.failure_class.signal
+        unit = self.unit_of(fault.node)
+        if unit is not None and unit.kind is UnitKind.GANG:
+            unit.interruptions += 1
+        costs = self.costs
+        if signal in PERSISTENT:
+            node.faults.append(index)
+            self.take_from_pool(fault.node)
+        human_at = self.now + costs.human_response_s * fault.human_factor
+        if signal in (Signal.CRASH, Signal.HANG):
+            if unit is None:
+                return
+            self._stop(unit)
+            unit.stuck.add(-(index + 1))
+            self._transient_unit[index] = unit.uid
+            delay = costs.crash_detect_s if signal is Signal.CRASH else costs.nccl_timeout_s
+            self.queue.push(self.now + delay, EventKind.TRANSIENT_RELEASE, fault.node, index)
+        elif signal is Signal.SILENT:
+            self.queue.push(self.now + costs.sdc_detect_s, EventKind.SDC_DETECTED, fault.node, index)
+        elif signal is Signal.NODE_DOWN:
+            node.down = True
+            if unit is not None:
+                self._stop(unit)
+                unit.stuck.add(fault.node)
+            self.queue.push(
+                self.now + costs.node_not_ready_s + costs.eviction_toleration_s, EventKind.EVICT, fault.node, index
+            )
+            if fault.reboot_fixes:
+                self.start_repair(fault.node, "reboot", "node:self-reboot")
+            else:
+                self.queue.push(human_at, EventKind.HUMAN, fault.node, index)
+        else:  # DEVICE, HIDDEN: the workload stops on the node and stays there until something acts.
+            if unit is not None:
+                self._stop(unit)
+                unit.stuck.add(fault.node)
+            self.queue.push(human_at, EventKind.HUMAN, fault.node, index)
+            if signal is Signal.DEVICE:
+                self.strategy.on_device_fault(fault.node, index)
+
+    def _on_transient_release(self, index: int) -> None:
+        unit = self.units[self._transient_unit.pop(index)]
+        unit.accrue(self.now)
+        unit.stuck.discard(-(index + 1))
+        unit.recreate = True
+        self.remediations["job:restart"] += 1
+        self._try_restart(unit)
+
+    def _on_evict(self, index: int) -> None:
+        node = self.faults[index].node
+        if index in self.nodes[node].faults:
+            self.release(node, recreate=True, why="kubernetes:evict")
+
+    def _on_human(self, index: int) -> None:
+        node = self.faults[index].node
+        state = self.nodes[node]
+        if index not in state.faults or state.repairing:
+            return  # already handled by something else
+        self.release(node, recreate=True, why="people:release")
+        kind = self.repair_kind_for(node)
+        self.start_repair(node, kind, f"people:{kind}")
+
+    def _on_sdc_detected(self, index: int) -> None:
+        fault = self.faults[index]
+        state = self.nodes[fault.node]
+        if index not in state.faults or state.repairing:
+            return
+        unit = self.unit_of(fault.node)
+        if unit is not None:
+            self._stop(unit, rollback_to=fault.time)
+            unit.stuck.add(fault.node)
+        self.queue.push(self.now + self.costs.human_response_s * fault.human_factor, EventKind.HUMAN, fault.node, index)
+
+    def _on_repair_done(self, node: int, token: int) -> None:
+        state = self.nodes[node]
+        if token != state.repair_token or not state.repairing:
+            return
+        state.repairing = False
+        if state.repair_kind == "reboot":
+            state.faults = [i for i in state.faults if not self.faults[i].reboot_fixes]
+        else:
+            state.faults = []
+            state.slow = 1.0
+            self.slow_nodes.discard(node)
+        state.down = any(self.faults[i].failure_class.signal is Signal.NODE_DOWN for i in state.faults)
+        unit = self.unit_of(node)
+        if unit is not None and not state.faults:
+            # Back before Kubernetes evicted its pods: they run again where they were.
+            unit.accrue(self.now)
+            unit.stuck.discard(node)
+            unit.recreate = True
+            self._try_restart(unit)
+        self.strategy.on_node_repaired(node)
+        self.node_available(node)
+
+    def _on_restart_done(self, uid: int, token: int) -> None:
+        unit = self.units[uid]
+        if token != unit.restart_token or unit.state is not UnitState.RESTARTING:
+            return
+        unit.finish_restart(self.now, self._slowdown(unit))
+        self._schedule_straggler_check(unit)
+
+    def _on_straggler_check(self, uid: int) -> None:
+        unit = self.units[uid]
+        unit.straggler_check_pending = False
+        if not self._slow_members(unit):
+            return
+        if unit.state is UnitState.RUNNING and unit.checkpoint_s > 0:
+            # Swap at the next checkpoint, so no work is lost.
+            k = math.ceil((self.now - unit.run_start) / unit.checkpoint_s - 1e-9)
+            self.queue.push(unit.run_start + k * unit.checkpoint_s, EventKind.STRAGGLER_SWAP, uid)
+        else:
+            self._swap_stragglers(unit)
+
+    def _on_straggler_swap(self, uid: int) -> None:
+        unit = self.units[uid]
+        if unit.state is UnitState.RUNNING:
+            self._stop(unit, planned=True)
+        self._swap_stragglers(unit)
+        self._try_restart(unit)
+
+    # ---- run -----------------------------------------------------------------------------------
+
+    def run(self, seed: int | None = None) -> StrategyResult:
+        started = time.perf_counter()
+        for unit in self.units:
+            unit.slowdown = self._slowdown(unit)
+            self._schedule_straggler_check(unit)
+        handlers: dict[EventKind, Callable[[Event], None]] = {
+            EventKind.TRANSIENT_RELEASE: lambda e: self._on_transient_release(e.ref),
+            EventKind.EVICT: lambda e: self._on_evict(e.ref),
+            EventKind.HUMAN: lambda e: self._on_human(e.ref),
+            EventKind.SDC_DETECTED: lambda e: self._on_sdc_detected(e.ref),
+            EventKind.REPAIR_DONE: lambda e: self._on_repair_done(e.target, e.ref),
+            EventKind.RESTART_DONE: lambda e: self._on_restart_done(e.target, e.ref),
+            EventKind.STRAGGLER_CHECK: lambda e: self._on_straggler_check(e.target),
+            EventKind.STRAGGLER_SWAP: lambda e: self._on_straggler_swap(e.target),
+            EventKind.SIGNAL: self.strategy.on_signal,
+            EventKind.FAULT: lambda e: self._on_fault(e.ref),
+        }
+        processed = 0
+        while (event := self.queue.pop(self.horizon)) is not None:
+            handlers[event.kind](event)
+            processed += 1
+        self.queue.now = self.horizon
+        for unit in self.units:
+            unit.close(self.horizon)
+        bin_s = DAY if self.horizon >= 7 * DAY else HOUR
+        ettr, availability, batch, fleet, losses, training_losses, series, recoveries = summarize_units(
+            self.units, self.horizon, bin_s
+        )
+        return StrategyResult(
+            strategy=self.strategy.name,
+            description=self.strategy.description,
+            seed=seed,
+            horizon_s=self.horizon,
+            training_gpus=sum(u.gpus for u in self.units if u.kind is UnitKind.GANG),
+            training_ettr=ettr,
+            inference_availability=availability,
+            batch_goodput=batch,
+            fleet_goodput=fleet,
+            interruptions=sum(u.interruptions for u in self.units),
+            faults=sum(1 for f in self.faults if f.time <= self.horizon),
+            faults_absorbed=self.absorbed,
+            loss_gpu_hours=losses,
+            training_loss_gpu_hours=training_losses,
+            remediations=dict(sorted(self.remediations.items())),
+            recoveries_s=recoveries,
+            series_bin_s=bin_s,
+            training_series=series,
+            min_spares=self.min_spares,
+            repair_node_hours=self.repair_seconds / HOUR,
+            events=processed,
+            engine=self.strategy.engine_stats(),
+            run_seconds=time.perf_counter() - started,
+        )

@@ -1,0 +1,197 @@
+"""``report_step`` against the launcher's real step endpoint, and when there is none."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from devheal.launch import reporting
+from devheal.launch.reporting import ADDR_ENV, report_step
+from devheal.launch.steps import StepStats
+from devheal.launch.steps_server import StepsServer, parse_steps_address
+
+
+@pytest.fixture(autouse=True)
+def fresh_state() -> Iterator[None]:
+    reporting._state.update(suspended_until=0.0, told_absent=False)
+    reporting._connection.close()
+    yield
+    reporting._state.update(suspended_until=0.0, told_absent=False)
+    reporting._connection.close()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[StepsServer]:
+    srv = StepsServer(StepStats(window=10), "127.0.0.1", 0, extra=lambda: {"generation": 4})
+    await srv.start()
+    try:
+        yield srv
+    finally:
+        await srv.close()
+
+
+def get_json(address: str) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://{address}/steps", timeout=2) as resp:
+        data: dict[str, object] = json.load(resp)
+        return data
+
+
+async def test_reported_steps_are_aggregated_and_served(server: StepsServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ADDR_ENV, server.address)
+    for i in range(5):
+        await asyncio.to_thread(report_step, 0.1 * (i + 1), i)
+    await asyncio.to_thread(report_step, 0.6)
+    snap = await asyncio.to_thread(get_json, server.address)
+    assert snap["count"] == 6 and snap["last_step"] == 4 and snap["generation"] == 4
+    assert snap["mean_seconds"] == pytest.approx(0.35)
+
+
+async def test_bad_reports_are_dropped_client_side(server: StepsServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ADDR_ENV, server.address)
+    await asyncio.to_thread(report_step, float("nan"), 1)
+    await asyncio.to_thread(report_step, -1.0, 1)
+    await asyncio.to_thread(report_step, "x", 1)  # type: ignore[arg-type]
+    await asyncio.to_thread(report_step, 0.5, "seven")  # type: ignore[arg-type]
+    assert server.stats.count == 1 and server.stats.last_step is None
+
+
+async def test_bad_posts_get_400(server: StepsServer) -> None:
+    def post(body: bytes) -> int:
+        req = urllib.request.Request(f"http://{server.address}/steps", data=body, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert await asyncio.to_thread(post, b"not json") == 400
+    assert await asyncio.to_thread(post, b"[1]") == 400
+    assert await asyncio.to_thread(post, b'{"duration_seconds": -2}') == 400
+    assert await asyncio.to_thread(post, b'{"duration_seconds": 2, "step": 3}') == 204
+    assert server.stats.count == 1
+
+
+def test_without_a_launcher_it_does_nothing(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv(ADDR_ENV, raising=False)
+    caplog.set_level("DEBUG", logger=reporting.__name__)
+    report_step(0.1, 1)
+    report_step(0.1, 2)
+    assert [r.getMessage() for r in caplog.records].count(
+        f"{ADDR_ENV} is not set (not run by devheal launch); step reports are dropped"
+    ) == 1
+
+
+@pytest.mark.parametrize("address", ["nonsense", "127.0.0.1:notaport", ""])
+def test_a_bad_address_never_raises(monkeypatch: pytest.MonkeyPatch, address: str) -> None:
+    monkeypatch.setenv(ADDR_ENV, address)
+    report_step(0.1, 1)
+
+
+def test_a_silent_launcher_costs_one_short_timeout_then_reports_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)  # accepts connections, never answers
+    try:
+        monkeypatch.setenv(ADDR_ENV, f"127.0.0.1:{listener.getsockname()[1]}")
+        started = time.monotonic()
+        report_step(0.1, 1)
+        first = time.monotonic() - started
+        started = time.monotonic()
+        for i in range(50):
+            report_step(0.1, i)
+        rest = time.monotonic() - started
+    finally:
+        listener.close()
+    assert first < 1.0
+    assert rest < 0.1, "reports are skipped while the launcher does not answer"
+
+
+def test_nobody_listening_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    monkeypatch.setenv(ADDR_ENV, f"127.0.0.1:{port}")
+    report_step(0.1, 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("127.0.0.1:0", ("127.0.0.1", 0)), ("localhost:9000", ("localhost", 9000)), ("[::1]:80", ("::1", 80))],
+)
+def test_steps_address(text: str, expected: tuple[str, int]) -> None:
+    assert parse_steps_address(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0.0.0.0:9000", "loopback"),
+        ("10.1.2.3:9000", "loopback"),
+        ("example.com:80", "loopback IP address or localhost"),
+        ("127.0.0.1", "HOST:PORT"),
+        ("127.0.0.1:99999", "port"),
+    ],
+)
+def test_steps_address_must_be_loopback(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_steps_address(text)
+
+
+async def test_reports_share_one_kept_alive_connection(server: StepsServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ADDR_ENV, server.address)
+    await asyncio.to_thread(report_step, 0.1, 1)
+    conn = reporting._connection.conn
+    assert conn is not None and conn.sock is not None
+    sock = conn.sock
+    for i in range(20):
+        await asyncio.to_thread(report_step, 0.1, i)
+    assert reporting._connection.conn is conn and conn.sock is sock
+    assert server.stats.count == 21
+
+
+async def test_a_connection_closed_by_a_restarted_launcher_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = StepsServer(StepStats(), "127.0.0.1", 0)
+    await first.start()
+    port = int(first.address.rsplit(":", 1)[1])
+    monkeypatch.setenv(ADDR_ENV, first.address)
+    await asyncio.to_thread(report_step, 0.1, 1)
+    await first.close()
+    second = StepsServer(StepStats(), "127.0.0.1", port)
+    await second.start()
+    try:
+        await asyncio.to_thread(report_step, 0.1, 2)
+        assert second.stats.count == 1 and second.stats.last_step == 2
+        assert reporting._state["suspended_until"] == 0.0
+    finally:
+        await second.close()
+
+
+async def test_a_forked_process_reports_on_its_own_connection(
+    server: StepsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    monkeypatch.setenv(ADDR_ENV, server.address)
+    await asyncio.to_thread(report_step, 0.1, 1)
+
+    def fork_and_report() -> int:
+        pid = os.fork()
+        if pid == 0:  # the child: report twice, exit at once
+            try:
+                report_step(0.2, 100)
+                report_step(0.2, 101)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        return status
+
+    assert await asyncio.to_thread(fork_and_report) == 0
+    await asyncio.to_thread(report_step, 0.1, 2)
+    assert server.stats.count == 4

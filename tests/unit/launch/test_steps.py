@@ -1,0 +1,86 @@
+"""Step-time aggregation, with a fake clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from devheal.launch.steps import InvalidStep, StepStats, percentile
+
+
+def test_empty_stats_have_no_figures() -> None:
+    snap = StepStats(window=10).snapshot(now=5.0)
+    assert snap["count"] == 0 and snap["last_step"] is None and snap["window"] == 10
+    for key in ("mean_seconds", "p50_seconds", "p90_seconds", "steps_per_second", "last_report_age_seconds"):
+        assert snap[key] is None, key
+
+
+def test_figures_over_the_window() -> None:
+    stats = StepStats(window=10)
+    for i in range(20):  # 20 steps, one every 0.5 s; durations 1..20 s
+        stats.record(float(i + 1), i, now=100.0 + 0.5 * i)
+    snap = stats.snapshot(now=112.0)
+    assert snap["count"] == 20 and snap["last_step"] == 19 and snap["window_count"] == 10
+    assert snap["mean_seconds"] == pytest.approx(15.5)  # mean of 11..20
+    assert snap["p50_seconds"] == pytest.approx(15.5)
+    assert snap["p90_seconds"] == pytest.approx(19.1)
+    assert snap["steps_per_second"] == pytest.approx(2.0)
+    assert snap["last_report_age_seconds"] == pytest.approx(2.5)
+
+
+def test_step_number_is_optional_and_the_last_one_sticks() -> None:
+    stats = StepStats()
+    stats.record(0.1, 7, now=0.0)
+    stats.record(0.1, None, now=1.0)
+    assert stats.snapshot(1.0)["last_step"] == 7
+    assert stats.count == 2
+
+
+def test_new_run_forgets_the_window_but_keeps_the_totals() -> None:
+    stats = StepStats()
+    for i in range(5):
+        stats.record(1.0, i, now=float(i))
+    stats.new_run()
+    snap = stats.snapshot(10.0)
+    assert snap["count"] == 5 and snap["last_step"] == 4
+    assert snap["mean_seconds"] is None and snap["steps_per_second"] is None
+    stats.record(2.0, 5, now=11.0)
+    assert stats.snapshot(11.0)["mean_seconds"] == 2.0
+
+
+def test_rate_needs_two_distinct_arrivals() -> None:
+    stats = StepStats()
+    stats.record(1.0, 1, now=3.0)
+    assert stats.steps_per_second() is None
+    stats.record(1.0, 2, now=3.0)
+    assert stats.steps_per_second() is None
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, "1", None, True])
+def test_invalid_durations_are_refused(bad: object) -> None:
+    stats = StepStats()
+    with pytest.raises(InvalidStep, match="duration_seconds"):
+        stats.record(bad, 1, now=0.0)  # type: ignore[arg-type]
+    assert stats.count == 0
+
+
+@pytest.mark.parametrize("bad", [1.5, "3", True])
+def test_invalid_step_numbers_are_refused(bad: object) -> None:
+    with pytest.raises(InvalidStep, match="step"):
+        StepStats().record(1.0, bad, now=0.0)  # type: ignore[arg-type]
+
+
+def test_percentile() -> None:
+    assert percentile([5.0], 0.9) == 5.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0], 1.0) == 4.0
+    with pytest.raises(ValueError):
+        percentile([], 0.5)
+    with pytest.raises(ValueError):
+        percentile([1.0], 1.5)
+
+
+def test_window_must_hold_a_step() -> None:
+    with pytest.raises(ValueError, match="window"):
+        StepStats(window=0)

@@ -1,0 +1,54 @@
+"""Small fleets and hand-written traces for simulator tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from devheal.model.policy import Policy, parse_policy
+from devheal.simulate.config import BatchSpec, CostModel, FleetSpec, GangSpec, InferenceSpec, SimConfig
+from devheal.simulate.failures import HOUR, Fault, Trace, TraceSpec
+from devheal.simulate.results import StrategyResult
+from devheal.simulate.simulation import Simulation, Strategy
+
+
+def small_config(
+    gang_nodes: int = 4,
+    spares: int = 2,
+    days: float = 1.0,
+    inference: int = 0,
+    batch: int = 0,
+    costs: CostModel | None = None,
+) -> SimConfig:
+    fleet = FleetSpec(
+        gpus_per_node=8,
+        gangs=(GangSpec("train", gang_nodes),) if gang_nodes else (),
+        inference=InferenceSpec(inference) if inference else None,
+        batch=BatchSpec(batch) if batch else None,
+        spare_nodes=spares,
+    )
+    return SimConfig("test", fleet, days, costs or CostModel(), TraceSpec())
+
+
+def fault(hours: float, node: int, cls: str = "faulty-gpu", gpu: int = 3, reboot_fixes: bool = False) -> Fault:
+    return Fault(time=hours * HOUR, node=node, cls=cls, gpu=gpu, reboot_fixes=reboot_fixes)
+
+
+def trace_of(config: SimConfig, faults: Iterable[Fault], slow: dict[int, float] | None = None) -> Trace:
+    return Trace(
+        nodes=config.fleet.nodes,
+        gpus_per_node=config.fleet.gpus_per_node,
+        horizon_s=config.horizon_s,
+        faults=tuple(sorted(faults, key=lambda f: f.time)),
+        slow=slow or {},
+        source="test",
+    )
+
+
+def run(
+    config: SimConfig, faults: Iterable[Fault], strategy: Strategy, slow: dict[int, float] | None = None
+) -> StrategyResult:
+    return Simulation(config, trace_of(config, faults, slow), strategy).run()
+
+
+def policy(name: str = "p", **spec: object) -> Policy:
+    return parse_policy({"metadata": {"name": name}, "spec": spec})

@@ -1,0 +1,177 @@
+"""devheal strategies: decisions come from the real engine, so changing the policy changes the outcome."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from devheal.engine import decide as decide_module
+from devheal.engine.decide import decide
+from devheal.model.cluster import ClusterView
+from devheal.model.plan import Finding, InFlight, Phase, Plan
+from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy
+from devheal.simulate import engine_strategy
+from devheal.simulate.config import build_preset
+from devheal.simulate.engine_strategy import EngineStrategy
+from devheal.simulate.failures import DAY, HOUR, TraceSpec, generate_trace
+from devheal.simulate.simulation import Simulation
+from devheal.simulate.strategies import KubernetesDefault, PodWatcher
+
+from .builders import fault, policy, run, small_config
+
+RESTART = 180 + 120
+ONE_GPU_FAULT = [fault(2, node=1, cls="faulty-gpu")]
+
+
+def test_decisions_go_through_the_engines_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Plan] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Plan:
+        plan = decide(*args, **kwargs)
+        calls.append(plan)
+        return plan
+
+    assert engine_strategy.decide is decide_module.decide  # the engine's own function, not a copy
+    monkeypatch.setattr(engine_strategy, "decide", spy)
+    result = run(small_config(), ONE_GPU_FAULT, EngineStrategy(DEFAULT_POLICY))
+    kinds = [a.kind for plan in calls for a in plan.actions]
+    assert kinds == [ActionKind.FAIL_POD, ActionKind.TAINT]
+    assert result.remediations["devheal:FailPod"] == 1
+    assert result.engine["rounds"] == len(calls)
+
+
+@pytest.mark.parametrize(
+    ("spec", "recovery", "decided"),
+    [
+        ({}, 5 + RESTART, "devheal:FailPod"),  # default: fail the pod, the gang is recreated elsewhere
+        ({"actions": {"gang": "RestartGang"}}, 5 + 180 + 20, "devheal:RestartGang"),  # in place
+        ({"actions": {"gang": "Notify"}}, HOUR + RESTART, "devheal:Notify"),  # a person acts
+        ({"dryRun": True}, HOUR + RESTART, "devheal:FailPod (dry-run)"),  # recorded only
+        ({"paused": True}, HOUR + RESTART, "devheal:blocked:paused"),
+        ({"selector": {"nodeSelector": {"matchLabels": {"pool": "other"}}}}, HOUR + RESTART, None),
+    ],
+)
+def test_the_policy_changes_what_happens(spec: dict[str, Any], recovery: float, decided: str | None) -> None:
+    result = run(small_config(), ONE_GPU_FAULT, EngineStrategy(policy("p", **spec)))
+    assert result.recoveries_s == [pytest.approx(recovery)]
+    if decided is None:
+        assert not any(k.startswith("devheal:") for k in result.remediations)
+    else:
+        assert result.remediations[decided] >= 1
+
+
+def test_a_policy_changes_goodput_on_the_llama3_preset() -> None:
+    config = build_preset("llama3-405b", nodes=512, days=20)
+    trace = generate_trace(config.fleet.nodes, 8, config.horizon_s, config.trace, seed=2)
+    ettr = {}
+    for name, p in [
+        ("fail", DEFAULT_POLICY),
+        ("restart", policy("r", actions={"gang": "RestartGang"})),
+        ("notify", policy("n", actions={"gang": "Notify"})),
+    ]:
+        ettr[name] = Simulation(config, trace, EngineStrategy(p)).run().training_ettr
+    baseline = Simulation(config, trace, KubernetesDefault()).run().training_ettr
+    assert ettr["restart"] > ettr["fail"] > ettr["notify"]
+    assert ettr["notify"] == pytest.approx(baseline, abs=1e-3)  # Notify leaves it to people, like no automation
+
+
+def test_taint_holds_a_repaired_node_until_devheal_lifts_it() -> None:
+    config = small_config(days=4)
+    sim_result = run(config, ONE_GPU_FAULT, EngineStrategy(DEFAULT_POLICY))
+    assert sim_result.remediations["devheal:Taint"] == 1
+    assert sim_result.remediations["devheal:Lift"] == 1
+    assert sim_result.remediations["people:repair"] == 1
+
+
+def test_lift_comes_after_the_hold_down() -> None:
+    config = small_config(days=4)
+    strategy = EngineStrategy(policy("p", node={"holdDown": "30m"}))
+    sim = Simulation(config, _trace(config), strategy)
+    sim.run()
+    [lift] = [r for r in strategy.records.values() if r.action is ActionKind.LIFT]
+    repaired = 2 * HOUR + HOUR + 2 * DAY  # fault, a person an hour later, two days of repair
+    assert lift.started == pytest.approx(repaired + 1800, abs=0.01)
+    assert sim.nodes[1].in_pool and not sim.nodes[1].marks
+
+
+def _trace(config: Any) -> Any:
+    from .builders import trace_of
+
+    return trace_of(config, ONE_GPU_FAULT)
+
+
+def test_node_remediation_through_a_template_when_every_gpu_failed() -> None:
+    config = small_config(days=1)
+    template = {"apiVersion": "x.io/v1", "kind": "RebootTemplate", "name": "reboot", "namespace": "ops"}
+    p = policy("reboot", node={"template": template, "remediateAfter": "5m"})
+    spare = 4
+    faults = [fault(1 + g / 3600, spare, "gpu-system-processor", gpu=g, reboot_fixes=True) for g in range(8)]
+    strategy = EngineStrategy(p)
+    result = Simulation(config, _trace_with(config, faults), strategy).run()
+    assert result.remediations["devheal:RemediateNode"] == 1
+    assert "people:reboot" not in result.remediations  # fixed before anyone came
+    [record] = [r for r in strategy.records.values() if r.action is ActionKind.REMEDIATE_NODE]
+    assert record.phase is Phase.SUCCEEDED
+
+
+def _trace_with(config: Any, faults: Any) -> Any:
+    from .builders import trace_of
+
+    return trace_of(config, faults)
+
+
+def test_budgets_bind_on_the_whole_fleet() -> None:
+    config = small_config(gang_nodes=16, spares=4, days=1)
+    # max 1 unhealthy node: the second node's taint waits until the first node is lifted.
+    p = policy("strict", budgets={"maxUnhealthyNodes": "1"})
+    faults = [fault(1, node=3), fault(1.5, node=7)]
+    result = run(config, faults, EngineStrategy(p))
+    assert result.engine["blocked"] == {"max-unhealthy-nodes": 1}
+    assert result.remediations["devheal:Taint"] == 1
+    assert result.remediations["devheal:FailPod"] == 2  # pods are still failed: not a node-taking action
+
+
+class CheckedEngine(EngineStrategy):
+    """Also decides every round over every node with every record, and counts disagreements."""
+
+    def attach(self, sim: Simulation) -> None:
+        super().attach(sim)
+        self.checks = 0
+        self.mismatches = 0
+
+    def _plan(self, watched: list[int], view: ClusterView, findings: list[Finding], in_flight: list[InFlight]) -> Plan:
+        plan = super()._plan(watched, view, findings, in_flight)
+        everything = decide(
+            self._view(watched, len(self.sim.nodes)), findings, self.policies, list(self.records.values()), self.sim.now
+        )
+        self.checks += 1
+        self.mismatches += everything != plan
+        return plan
+
+
+@pytest.mark.parametrize(
+    "p",
+    [
+        DEFAULT_POLICY,
+        policy("restart", actions={"gang": "RestartGang"}, budgets={"gangRestartsPerHour": 1}),
+        policy(
+            "tight", budgets={"maxUnhealthyNodes": "2%", "circuitBreaker": {"maxFaultyNodesPercent": 2, "window": "2h"}}
+        ),
+    ],
+)
+def test_small_views_decide_exactly_as_the_whole_fleet_would(p: Policy) -> None:
+    config = build_preset("mixed", nodes=150, days=30)
+    busy = TraceSpec(rate_per_gpu_hour=8e-5)
+    trace = generate_trace(config.fleet.nodes, 8, config.horizon_s, busy, seed=3)
+    strategy = CheckedEngine(p)
+    Simulation(config, trace, strategy).run()
+    assert strategy.checks > 50
+    assert strategy.mismatches == 0
+
+
+def test_pod_watcher_and_devheal_default_agree_on_a_single_gpu_fault() -> None:
+    # Both take the pod off its failed GPU within seconds; devheal's agent sees the XID 5 s sooner.
+    devheal = run(small_config(), ONE_GPU_FAULT, EngineStrategy(DEFAULT_POLICY)).recoveries_s
+    watcher = run(small_config(), ONE_GPU_FAULT, PodWatcher()).recoveries_s
+    assert watcher[0] - devheal[0] == pytest.approx(5.0)

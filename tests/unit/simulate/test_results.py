@@ -1,0 +1,32 @@
+"""Result arithmetic: percentiles and summaries over seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from devheal.simulate.config import build_preset
+from devheal.simulate.results import percentile
+from devheal.simulate.runner import run_comparison
+from devheal.simulate.strategies import lineup
+
+
+def test_percentile_interpolates() -> None:
+    assert percentile([], 50) is None
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert percentile([4.0, 1.0, 3.0, 2.0], 100) == 4.0
+
+
+def test_summary_over_seeds_and_json() -> None:
+    config = build_preset("mixed", nodes=60, days=10)
+    comparison = run_comparison(config, lineup(), seeds=[0, 1, 2])
+    data = comparison.to_json()
+    summary = data["summary"]["devheal-default"]
+    assert summary["seeds"] == [0, 1, 2]
+    ettr = summary["training_ettr"]
+    assert ettr["min"] <= ettr["mean"] <= ettr["max"] <= 1
+    assert len(data["results"]["pod-watcher"]) == 3
+    for results in comparison.results.values():
+        for r in results:
+            assert r.lost_gpu_hours == pytest.approx(sum(r.loss_gpu_hours.values()))
+            assert len(r.training_series) == 10  # daily bins
