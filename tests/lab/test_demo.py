@@ -17,7 +17,12 @@ async def test_demo_heals_every_fault_and_disrupts_nothing_else() -> None:
     directory = Path(tempfile.mkdtemp(prefix="devheal-demo-", dir="/tmp"))
     results = await story.run(console, keep=False, nodes=4, observe_seconds=0, directory=directory)
     text = out.getvalue()
-    assert [r.action for r in results] == ["Deschedule", "FailPod", "Taint + RemediateNode", "none (no device failed)"]
+    assert [r.action for r in results] == [
+        "Deschedule",
+        "RestartGang",
+        "Taint + RemediateNode",
+        "none (no device failed)",
+    ]
     for r in results:
         assert r.ok, (r, text)
         assert r.pods_disrupted == r.expected_disrupted, (r, text)

@@ -19,8 +19,11 @@ PLURALS = {
     "RoleBinding": "rolebindings",
     "Deployment": "deployments",
     "DaemonSet": "daemonsets",
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    "ConfigMap": "configmaps",
 }
-NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "DaemonSet"}
+NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "DaemonSet", "ConfigMap"}
 
 
 @pytest.mark.parametrize("manifest", sorted(DEPLOY.glob("*.yaml")), ids=lambda p: p.name)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,17 @@ NAMESPACE = "demo"
 GV = "devheal.io/v1alpha1"
 REMEDIATIONS = api_path(GV, "remediations")
 SPARE_POOL = "spare"
+GANG_RANKS = 4
+ACKED = "devheal.io/launcher-generation"
+TRAINING_LOOP = (
+    "import time\n"
+    "from devheal.launch import report_step\n"
+    "step = 0\n"
+    "while True:\n"
+    "    began = time.monotonic(); time.sleep(0.2); step += 1\n"
+    "    report_step(time.monotonic() - began, step)\n"
+)
+"""The fake training loop each rank's launcher runs: a 0.2 s step, reported to the launcher."""
 FAKE_GROUP = "remediation.demo.devheal.io"
 
 
@@ -68,7 +80,7 @@ def demo_policy() -> Obj:
         "metadata": {"name": "demo"},
         "spec": {
             "selector": {"namespaces": [NAMESPACE]},
-            "actions": {"inference": "Deschedule", "batch": "FailPod"},
+            "actions": {"inference": "Deschedule", "batch": "FailPod", "gang": "RestartGang"},
             "node": {
                 "taint": True,
                 "capacityGapAfter": "2s",
@@ -97,8 +109,9 @@ def training_job() -> Obj:
         "kind": "Job",
         "metadata": {"name": "training"},
         "spec": {
-            "completions": 2,
-            "parallelism": 2,
+            "completionMode": "Indexed",
+            "completions": GANG_RANKS,
+            "parallelism": GANG_RANKS,
             "backoffLimit": 0,
             "podFailurePolicy": {
                 "rules": [{"action": "Ignore", "onPodConditions": [{"type": "devheal.io/DeviceFailed"}]}]
@@ -113,7 +126,7 @@ def training_job() -> Obj:
                         {
                             "name": "train",
                             "image": "registry.invalid/devheal/fake-train:1",
-                            "resources": {"limits": {"nvidia.com/gpu": "2"}},
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
                         }
                     ],
                 },
@@ -178,6 +191,92 @@ class Story:
         self.kube = kube
         self.faults = Faults(lab)
         self.t0 = time.monotonic()
+        self.launchers: dict[str, subprocess.Popen[bytes]] = {}
+
+    async def attach_launchers(self) -> int:
+        """Start a launcher (a local process) for every running rank that has none: what the
+        container entry point `devheal launch -- python train.py` would be in a real pod."""
+        started = 0
+        for pod in await self.running("training"):
+            uid = pod["metadata"]["uid"]
+            if uid in self.launchers:
+                continue
+            name = pod["metadata"]["name"]
+            self.launchers[uid] = await asyncio.to_thread(
+                self.lab.spawn_devheal,
+                "launch",
+                f"--pod={name}",
+                f"--namespace={NAMESPACE}",
+                "--grace=1",
+                "--",
+                sys.executable,
+                "-c",
+                TRAINING_LOOP,
+                log=self.lab.dir / "logs" / f"launch-{name}.log",
+            )
+            started += 1
+        return started
+
+    def stop_launchers(self) -> None:
+        for proc in self.launchers.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.launchers.values():
+            _reap(proc, 10)
+
+    async def gang_fault(self, code: int) -> FaultResult:
+        ranks = await wait_until(
+            lambda: self.running("training"),
+            lambda ps: len(ps) == GANG_RANKS,
+            timeout=60,
+            what=f"{GANG_RANKS} running training ranks",
+        )
+        await self.attach_launchers()
+        await wait_until(
+            lambda: self.running("training"),
+            lambda ps: all(ACKED in (p["metadata"].get("annotations") or {}) for p in ps),
+            timeout=60,
+            what="every rank's launcher running its training loop",
+        )
+        before = {p["metadata"]["uid"] for p in ranks}
+        victim = ranks[0]
+        node, index, device = await self._gpu_of(victim)
+        result = FaultResult(f"XID {code} on {node} GPU {index} under a training rank", expected_disrupted=1)
+        self.say(
+            "FAULT",
+            f"XID {code} on {node} GPU {index} ({device[:16]}…), used by rank "
+            f"{victim['metadata']['name']} of a {GANG_RANKS}-rank training gang",
+        )
+        started = time.monotonic()
+        self.faults.xid(node, index, code)
+        record = await self._first_remediation(lambda r: r["spec"]["action"] == "RestartGang", started)
+        result.detection_seconds = time.monotonic() - started
+        result.action = "RestartGang"
+        done = await self._wait_done(record["metadata"]["name"])
+        generation = (done["metadata"].get("annotations") or {}).get("devheal.io/gang-generation", "1")
+
+        async def ranks_now() -> list[Obj]:
+            await self.attach_launchers()  # the replacement rank gets its launcher as it starts
+            return await self.running("training")
+
+        healed = await wait_until(
+            ranks_now,
+            lambda ps: (
+                len(ps) == GANG_RANKS
+                and all((p["metadata"].get("annotations") or {}).get(ACKED) == generation for p in ps)
+            ),
+            timeout=90,
+            what=f"every rank restarted in place at generation {generation}",
+        )
+        result.recovered_seconds = time.monotonic() - started
+        result.pods_disrupted = len(before - {p["metadata"]["uid"] for p in healed})
+        self.say(
+            "HEALED",
+            f"training gang: {GANG_RANKS}/{GANG_RANKS} ranks running generation {generation} after "
+            f"{result.recovered_seconds:.2f}s; {GANG_RANKS - 1} restarted in place by their launchers, "
+            "1 pod replaced",
+        )
+        return result
 
     def say(self, kind: str, message: str) -> None:
         styles = {
@@ -370,7 +469,9 @@ async def run(
         f"{state.spec.nodes} kwok nodes x 8 simulated GPUs, real etcd/apiserver/controller-manager/scheduler"
     )
     controller: subprocess.Popen[bytes] | None = None
+    agents: subprocess.Popen[bytes] | None = None
     results: list[FaultResult] = []
+    story: Story | None = None
     try:
         async with await KubeClient.connect(str(lab.kubeconfig)) as kube:
             story = Story(console, lab, kube)
@@ -383,6 +484,29 @@ async def run(
                 api_path("v1", "nodes", name=spare), {"metadata": {"labels": {"devheal.io/pool": SPARE_POOL}}}
             )
             story.say("INFO", f"installed devheal CRDs and policy 'demo'; {spare} is an idle spare (pool {SPARE_POOL})")
+            # Real fleets hold a recovered device back for minutes; the demo's agents for seconds.
+            overrides = lab.dir / "agent-classification.yaml"
+            overrides.write_text("quietWindow: 5s\nholdDown: 3s\n")
+            agents = await asyncio.to_thread(
+                lab.spawn_devheal,
+                "agent",
+                "--backend",
+                "simulated",
+                f"--lab-dir={lab.dir}",
+                "--all-nodes",
+                f"--classification={overrides}",
+            )
+
+            async def reports() -> int:
+                items, _ = await kube.list_all(api_path(GV, "nodedevices"))
+                return len(items)
+
+            await wait_until(reports, lambda n: n >= state.spec.nodes, timeout=60, what="NodeDevices from every agent")
+            story.say(
+                "INFO",
+                f"node agents running for all {state.spec.nodes} nodes (simulated NVML backend, pid "
+                f"{agents.pid}): kubectl get nodedevices",
+            )
             controller = await asyncio.to_thread(lab.spawn_devheal, "controller", "--no-leader-elect")
 
             async def policy_observed() -> bool:
@@ -400,11 +524,11 @@ async def run(
             await kube.create(api_path("batch/v1", "jobs", namespace=NAMESPACE), training_job())
             story.say(
                 "INFO",
-                "deployed 'inference' (Deployment, 4 x 1 GPU) and 'training' (Job, 2 x 2 GPUs, "
-                "podFailurePolicy ignores devheal.io/DeviceFailed)",
+                f"deployed 'inference' (Deployment, 4 x 1 GPU) and 'training' (indexed Job: a gang of {GANG_RANKS} "
+                "ranks x 1 GPU, each rank's training loop under `devheal launch`)",
             )
             results.append(await story.workload_fault("inference", 4, 79, "inference"))
-            results.append(await story.workload_fault("training", 2, 48, "training"))
+            results.append(await story.gang_fault(48))
             results.append(await story.idle_node_fault(spare))
             busy = next(p["spec"]["nodeName"] for p in await story.running("inference"))
             results.append(await story.plugin_restart(busy))
@@ -412,15 +536,18 @@ async def run(
                 await asyncio.sleep(observe_seconds)
             _summary(console, results, lab)
     finally:
-        if controller is not None and controller.poll() is None:
-            controller.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                controller.wait(timeout=15)
+        if story is not None:
+            story.stop_launchers()
+        for proc in (controller, agents):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                _reap(proc, 15)
         if keep:
             kubectl = f"{toolchain.binary('kubectl')} --kubeconfig {lab.kubeconfig}"
             console.print("\nThe lab keeps running. Look around:")
             console.print(f"  {kubectl} get remediations")
             console.print(f"  {kubectl} get remediationpolicies")
+            console.print(f"  {kubectl} get nodedevices")
             console.print(f"  {kubectl} -n {NAMESPACE} get pods -o wide")
             console.print(f"  {kubectl} get events -A --field-selector source=devheal-controller")
             console.print(f"  devheal lab down --dir {lab.dir}")
@@ -428,6 +555,16 @@ async def run(
             console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim]  INFO    tearing the lab down")
             await asyncio.to_thread(lab.down)
     return results
+
+
+def _reap(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """Wait for a process we stopped, killing it after ``grace``: never leave an unreaped child behind
+    (Python would reap its pid later, when the number may already belong to another process)."""
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _fmt(value: float | None) -> str:
