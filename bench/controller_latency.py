@@ -30,7 +30,7 @@ from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
-from devheal.lab.workloads import gpu_deployment, pod_devices, wait_until
+from devheal.lab.workloads import gpu_deployment, pod_devices, wait_policy_observed, wait_until
 
 RESULTS = Path(__file__).parent / "results"
 GV = "devheal.io/v1alpha1"
@@ -121,11 +121,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             sampler = Sampler(controller.pid)
             sample_task = asyncio.create_task(sampler.run())
 
-            async def observed() -> bool:
-                obj = await kube.get(api_path(GV, "remediationpolicies", name="bench"))
-                return bool((obj.get("status") or {}).get("observedGeneration"))
-
-            await wait_until(observed, bool, timeout=300, what="controller synced", interval=0.5)
+            await wait_policy_observed(kube, "bench", timeout=300)
             cpu_before = sampler.cpu_seconds()
             rss_synced = sampler.proc.memory_info().rss
 

@@ -30,7 +30,7 @@ from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
-from devheal.lab.workloads import pod_devices, wait_until
+from devheal.lab.workloads import pod_devices, wait_policy_observed, wait_until
 
 RESULTS = Path(__file__).parent / "results"
 GV = "devheal.io/v1alpha1"
@@ -150,11 +150,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 lab.spawn_devheal, "controller", "--no-leader-elect", "--log-level=WARNING"
             )
 
-            async def synced() -> bool:
-                obj = await kube.get(api_path(GV, "remediationpolicies", name="bench"))
-                return bool((obj.get("status") or {}).get("observedGeneration"))
-
-            await wait_until(synced, bool, timeout=120, what="controller ready", interval=0.2)
+            await wait_policy_observed(kube, "bench", timeout=120)
             faults = Faults(lab)
             rows: dict[str, list[tuple[float, int]]] = {"in_place": [], "recreate_all": []}
             for i in range(args.repeat):

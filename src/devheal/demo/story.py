@@ -28,7 +28,7 @@ from devheal.kube.informer import get_path
 from devheal.lab import toolchain
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
-from devheal.lab.workloads import gpu_deployment, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import gpu_deployment, gpu_job, pod_devices, pods_of, wait_policy_observed, wait_until
 
 NAMESPACE = "demo"
 GV = "devheal.io/v1alpha1"
@@ -98,38 +98,6 @@ def demo_policy() -> Obj:
                 "maxUnhealthyNodes": 3,
                 "maxUnhealthyNodesPerPool": "100%",
                 "circuitBreaker": {"maxFaultyNodesPercent": 75, "window": "10m"},
-            },
-        },
-    }
-
-
-def training_job() -> Obj:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "training"},
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": GANG_RANKS,
-            "parallelism": GANG_RANKS,
-            "backoffLimit": 0,
-            "podFailurePolicy": {
-                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "devheal.io/DeviceFailed"}]}]
-            },
-            "template": {
-                "metadata": {"labels": {"app": "training"}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
-                    "nodeSelector": {"devheal.io/pool": "default"},
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": "registry.invalid/devheal/fake-train:1",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                },
             },
         },
     }
@@ -509,11 +477,7 @@ async def run(
             )
             controller = await asyncio.to_thread(lab.spawn_devheal, "controller", "--no-leader-elect")
 
-            async def policy_observed() -> bool:
-                obj = await kube.get(api_path(GV, "remediationpolicies", name="demo"))
-                return get_path(obj, "status", "observedGeneration") == get_path(obj, "metadata", "generation")
-
-            await wait_until(policy_observed, bool, timeout=60, what="the controller to take up policy 'demo'")
+            await wait_policy_observed(kube, "demo", timeout=60)
             story.say(
                 "INFO", f"devheal controller running (pid {controller.pid}, log {lab.dir / 'logs' / 'controller.log'})"
             )
@@ -521,7 +485,10 @@ async def run(
             deployment = gpu_deployment("inference", replicas=4, gpus=1)
             deployment["spec"]["template"]["spec"]["nodeSelector"] = {"devheal.io/pool": "default"}
             await kube.create(api_path("apps/v1", "deployments", namespace=NAMESPACE), deployment)
-            await kube.create(api_path("batch/v1", "jobs", namespace=NAMESPACE), training_job())
+            await kube.create(
+                api_path("batch/v1", "jobs", namespace=NAMESPACE),
+                gpu_job("training", ranks=GANG_RANKS, indexed=True, node_selector={"devheal.io/pool": "default"}),
+            )
             story.say(
                 "INFO",
                 f"deployed 'inference' (Deployment, 4 x 1 GPU) and 'training' (indexed Job: a gang of {GANG_RANKS} "

@@ -70,6 +70,50 @@ def gpu_pod(name: str, *, gpus: int = 1, node: str | None = None) -> Obj:
     return pod
 
 
+def gpu_job(
+    name: str,
+    *,
+    ranks: int,
+    gpus: int = 1,
+    indexed: bool = False,
+    node_selector: dict[str, str] | None = None,
+) -> Obj:
+    """A Job of ``ranks`` pods running in parallel, each with ``gpus`` GPUs; ``indexed`` makes it a gang.
+
+    Its ``podFailurePolicy`` ignores pods failed with ``devheal.io/DeviceFailed`` (and ``backoffLimit``
+    is 0, so any other failure fails the Job): device faults do not count against the workload."""
+    spec: Obj = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "train",
+                "image": "registry.invalid/devheal/fake-train:1",
+                "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+            }
+        ],
+    }
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    job: Obj = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completions": ranks,
+            "parallelism": ranks,
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "devheal.io/DeviceFailed"}]}]
+            },
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
+    }
+    if indexed:
+        job["spec"]["completionMode"] = "Indexed"
+    return job
+
+
 @dataclass(frozen=True)
 class PodDevice:
     container: str
@@ -111,3 +155,14 @@ async def node_gpus(kube: KubeClient, node: str) -> tuple[int, int]:
         int((status.get("capacity") or {}).get(GPU_RESOURCE, "0")),
         int((status.get("allocatable") or {}).get(GPU_RESOURCE, "0")),
     )
+
+
+async def wait_policy_observed(kube: KubeClient, policy: str, *, timeout: float) -> None:
+    """Until a controller has taken up a RemediationPolicy (its status's observedGeneration is current)."""
+
+    async def observed() -> bool:
+        obj = await kube.get(api_path("devheal.io/v1alpha1", "remediationpolicies", name=policy))
+        generation = (obj.get("metadata") or {}).get("generation")
+        return bool(generation) and (obj.get("status") or {}).get("observedGeneration") == generation
+
+    await wait_until(observed, bool, timeout=timeout, what=f"a controller to take up policy {policy}", interval=0.1)

@@ -6,44 +6,13 @@ import asyncio
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import get_path
-from devheal.lab.workloads import pod_devices, pods_of, wait_until
+from devheal.lab.workloads import gpu_job, pod_devices, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness
 
 GENERATION = "devheal.io/restart-generation"
 INDEX = "batch.kubernetes.io/job-completion-index"
-
-
-def indexed_job(name: str, ranks: int) -> dict:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": ranks,
-            "parallelism": ranks,
-            "backoffLimit": 0,
-            "podFailurePolicy": {
-                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "devheal.io/DeviceFailed"}]}]
-            },
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [
-                        {
-                            "name": "rank",
-                            "image": "registry.invalid/train:1",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
 
 
 async def test_gang_restarts_in_place_replacing_only_broken_ranks(
@@ -62,7 +31,7 @@ async def test_gang_restarts_in_place_replacing_only_broken_ranks(
             },
         }
     )
-    await kube.create(api_path("batch/v1", "jobs", namespace=namespace), indexed_job("train", 4))
+    await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("train", ranks=4, indexed=True))
 
     async def ranks() -> dict[str, dict]:
         pods = await pods_of(kube, namespace, "app=train")

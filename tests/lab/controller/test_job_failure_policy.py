@@ -4,47 +4,17 @@ from __future__ import annotations
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import get_path
-from devheal.lab.workloads import pod_devices, pods_of, wait_until
+from devheal.lab.workloads import gpu_job, pod_devices, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness
-
-
-def job(name: str) -> dict:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "completions": 2,
-            "parallelism": 2,
-            "backoffLimit": 0,
-            "podFailurePolicy": {
-                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "devheal.io/DeviceFailed"}]}]
-            },
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": "registry.invalid/train:1",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
 
 
 async def test_device_failure_is_ignored_by_the_jobs_pod_failure_policy(
     harness: ControllerHarness, kube: KubeClient, namespace: str, faults: RecordingFaults
 ) -> None:
     await harness.policy({"selector": {"namespaces": [namespace]}, "node": {"taint": False}})
-    await kube.create(api_path("batch/v1", "jobs", namespace=namespace), job("train"))
+    await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("train", ranks=2))
 
     async def running() -> list[dict]:
         return [p for p in await pods_of(kube, namespace, "app=train") if get_path(p, "status", "phase") == "Running"]
