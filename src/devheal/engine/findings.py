@@ -58,33 +58,26 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             continue
         for c in pod.containers:
             if c.exit_code is not None and c.exit_code in policy.device_error_exit_codes:
-                found.setdefault(
-                    (FindingKind.DEVICE_ERROR_EXIT, pod.key),
-                    Finding(
-                        kind=FindingKind.DEVICE_ERROR_EXIT,
-                        node=pod.node,
-                        source="container-exit",
-                        evidence=f"container {c.name} exited with device-error code {c.exit_code}",
-                        since=now,
-                        pod=pod.key,
-                        pod_uid=pod.uid,
-                        device_ids=tuple(d.device_id for d in pod.devices if d.container == c.name),
-                    ),
-                )
+                kind, source = FindingKind.DEVICE_ERROR_EXIT, "container-exit"
+                evidence = f"container {c.name} exited with device-error code {c.exit_code}"
             elif c.waiting_reason == "CrashLoopBackOff" and c.restart_count >= policy.crash_loop_restarts:
-                found.setdefault(
-                    (FindingKind.CRASH_LOOP_ON_DEVICE, pod.key),
-                    Finding(
-                        kind=FindingKind.CRASH_LOOP_ON_DEVICE,
-                        node=pod.node,
-                        source="container-restarts",
-                        evidence=f"container {c.name} crash-loops ({c.restart_count} restarts) on a GPU",
-                        since=now,
-                        pod=pod.key,
-                        pod_uid=pod.uid,
-                        device_ids=tuple(d.device_id for d in pod.devices if d.container == c.name),
-                    ),
-                )
+                kind, source = FindingKind.CRASH_LOOP_ON_DEVICE, "container-restarts"
+                evidence = f"container {c.name} crash-loops ({c.restart_count} restarts) on a GPU"
+            else:
+                continue
+            found.setdefault(
+                (kind, pod.key),
+                Finding(
+                    kind=kind,
+                    node=pod.node,
+                    source=source,
+                    evidence=evidence,
+                    since=now,
+                    pod=pod.key,
+                    pod_uid=pod.uid,
+                    device_ids=tuple(d.device_id for d in pod.devices if d.container == c.name),
+                ),
+            )
     # (b) The node agent's NodeDevices reports, mapped to the pods holding the devices.
     for report in view.reports.values():
         for dev in report.unhealthy:
