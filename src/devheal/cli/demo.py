@@ -25,7 +25,7 @@ def demo(
         Path | None, typer.Option("--dir", help="Lab directory (default: ~/.local/state/devheal/demo).")
     ] = None,
 ) -> None:
-    """Fail GPUs under an inference Deployment, a training Job and an idle node; devheal heals each."""
+    """Fail GPUs under an inference Deployment, a training gang and an idle node; devheal heals each."""
     console = Console(no_color=no_color, force_terminal=False if no_color else None, highlight=not no_color)
     try:
         results = asyncio.run(
