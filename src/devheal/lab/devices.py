@@ -11,10 +11,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
-GPU_RESOURCE = "nvidia.com/gpu"
+from devheal.model.cluster import GPU_RESOURCE, DeviceHealth
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})
 """XIDs usually caused by the workload, not the device: counted, device stays healthy."""
@@ -38,10 +37,8 @@ XID_MESSAGES: Mapping[int, str] = {
 }
 
 
-class Health(str, Enum):
-    HEALTHY = "Healthy"
-    DEGRADED = "Degraded"
-    UNHEALTHY = "Unhealthy"
+Health = DeviceHealth
+"""Device health: the same values the controller and the agent use."""
 
 
 class AdmissionError(Exception):

@@ -47,7 +47,8 @@ from devheal.kubelet.podresources import (
     PodResourcesServerGroup,
 )
 from devheal.lab import devices as devmod
-from devheal.lab.devices import GPU_RESOURCE, AdmissionError, Holder, NodeDevices
+from devheal.lab.devices import AdmissionError, Holder, NodeDevices
+from devheal.model.cluster import GPU_RESOURCE
 
 log = logging.getLogger("devheal.lab.nodesim")
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from devheal.kube.client import KubeClient, Obj, api_path
-from devheal.lab.devices import GPU_RESOURCE
+from devheal.model.cluster import GPU_RESOURCE
 
 T = TypeVar("T")
 
