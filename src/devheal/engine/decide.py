@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from devheal.engine.findings import policy_for_node, policy_for_pod
-from devheal.model.cluster import ClusterView, Node
+from devheal.model.cluster import ClusterView
 from devheal.model.plan import POD_FINDINGS, Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan
 from devheal.model.policy import ActionKind, Policy, RemediationMode
 
@@ -33,11 +33,10 @@ class Settings:
     paused: bool = False
 
 
-def _node_out(node: Node | None, in_flight: Sequence[InFlight]) -> bool:
-    if node is not None and node.owned:
-        return True
-    name = node.name if node is not None else ""
-    return any(r.node == name and r.target_kind == "Node" and r.active and r.action in NODE_TAKING for r in in_flight)
+def _nodes_out(view: ClusterView, in_flight: Sequence[InFlight]) -> set[str]:
+    """Nodes out of service: marked by devheal, or under an active node-taking remediation."""
+    taking = {r.node for r in in_flight if r.target_kind == "Node" and r.active and r.action in NODE_TAKING}
+    return {n.name for n in view.nodes.values() if n.owned or n.name in taking}
 
 
 def lift_epochs(in_flight: Sequence[InFlight]) -> Counter[str]:
@@ -195,7 +194,7 @@ def decide(
             )
 
     # Budget state from what is already in flight or already taken out.
-    out_nodes = {n.name for n in view.nodes.values() if _node_out(n, in_flight)}
+    out_nodes = _nodes_out(view, in_flight)
     concurrent = sum(1 for r in in_flight if r.active and r.disruptive)
     last_disruption: dict[str, float] = {}
     gang_restarts: Counter[str] = Counter(
