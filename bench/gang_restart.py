@@ -31,11 +31,12 @@ from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.workloads import pod_devices, wait_policy_observed, wait_until
+from devheal.model.cluster import RESTART_GENERATION_ANNOTATION
 
 RESULTS = Path(__file__).parent / "results"
 GV = "devheal.io/v1alpha1"
 NS = "bench"
-GENERATION = "devheal.io/restart-generation"
+GENERATION = RESTART_GENERATION_ANNOTATION
 
 
 def gang(ranks: int) -> dict[str, Any]:

@@ -24,12 +24,12 @@ from typing import Any
 from devheal.engine.workloads import member_selector
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
-from devheal.model.cluster import DEVICE_FAILED_CONDITION
+from devheal.model.cluster import DEVICE_FAILED_CONDITION, RESTART_GENERATION_ANNOTATION
 from devheal.model.plan import Action, Phase
 
 log = logging.getLogger(__name__)
 
-GENERATION = "devheal.io/restart-generation"
+GENERATION = RESTART_GENERATION_ANNOTATION
 REMEDIATION_GENERATION = "devheal.io/gang-generation"
 REMEDIATION_SIZE = "devheal.io/gang-size"
 REMEDIATION_STARTED = "devheal.io/gang-started"

@@ -29,13 +29,14 @@ from devheal.lab import toolchain
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.workloads import gpu_deployment, gpu_job, pod_devices, pods_of, wait_policy_observed, wait_until
+from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION
 
 NAMESPACE = "demo"
 GV = "devheal.io/v1alpha1"
 REMEDIATIONS = api_path(GV, "remediations")
 SPARE_POOL = "spare"
 GANG_RANKS = 4
-ACKED = "devheal.io/launcher-generation"
+ACKED = LAUNCHER_GENERATION_ANNOTATION
 TRAINING_LOOP = (
     "import time\n"
     "from devheal.launch import report_step\n"

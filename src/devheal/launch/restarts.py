@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-RESTART_GENERATION_ANNOTATION = "devheal.io/restart-generation"
-"""Set by the controller on every member pod; raising it asks for an in-place gang restart. Absent = 0."""
-LAUNCHER_GENERATION_ANNOTATION = "devheal.io/launcher-generation"
-"""Set by the launcher on its own pod: the generation its child has stopped for (or runs, after a start)."""
+# The contract with the controller: one definition, in the model, re-exported here.
+from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION as LAUNCHER_GENERATION_ANNOTATION
+from devheal.model.cluster import RESTART_GENERATION_ANNOTATION as RESTART_GENERATION_ANNOTATION
 
 SIGTERM_EXIT_CODE = 128 + 15
 """The exit code when the launcher is told to stop while no child runs (as if SIGTERM had ended it)."""

@@ -17,6 +17,10 @@ OWNERSHIP_ANNOTATION = "devheal.io/owns"
 """On a node: comma-separated marks of what devheal set (``taint``, ``cordon``), so only that is lifted."""
 PAUSE_ANNOTATION = "devheal.io/paused"
 GANG_LABEL = "devheal.io/gang"
+RESTART_GENERATION_ANNOTATION = "devheal.io/restart-generation"
+"""On gang members: the restart generation the controller asks for (absent = 0)."""
+LAUNCHER_GENERATION_ANNOTATION = "devheal.io/launcher-generation"
+"""On gang members: the generation a member's launcher runs (its acknowledgement)."""
 
 
 class DeviceHealth(StrEnum):
