@@ -41,31 +41,57 @@ def _namespace_of_service_account() -> str:
         return ""
 
 
+PodName = Annotated[
+    str, typer.Option(envvar="POD_NAME", help="This pod's name (in a pod: $POD_NAME from the downward API).")
+]
+PodNamespace = Annotated[
+    str,
+    typer.Option(
+        envvar="POD_NAMESPACE",
+        help="This pod's namespace (in a pod: $POD_NAMESPACE, else the service account's namespace).",
+    ),
+]
+Kubeconfig = Annotated[str | None, typer.Option(help="Kubeconfig path; in-cluster service account when absent.")]
+GangLabel = Annotated[str, typer.Option(help="Pods with the same value of this label form the gang.")]
+LogLevel = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
+
+
+def own_pod(pod: str, namespace: str) -> str:
+    """Check that this pod is named; its namespace (from the option, $POD_NAMESPACE or the service account)."""
+    if not pod:
+        raise typer.BadParameter(
+            "name this pod: --pod NAME or $POD_NAME (downward API: fieldRef metadata.name)", param_hint="--pod"
+        )
+    namespace = namespace or _namespace_of_service_account()
+    if not namespace:
+        raise typer.BadParameter(
+            "name this pod's namespace: --namespace NS or $POD_NAMESPACE (downward API: fieldRef metadata.namespace)",
+            param_hint="--namespace",
+        )
+    return namespace
+
+
+def setup_logging(log_level: str) -> None:
+    logging.basicConfig(
+        level=log_level.upper(),
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+
+
 def launch(
     command: Annotated[
         list[str],
         typer.Argument(help="The training command and its arguments; put them after `--`.", metavar="CMD"),
     ],
-    pod: Annotated[
-        str,
-        typer.Option(envvar="POD_NAME", help="This pod's name (in a pod: $POD_NAME from the downward API)."),
-    ] = "",
-    namespace: Annotated[
-        str,
-        typer.Option(
-            envvar="POD_NAMESPACE",
-            help="This pod's namespace (in a pod: $POD_NAMESPACE, else the service account's namespace).",
-        ),
-    ] = "",
-    kubeconfig: Annotated[
-        str | None, typer.Option(help="Kubeconfig path; in-cluster service account when absent.")
-    ] = None,
+    pod: PodName = "",
+    namespace: PodNamespace = "",
+    kubeconfig: Kubeconfig = None,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when stopping the command.")] = 10.0,
     barrier_timeout: Annotated[
         float,
         typer.Option(help="Seconds to wait for the whole gang to stop before restarting anyway (with a warning)."),
     ] = 120.0,
-    gang_label: Annotated[str, typer.Option(help="Pods with the same value of this label form the gang.")] = GANG_LABEL,
+    gang_label: GangLabel = GANG_LABEL,
     device_error_exit_codes: Annotated[
         str,
         typer.Option(help="Comma-separated exit codes of the command that mean a device error, e.g. 74,79."),
@@ -79,26 +105,14 @@ def launch(
     steps_window: Annotated[int, typer.Option(help="How many recent steps the step-time figures cover.")] = (
         DEFAULT_WINDOW
     ),
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevel = "INFO",
 ) -> None:
     """Run CMD; restart it in place when the gang's restart generation rises; exit with CMD's exit code.
 
     Example: devheal launch --device-error-exit-codes 74,79 -- python train.py --epochs 3
     """
-    logging.basicConfig(
-        level=log_level.upper(),
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
-    if not pod:
-        raise typer.BadParameter(
-            "name this pod: --pod NAME or $POD_NAME (downward API: fieldRef metadata.name)", param_hint="--pod"
-        )
-    namespace = namespace or _namespace_of_service_account()
-    if not namespace:
-        raise typer.BadParameter(
-            "name this pod's namespace: --namespace NS or $POD_NAMESPACE (downward API: fieldRef metadata.namespace)",
-            param_hint="--namespace",
-        )
+    setup_logging(log_level)
+    namespace = own_pod(pod, namespace)
     if grace < 0:
         raise typer.BadParameter(f"must be >= 0, got {grace}", param_hint="--grace")
     if barrier_timeout < 0:

@@ -19,12 +19,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from typing import Any
 
+from devheal.engine.inplace import InPlaceRestart, in_place_restart
 from devheal.engine.workloads import member_selector
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
-from devheal.model.cluster import DEVICE_FAILED_CONDITION, RESTART_GENERATION_ANNOTATION
+from devheal.model.cluster import (
+    DEVICE_FAILED_CONDITION,
+    LAUNCHER_GENERATION_ANNOTATION,
+    RESTART_GENERATION_ANNOTATION,
+    parse_generation,
+)
 from devheal.model.plan import Action, Phase
 
 log = logging.getLogger(__name__)
@@ -57,6 +64,34 @@ def _broken(pod: Obj) -> bool:
             if any(r.get("health") == "Unhealthy" for r in entry.get("resources") or []):
                 return True
     return False
+
+
+def _back(pod: Obj, generation: int) -> bool:
+    """Whether a rank runs ``generation`` again.
+
+    A rank with an in-place agent (launcher, or barrier of a RestartAllContainers pod) is
+    back once it acknowledged the generation: it stopped, and its barrier lets it start. A
+    rank without one cannot be told: it counts once it runs and carries the generation.
+    """
+    if (pod.get("status") or {}).get("phase") != "Running" or _generation(pod) < generation:
+        return False
+    notes = _annotations(pod)
+    if LAUNCHER_GENERATION_ANNOTATION not in notes:
+        return True
+    return (parse_generation(notes[LAUNCHER_GENERATION_ANNOTATION]) or 0) >= generation
+
+
+def _mechanisms(pods: list[Obj]) -> str:
+    """How the ranks restart in place, e.g. ``restart in place: 62 launcher, 2 RestartAllContainers``."""
+    counts = Counter(in_place_restart((p.get("spec") or {}), _annotations(p)) for p in pods)
+    shown = ", ".join(f"{counts[m]} {m.value}" for m in InPlaceRestart if counts[m] and m is not InPlaceRestart.NONE)
+    text = f"restart in place: {shown or 'none seen'}"
+    if counts[InPlaceRestart.NONE]:
+        text += (
+            f"; {counts[InPlaceRestart.NONE]} without an in-place agent (no devheal launcher acknowledgement, "
+            "no RestartAllContainers rule): their processes were not restarted"
+        )
+    return text
 
 
 class GangRestarter:
@@ -153,19 +188,21 @@ class GangRestarter:
         await asyncio.gather(*(self._set_generation(p, generation) for p in behind))
         if behind:
             steps.append(f"generation {generation} on {len(behind)} pods")
-        running = [p for p in healthy if (p.get("status") or {}).get("phase") == "Running"]
-        if not broken and len(running) >= size:
+        back = [p for p in healthy if _back(p, generation)]
+        how = _mechanisms(healthy)
+        if not broken and len(back) >= size:
             elapsed = self.clock() - started
             return (
                 Phase.SUCCEEDED,
                 "Running",
-                f"gang {action.target}: all {size} ranks running again at generation {generation} after {elapsed:.2f}s",
+                f"gang {action.target}: all {size} ranks running again at generation {generation} after "
+                f"{elapsed:.2f}s ({how})",
                 steps,
             )
         stage = "Restarting" if broken else "WaitingForReplacement"
         return (
             Phase.IN_PROGRESS,
             stage,
-            f"gang {action.target}: generation {generation}; {len(running)}/{size} ranks running",
+            f"gang {action.target}: generation {generation}; {len(back)}/{size} ranks running it ({how})",
             steps,
         )

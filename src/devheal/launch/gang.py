@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
+from typing import Any
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
@@ -35,6 +36,11 @@ class KubeGang:
 
     def _project(self, obj: dict[str, object]) -> PodView:
         return pod_view(obj, self.gang_label)
+
+    async def read_own_pod(self) -> tuple[PodView, dict[str, Any]]:
+        """The launcher's own pod, as a view and as the whole object (its spec included)."""
+        obj = await self.kube.get(api_path("v1", "pods", namespace=self.namespace, name=self.pod))
+        return self._project(obj), obj
 
     async def watch_own_pod(self, on_view: Callable[[PodView], None]) -> None:
         """Call ``on_view`` with every version of the launcher's own pod; runs until cancelled."""

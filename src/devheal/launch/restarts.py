@@ -27,21 +27,10 @@ from typing import Any
 # The contract with the controller: one definition, in the model, re-exported here.
 from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION as LAUNCHER_GENERATION_ANNOTATION
 from devheal.model.cluster import RESTART_GENERATION_ANNOTATION as RESTART_GENERATION_ANNOTATION
+from devheal.model.cluster import parse_generation as parse_generation
 
 SIGTERM_EXIT_CODE = 128 + 15
 """The exit code when the launcher is told to stop while no child runs (as if SIGTERM had ended it)."""
-
-
-def parse_generation(value: object) -> int | None:
-    """A generation from an annotation value: absent means 0; None when the value is not a non-negative integer."""
-    if value is None:
-        return 0
-    if not isinstance(value, str):
-        return None
-    text = value.strip()
-    if not text.isdigit():
-        return None
-    return int(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,18 @@ class WorkloadClass(StrEnum):
     """A bare pod, or an owner devheal does not know."""
 
 
+def parse_generation(value: object) -> int | None:
+    """A generation from an annotation value: absent means 0; None when the value is not a non-negative integer."""
+    if value is None:
+        return 0
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if not text.isdigit():
+        return None
+    return int(text)
+
+
 @dataclass(frozen=True, slots=True)
 class OwnerRef:
     kind: str
