@@ -66,19 +66,21 @@ def _broken(pod: Obj) -> bool:
     return False
 
 
-def _back(pod: Obj, generation: int) -> bool:
+def _back(pod: Obj, generation: int, agents: bool) -> bool:
     """Whether a rank runs ``generation`` again.
 
     A rank with an in-place agent (launcher, or barrier of a RestartAllContainers pod) is
-    back once it acknowledged the generation: it stopped, and its barrier lets it start. A
-    rank without one cannot be told: it counts once it runs and carries the generation.
+    back once it acknowledged the generation: it stopped, and its barrier lets it start.
+    ``agents`` says the gang has such agents: members share a template, so a replacement
+    whose launcher has not acknowledged anything yet is waited for too. A gang without
+    agents cannot tell: a rank counts once it runs and carries the generation.
     """
     if (pod.get("status") or {}).get("phase") != "Running" or _generation(pod) < generation:
         return False
     notes = _annotations(pod)
-    if LAUNCHER_GENERATION_ANNOTATION not in notes:
+    if not agents and in_place_restart(pod.get("spec") or {}, notes) is InPlaceRestart.NONE:
         return True
-    return (parse_generation(notes[LAUNCHER_GENERATION_ANNOTATION]) or 0) >= generation
+    return (parse_generation(notes.get(LAUNCHER_GENERATION_ANNOTATION)) or 0) >= generation
 
 
 def _mechanisms(pods: list[Obj]) -> str:
@@ -188,7 +190,8 @@ class GangRestarter:
         await asyncio.gather(*(self._set_generation(p, generation) for p in behind))
         if behind:
             steps.append(f"generation {generation} on {len(behind)} pods")
-        back = [p for p in healthy if _back(p, generation)]
+        agents = any(in_place_restart(p.get("spec") or {}, _annotations(p)) is not InPlaceRestart.NONE for p in healthy)
+        back = [p for p in healthy if _back(p, generation, agents)]
         how = _mechanisms(healthy)
         if not broken and len(back) >= size:
             elapsed = self.clock() - started

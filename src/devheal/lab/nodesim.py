@@ -48,6 +48,7 @@ from devheal.kubelet.podresources import (
 )
 from devheal.lab import devices as devmod
 from devheal.lab.devices import AdmissionError, Holder, NodeDevices
+from devheal.engine.inplace import RESTART_ALL_FEATURE
 from devheal.model.cluster import GPU_RESOURCE
 
 log = logging.getLogger("devheal.lab.nodesim")
@@ -59,6 +60,8 @@ RUN_SECONDS_ANNOTATION = "devheal.io/sim-run-seconds"
 EXIT_CODE_ANNOTATION = "devheal.io/sim-exit-code"
 """With RUN_SECONDS_ANNOTATION: the exit code the pod's containers end with."""
 NODE_NAME_PREFIX = "gpu-node-"
+DECLARED_FEATURES = (RESTART_ALL_FEATURE,)
+"""What the simulated kubelets declare in ``node.status.declaredFeatures``."""
 
 
 def node_name(index: int) -> str:
@@ -211,6 +214,9 @@ class NodeSimulator:
             "status": {
                 "capacity": {"cpu": "96", "memory": "1536Gi", "pods": "110", GPU_RESOURCE: str(gpus)},
                 "allocatable": {"cpu": "96", "memory": "1536Gi", "pods": "110", GPU_RESOURCE: str(gpus)},
+                # As a 1.37 kubelet with its default gates: the scheduler places pods that need
+                # a declared feature (e.g. RestartAllContainers rules) only on nodes listing it.
+                "declaredFeatures": list(DECLARED_FEATURES),
             },
         }
 
