@@ -22,8 +22,9 @@ PLURALS = {
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
     "ConfigMap": "configmaps",
+    "Job": "jobs",
 }
-NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "DaemonSet", "ConfigMap"}
+NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "DaemonSet", "ConfigMap", "Job"}
 
 
 @pytest.mark.parametrize("manifest", sorted(DEPLOY.glob("*.yaml")), ids=lambda p: p.name)
