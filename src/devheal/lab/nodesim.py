@@ -6,12 +6,15 @@ kubelet and the NVIDIA device plugin would do for pods bound to those nodes:
 - admit a pod: allocate healthy device IDs per container, or fail the pod with
   ``UnexpectedAdmissionError`` when the node cannot satisfy it;
 - run it: write a Running status whose containers carry KEP-4680
-  ``allocatedResourcesStatus`` (one entry per allocated device);
+  ``allocatedResourcesStatus`` (one entry per allocated device); pods may opt in to a
+  start-up cost (image pulls, container creation: Pending/ContainerCreating meanwhile) and a
+  stop cost (containers handling SIGTERM) through ``devheal.io/sim-*`` annotations;
 - keep node capacity/allocatable for ``nvidia.com/gpu`` equal to the device plugin's
   view (all devices / healthy devices; both 0 while the plugin restarts);
 - on a fault, flip the device's health in the holding pod's status (the allocation
   stays, as on a real node);
-- finish pods: delete terminating ones (grace 0), free devices of ended ones;
+- finish pods: delete terminating ones (grace 0, after their stop time), free devices of
+  ended ones;
 - serve kubelet's pod-resources v1 gRPC API per node on a unix socket;
 - take fault injections over a loopback HTTP API, and persist device state to a
   JSON file so the state survives a restart and other tools can read it.
@@ -27,6 +30,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
+import random
 import resource
 import signal
 import time
@@ -36,6 +41,7 @@ from typing import Any
 
 from aiohttp import web
 
+from devheal.engine.inplace import RESTART_ALL_FEATURE
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
 from devheal.kube.informer import Reflector
@@ -48,7 +54,6 @@ from devheal.kubelet.podresources import (
 )
 from devheal.lab import devices as devmod
 from devheal.lab.devices import AdmissionError, Holder, NodeDevices
-from devheal.engine.inplace import RESTART_ALL_FEATURE
 from devheal.model.cluster import GPU_RESOURCE
 
 log = logging.getLogger("devheal.lab.nodesim")
@@ -59,6 +64,18 @@ RUN_SECONDS_ANNOTATION = "devheal.io/sim-run-seconds"
 """Pods with this annotation complete (exit 0) that many seconds after they start."""
 EXIT_CODE_ANNOTATION = "devheal.io/sim-exit-code"
 """With RUN_SECONDS_ANNOTATION: the exit code the pod's containers end with."""
+IMAGE_PULL_SECONDS_ANNOTATION = "devheal.io/sim-image-pull-seconds"
+"""Seconds to pull each of the pod's images on a node that does not have it yet."""
+START_SECONDS_ANNOTATION = "devheal.io/sim-start-seconds"
+"""Seconds from images present to containers running (sandbox, network, volumes, devices)."""
+START_JITTER_SECONDS_ANNOTATION = "devheal.io/sim-start-jitter-seconds"
+"""Plus a uniform extra in [0, N) seconds, the same for the same pod UID."""
+STOP_SECONDS_ANNOTATION = "devheal.io/sim-stop-seconds"
+"""Seconds the containers take to stop after the pod is deleted (capped by its grace period)."""
+STOP_JITTER_SECONDS_ANNOTATION = "devheal.io/sim-stop-jitter-seconds"
+"""Plus a uniform extra in [0, N) seconds, the same for the same pod UID."""
+SIM_IMAGE_SIZE_BYTES = 10 * 1024**3
+"""The size published in ``node.status.images`` for a pulled image (a CUDA training image)."""
 NODE_NAME_PREFIX = "gpu-node-"
 DECLARED_FEATURES = (RESTART_ALL_FEATURE,)
 """What the simulated kubelets declare in ``node.status.declaredFeatures``."""
@@ -66,6 +83,63 @@ DECLARED_FEATURES = (RESTART_ALL_FEATURE,)
 
 def node_name(index: int) -> str:
     return f"{NODE_NAME_PREFIX}{index:03d}"
+
+
+def _seconds_annotation(annotations: dict[str, Any], key: str, meta: Obj) -> float | None:
+    """A non-negative number of seconds from an annotation; None (and a warning) when absent or bad."""
+    if key not in annotations:
+        return None
+    try:
+        value = float(annotations[key])
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        log.warning(
+            "pod %s/%s: %s is not a non-negative number of seconds: %r",
+            meta.get("namespace"),
+            meta.get("name"),
+            key,
+            annotations[key],
+        )
+        return None
+    return value
+
+
+def jitter(uid: str, purpose: str, span: float) -> float:
+    """A uniform draw in [0, span), the same for the same pod UID and purpose (reproducible runs)."""
+    if span <= 0:
+        return 0.0
+    return random.Random(f"{uid}/{purpose}").random() * span
+
+
+@dataclass
+class NodeImages:
+    """The images of one node: when each is (or will be) present. Pulled images stay (no GC).
+
+    Like kubelet's default ``serializeImagePulls: true``, one pull runs at a time per node; a
+    pod that needs an image whose pull is in flight waits for that pull (an image is pulled
+    once)."""
+
+    available: dict[str, float] = field(default_factory=dict)
+    puller_free_at: float = 0.0
+
+    def ensure(self, images: tuple[str, ...], pull_seconds: float, now: float) -> float:
+        """Pull what is missing; returns when all ``images`` are present."""
+        ready = now
+        for image in images:
+            at = self.available.get(image)
+            if at is None:
+                at = max(now, self.puller_free_at) + pull_seconds
+                self.available[image] = at
+                self.puller_free_at = at
+            ready = max(ready, at)
+        return ready
+
+    def present(self, now: float) -> list[str]:
+        return sorted(image for image, at in self.available.items() if at <= now)
+
+    def next_pull_done(self, now: float) -> float | None:
+        return min((at for at in self.available.values() if at > now), default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +158,40 @@ class PodView:
     run_seconds: float | None
     exit_code: int
     has_status_devices: tuple[tuple[str, str], ...]  # (container, device id) from status
+    image_pull_seconds: float | None = None
+    start_seconds: float | None = None
+    start_jitter_seconds: float | None = None
+    stop_seconds: float | None = None
+    stop_jitter_seconds: float | None = None
+    deletion_grace_seconds: float | None = None
+
+    @property
+    def images(self) -> tuple[str, ...]:
+        """The images of init containers and containers, each once."""
+        names = [image for _, image in self.init_containers] + [image for _, image, _ in self.containers]
+        return tuple(dict.fromkeys(name for name in names if name))
+
+    @property
+    def models_start(self) -> bool:
+        """Whether the pod opted in to the start-up cost model (else it runs at admission)."""
+        return (
+            self.image_pull_seconds is not None
+            or self.start_seconds is not None
+            or self.start_jitter_seconds is not None
+        )
+
+    def start_delay(self) -> float:
+        """Seconds from images present to containers running."""
+        return (self.start_seconds or 0.0) + jitter(self.uid, "start", self.start_jitter_seconds or 0.0)
+
+    def stop_delay(self) -> float:
+        """Seconds the started containers take to stop once the pod is deleted, within its grace period."""
+        if self.stop_seconds is None and self.stop_jitter_seconds is None:
+            return 0.0
+        wanted = (self.stop_seconds or 0.0) + jitter(self.uid, "stop", self.stop_jitter_seconds or 0.0)
+        if self.deletion_grace_seconds is not None:
+            wanted = min(wanted, self.deletion_grace_seconds)
+        return wanted
 
     @staticmethod
     def from_obj(obj: Obj) -> PodView:
@@ -109,6 +217,7 @@ class PodView:
                     meta.get("name"),
                     RUN_SECONDS_ANNOTATION,
                 )
+        grace = meta.get("deletionGracePeriodSeconds")
         try:
             exit_code = int(annotations.get(EXIT_CODE_ANNOTATION, "0"))
         except ValueError:
@@ -134,6 +243,12 @@ class PodView:
             run_seconds=run_seconds,
             exit_code=exit_code,
             has_status_devices=tuple(devices_in_status),
+            image_pull_seconds=_seconds_annotation(annotations, IMAGE_PULL_SECONDS_ANNOTATION, meta),
+            start_seconds=_seconds_annotation(annotations, START_SECONDS_ANNOTATION, meta),
+            start_jitter_seconds=_seconds_annotation(annotations, START_JITTER_SECONDS_ANNOTATION, meta),
+            stop_seconds=_seconds_annotation(annotations, STOP_SECONDS_ANNOTATION, meta),
+            stop_jitter_seconds=_seconds_annotation(annotations, STOP_JITTER_SECONDS_ANNOTATION, meta),
+            deletion_grace_seconds=float(grace) if isinstance(grace, int | float) else None,
         )
 
 
@@ -142,8 +257,19 @@ class RunningPod:
     """What the simulator wrote for a pod it admitted, so it can rewrite it on a fault."""
 
     view: PodView
-    started: float
+    admitted: float
+    """When it was admitted (devices allocated): the pod's ``startTime``."""
     pod_ip: str
+    starts_at: float
+    """When its containers start (run): ``admitted`` unless the pod models a start-up cost."""
+    running: bool = True
+    """Whether the Running status is written (else the pod is Pending, ContainerCreating)."""
+    stops_at: float | None = None
+    """Once deleted: when its containers have stopped."""
+    ended: bool = False
+    """Whether a terminal status is written; no other status write may follow it."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    """Orders this pod's status writes (a fault's rewrite against the start or the end)."""
 
 
 def _rfc3339(ts: float) -> str:
@@ -158,6 +284,7 @@ class NodeSimulator:
     nodes: dict[str, NodeDevices] = field(default_factory=dict)
     node_index: dict[str, int] = field(default_factory=dict)
     running: dict[str, RunningPod] = field(default_factory=dict)  # pod uid -> record
+    images: dict[str, NodeImages] = field(default_factory=dict)  # node -> its images
     queue: WorkQueue = field(default_factory=WorkQueue)
     node_queue: WorkQueue = field(default_factory=WorkQueue)
     pods: Reflector[PodView] | None = None
@@ -267,7 +394,9 @@ class NodeSimulator:
         i = self.node_index.get(node, 0)
         return f"10.{i // 256}.{i % 256}.1"
 
-    def _container_status(self, pod: PodView, name: str, image: str, started: float, ended: bool) -> Obj:
+    def _container_status(
+        self, pod: PodView, name: str, image: str, started: float, ended: bool, waiting: str = ""
+    ) -> Obj:
         nd = self.nodes[pod.node]
         cid = hashlib.sha256(f"{pod.uid}/{name}".encode()).hexdigest()
         status: Obj = {
@@ -277,7 +406,11 @@ class NodeSimulator:
             "containerID": f"containerd://{cid}",
             "restartCount": 0,
         }
-        if ended:
+        if waiting:
+            # Not created yet: no container ID, as kubelet reports it.
+            del status["containerID"]
+            status |= {"ready": False, "started": False, "state": {"waiting": {"reason": waiting}}}
+        elif ended:
             status |= {
                 "ready": False,
                 "started": False,
@@ -313,7 +446,10 @@ class NodeSimulator:
 
     def _status_body(self, pod: PodView, record: RunningPod, ended: bool) -> Obj:
         now = _rfc3339(time.time())
-        start = _rfc3339(record.started)
+        admitted = _rfc3339(record.admitted)
+        # Containers that never started (deleted while starting) end without a start of their own.
+        container_start = min(record.starts_at, time.time())
+        start = _rfc3339(container_start)
         ready = "False" if ended else "True"
         phase = "Running"
         if ended:
@@ -323,7 +459,7 @@ class NodeSimulator:
             {"type": "Initialized", "status": "True", "lastTransitionTime": start},
             {"type": "Ready", "status": ready, "lastTransitionTime": now if ended else start},
             {"type": "ContainersReady", "status": ready, "lastTransitionTime": now if ended else start},
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": start},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": admitted},
         ]
         status: Obj = {
             "phase": phase,
@@ -332,10 +468,10 @@ class NodeSimulator:
             "hostIPs": [{"ip": self._host_ip(pod.node)}],
             "podIP": record.pod_ip,
             "podIPs": [{"ip": record.pod_ip}],
-            "startTime": start,
+            "startTime": admitted,
             "qosClass": "BestEffort",
             "containerStatuses": [
-                self._container_status(pod, name, image, record.started, ended) for name, image, _ in pod.containers
+                self._container_status(pod, name, image, container_start, ended) for name, image, _ in pod.containers
             ],
         }
         if pod.init_containers:
@@ -358,6 +494,55 @@ class NodeSimulator:
                 for name, image in pod.init_containers
             ]
         return {"status": status}
+
+    def _starting_body(self, pod: PodView, record: RunningPod) -> Obj:
+        """Admitted, devices allocated, containers not running yet (images pulling, sandbox, start).
+
+        As kubelet reports it: Pending; containers waiting with ``ContainerCreating`` (or
+        ``PodInitializing`` when the pod has init containers); not ready; no pod IP until the
+        sandbox exists (modelled as at the start)."""
+        admitted = _rfc3339(record.admitted)
+        waiting = "PodInitializing" if pod.init_containers else "ContainerCreating"
+        conditions = [
+            {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": admitted},
+            {
+                "type": "Initialized",
+                "status": "False" if pod.init_containers else "True",
+                "lastTransitionTime": admitted,
+            },
+            {"type": "Ready", "status": "False", "lastTransitionTime": admitted},
+            {"type": "ContainersReady", "status": "False", "lastTransitionTime": admitted},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": admitted},
+        ]
+        status: Obj = {
+            "phase": "Pending",
+            "conditions": conditions,
+            "hostIP": self._host_ip(pod.node),
+            "hostIPs": [{"ip": self._host_ip(pod.node)}],
+            "startTime": admitted,
+            "qosClass": "BestEffort",
+            "containerStatuses": [
+                self._container_status(pod, name, image, record.starts_at, False, waiting=waiting)
+                for name, image, _ in pod.containers
+            ],
+        }
+        if pod.init_containers:
+            status["initContainerStatuses"] = [
+                {
+                    "name": name,
+                    "image": image,
+                    "imageID": "",
+                    "ready": False,
+                    "started": False,
+                    "restartCount": 0,
+                    "state": {"waiting": {"reason": waiting}},
+                }
+                for name, image in pod.init_containers
+            ]
+        return {"status": status}
+
+    def _live_body(self, pod: PodView, record: RunningPod) -> Obj:
+        return self._status_body(pod, record, ended=False) if record.running else self._starting_body(pod, record)
 
     async def _patch_status(self, pod: PodView, body: Obj) -> None:
         path = api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="status")
@@ -386,10 +571,19 @@ class NodeSimulator:
         if pod.deleting:
             ending = self.running.get(pod.uid)
             if ending is not None and pod.phase not in ("Succeeded", "Failed"):
+                now = time.time()
+                if ending.stops_at is None:
+                    # Started containers get SIGTERM and take their stop time, at most the grace
+                    # period (then SIGKILL); a pod still starting has nothing running to stop.
+                    ending.stops_at = now + (pod.stop_delay() if now >= ending.starts_at else 0.0)
+                if ending.stops_at > now:
+                    return ending.stops_at - now
                 # Like kubelet: a deleted pod reaches a terminal phase before it goes away, so a
                 # Job's podFailurePolicy can judge it.
                 killed = replace(pod, exit_code=137)
-                await self._patch_status(pod, self._status_body(killed, ending, ended=True))
+                async with ending.lock:
+                    ending.ended = True
+                    await self._patch_status(pod, self._status_body(killed, ending, ended=True))
             self._forget(pod.uid, pod.node)
             path = api_path("v1", "pods", namespace=pod.namespace, name=pod.name)
             with contextlib.suppress(errors.NotFound, errors.Conflict):
@@ -402,11 +596,20 @@ class NodeSimulator:
         if running is None:
             return await self._admit(pod, nd)
         record = running
+        if not record.running:
+            wait = record.starts_at - time.time()
+            if wait > 0:
+                return wait
+            async with record.lock:
+                await self._patch_status(pod, self._status_body(pod, record, ended=False))
+                record.running = True
         if pod.run_seconds is not None:
-            remaining = record.started + pod.run_seconds - time.time()
+            remaining = record.starts_at + pod.run_seconds - time.time()
             if remaining > 0:
                 return remaining
-            await self._patch_status(pod, self._status_body(pod, record, ended=True))
+            async with record.lock:
+                record.ended = True
+                await self._patch_status(pod, self._status_body(pod, record, ended=True))
             self._forget(pod.uid, pod.node)
         return None
 
@@ -418,7 +621,7 @@ class NodeSimulator:
                 dev = nd.by_uuid(device_id)
                 if dev is not None:
                     dev.holder = Holder(pod.namespace, pod.name, pod.uid, container)
-            self.running[pod.uid] = RunningPod(pod, now, self._pod_ip(pod))
+            self.running[pod.uid] = RunningPod(pod, now, self._pod_ip(pod), starts_at=now)
             self.schedule_save()
             return pod.run_seconds
         try:
@@ -441,16 +644,33 @@ class NodeSimulator:
             )
             log.info("rejected %s on %s: %s", pod.key, pod.node, exc)
             return None
-        record = RunningPod(pod, now, self._pod_ip(pod))
+        starts_at = self._starts_at(pod, now)
+        record = RunningPod(pod, now, self._pod_ip(pod), starts_at=starts_at, running=starts_at <= now)
         try:
-            await self._patch_status(pod, self._status_body(pod, record, ended=False))
+            await self._patch_status(pod, self._live_body(pod, record))
         except errors.KubeError:
             nd.release(pod.uid)
             raise
         self.running[pod.uid] = record
         self.schedule_save()
         self._notify_node(pod.node)
+        if not record.running:
+            return max(starts_at - time.time(), 0.0)
         return pod.run_seconds
+
+    def _starts_at(self, pod: PodView, now: float) -> float:
+        """When an admitted pod's containers run: at once, or after its image pulls and start time."""
+        if not pod.models_start:
+            return now
+        ready = now
+        if pod.image_pull_seconds is not None:
+            images = self.images.setdefault(pod.node, NodeImages())
+            known = len(images.available)
+            ready = images.ensure(pod.images, pod.image_pull_seconds, now)
+            if len(images.available) != known:
+                # Publish node.status.images once the pull is done.
+                self.node_queue.add_after(pod.node, ready - now + 0.01)
+        return ready + pod.start_delay()
 
     def _forget(self, uid: str, node: str) -> None:
         self.running.pop(uid, None)
@@ -466,24 +686,33 @@ class NodeSimulator:
         nd = self.nodes[node]
         for uid in {d.holder.uid for d in nd.devices if d.holder is not None and d.uuid in device_ids}:
             record = self.running.get(uid)
-            if record is not None:
-                await self._patch_status(record.view, self._status_body(record.view, record, ended=False))
+            if record is None:
+                continue
+            async with record.lock:
+                if not record.ended:
+                    await self._patch_status(record.view, self._live_body(record.view, record))
 
     # ---- nodes -------------------------------------------------------------------------------
 
     async def reconcile_node(self, name: str) -> float | None:
         nd = self.nodes[name]
         now = time.time()
-        patch = {
-            "status": {
-                "capacity": {GPU_RESOURCE: str(nd.capacity(now))},
-                "allocatable": {GPU_RESOURCE: str(nd.allocatable_count(now))},
-            }
+        status: Obj = {
+            "capacity": {GPU_RESOURCE: str(nd.capacity(now))},
+            "allocatable": {GPU_RESOURCE: str(nd.allocatable_count(now))},
         }
-        await self.client.patch(api_path("v1", "nodes", name=name, subresource="status"), patch)
+        images = self.images.get(name)
+        present = images.present(now) if images is not None else []
+        if present:
+            # As kubelet: the images the node holds (the scheduler's ImageLocality score reads them).
+            status["images"] = [{"names": [image], "sizeBytes": SIM_IMAGE_SIZE_BYTES} for image in present]
+        await self.client.patch(api_path("v1", "nodes", name=name, subresource="status"), {"status": status})
+        waits = []
         if not nd.plugin_registered(now):
-            return nd.plugin_down_until - now
-        return None
+            waits.append(nd.plugin_down_until - now)
+        if images is not None and (done := images.next_pull_done(now)) is not None:
+            waits.append(done - now + 0.01)
+        return min(waits, default=None)
 
     # ---- faults ------------------------------------------------------------------------------
 
