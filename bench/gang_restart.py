@@ -5,12 +5,15 @@
 One lab, one StatefulSet gang (label devheal.io/gang, 1 GPU per rank), the controller
 running with `actions.gang: RestartGang`. Alternating, `--repeat` times each:
 
-- in place: an XID 79 under one rank; devheal evicts that pod (it stops within the
-  template's grace period, the StatefulSet recreates it, it starts) and bumps the gang's
-  restart generation; time until every rank runs again at the new generation;
-- recreate all: every pod of the gang deleted at once with the template's grace period
-  (what a plain failure policy or a JobSet restart does: it waits for the pods to
-  terminate); time until every rank runs again in a new pod.
+- in place: an XID 79 under one rank; devheal evicts that pod (with the policy's
+  ``failedDeviceGracePeriodSeconds``, ``--failed-device-grace``, default 5 s; the
+  StatefulSet recreates it, it starts) and bumps the gang's restart generation; time from
+  the fault until every rank runs again at the new generation;
+- recreate all: the same XID 79 under one rank (devheal's policy paused), then every pod of
+  the gang deleted at once with the template's grace period (what a plain failure policy
+  or a JobSet restart does: it waits for the pods to terminate); time from the fault until
+  every rank runs again in a new pod. The delete follows the fault at once, which flatters
+  this path: a real failure policy first waits for the pod to fail.
 
 Pod start-up and stop costs come from the node simulator's opt-in model (annotations on
 the pod template, see docs/lab.md). The defaults model GPU training pods on nodes that
@@ -25,7 +28,10 @@ already have their image:
 - ``--stop 3 --stop-jitter 2`` (3-5 s): a training container on SIGTERM: the launcher
   stops its workers, NCCL communicators abort, CUDA contexts and GPU memory are freed;
 - ``--grace 30``: Kubernetes' default terminationGracePeriodSeconds (must cover stop +
-  jitter, else the grace period cuts the stop short).
+  jitter, else the grace period cuts the stop short);
+- the rank on the failed GPU stops only at the end of its grace period: processes stuck in
+  the driver of a dead GPU ignore SIGTERM (the simulator models this for every pod that
+  holds a failed device), so the grace period devheal evicts it with matters.
 
 ``--image-pull 0 --start 0 --start-jitter 0 --stop 0 --stop-jitter 0 --grace 0`` is the
 zero-cost lab of the first version of this benchmark (pods start and vanish at once).
@@ -202,9 +208,7 @@ async def in_place(kube: KubeClient, faults: Faults, ranks: int, timeout: float)
     generation = 1 + max(int((p["metadata"].get("annotations") or {}).get(GENERATION, "0")) for p in before)
     victim = before[0]
     victim_uid, victim_name = victim["metadata"]["uid"], victim["metadata"]["name"]
-    node = victim["spec"]["nodeName"]
-    device = pod_devices(victim)[0].device_id
-    index = next(d["index"] for d in (await asyncio.to_thread(faults.devices, node))["devices"] if d["uuid"] == device)
+    node, index = await victim_device(faults, victim)
     started = time.monotonic()
     await asyncio.to_thread(faults.xid, node, index, 79)
 
@@ -230,26 +234,48 @@ async def in_place(kube: KubeClient, faults: Faults, ranks: int, timeout: float)
     return elapsed, recreated, marks
 
 
-async def recreate_all(kube: KubeClient, ranks: int, grace: int, timeout: float) -> Row:
-    before = {p["metadata"]["uid"] for p in running(await members(kube))}
-    started = time.monotonic()
-    # With the pods' own grace period: a restart that recreates the gang waits for its pods to
-    # terminate (a StatefulSet does not create a pod while one of the same name remains).
-    await kube.request(
-        "DELETE",
-        api_path("v1", "pods", namespace=NS),
-        params={"labelSelector": "app=gang", "gracePeriodSeconds": grace},
-    )
+async def set_paused(kube: KubeClient, paused: bool) -> None:
+    """Pause or resume the benchmark's policy and wait until the controller took it up."""
+    await kube.patch(api_path(GV, "remediationpolicies", name="bench"), {"spec": {"paused": paused}})
+    await wait_policy_observed(kube, "bench", timeout=60)
 
-    def done(pods: Pods) -> bool:
-        ready = running(live(pods))
-        return len(ready) == ranks and not ({p["metadata"]["uid"] for p in ready} & before)
 
-    milestones: dict[str, Callable[[Pods], bool]] = {
-        "old pods gone": lambda ps: not ({p["metadata"]["uid"] for p in ps} & before),
-    }
-    after, marks = await track(kube, started, milestones, done, timeout=timeout, what="gang recreated")
-    return time.monotonic() - started, len(before - {p["metadata"]["uid"] for p in live(after)}), marks
+async def recreate_all(kube: KubeClient, faults: Faults, ranks: int, grace: int, timeout: float) -> Row:
+    """The same XID 79 under one rank, answered by deleting every pod (devheal's policy paused)."""
+    await set_paused(kube, True)
+    try:
+        before_pods = running(await members(kube))
+        before = {p["metadata"]["uid"] for p in before_pods}
+        node, index = await victim_device(faults, before_pods[0])
+        started = time.monotonic()
+        await asyncio.to_thread(faults.xid, node, index, 79)
+        # With the pods' own grace period: a restart that recreates the gang waits for its pods to
+        # terminate (a StatefulSet does not create a pod while one of the same name remains).
+        await kube.request(
+            "DELETE",
+            api_path("v1", "pods", namespace=NS),
+            params={"labelSelector": "app=gang", "gracePeriodSeconds": grace},
+        )
+
+        def done(pods: Pods) -> bool:
+            ready = running(live(pods))
+            return len(ready) == ranks and not ({p["metadata"]["uid"] for p in ready} & before)
+
+        milestones: dict[str, Callable[[Pods], bool]] = {
+            "old pods gone": lambda ps: not ({p["metadata"]["uid"] for p in ps} & before),
+        }
+        after, marks = await track(kube, started, milestones, done, timeout=timeout, what="gang recreated")
+        return time.monotonic() - started, len(before - {p["metadata"]["uid"] for p in live(after)}), marks
+    finally:
+        await set_paused(kube, False)
+
+
+async def victim_device(faults: Faults, pod: dict[str, Any]) -> tuple[str, int]:
+    """The node and GPU index under a rank."""
+    node = pod["spec"]["nodeName"]
+    device = pod_devices(pod)[0].device_id
+    devices = (await asyncio.to_thread(faults.devices, node))["devices"]
+    return node, next(d["index"] for d in devices if d["uuid"] == device)
 
 
 def profile_of(args: argparse.Namespace) -> Profile:
@@ -274,7 +300,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     timeout = 120 + 2 * (
         profile.image_pull_s + profile.start_s + profile.start_jitter_s + profile.stop_s + profile.stop_jitter_s
     )
-    nodes = (args.ranks + args.repeat + 7) // 8 + 2
+    nodes = (args.ranks + 2 * args.repeat + 7) // 8 + 2  # every run leaves one GPU failed
     lab = Lab(Path(tempfile.mkdtemp(prefix="devheal-bench-", dir="/tmp")))
     await asyncio.to_thread(lab.up, LabSpec(nodes=nodes, pod_resources_sockets=False), None, 600)
     controller = None
@@ -291,6 +317,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         "selector": {"namespaces": [NS]},
                         "actions": {"gang": "RestartGang"},
                         "node": {"taint": False},
+                        **(
+                            {"failedDeviceGracePeriodSeconds": args.failed_device_grace}
+                            if args.failed_device_grace
+                            else {}
+                        ),
                         "budgets": {
                             "gangRestartsPerHour": 1000,
                             "workloadDisruptionInterval": "0s",
@@ -320,7 +351,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 rows["in_place"].append(await in_place(kube, faults, args.ranks, timeout))
                 print(f"in place #{i + 1}: {rows['in_place'][-1][0]:.2f}s", flush=True)
                 await settle(kube)
-                rows["recreate_all"].append(await recreate_all(kube, args.ranks, profile.grace_s, timeout))
+                rows["recreate_all"].append(await recreate_all(kube, faults, args.ranks, profile.grace_s, timeout))
                 print(f"recreate all #{i + 1}: {rows['recreate_all'][-1][0]:.2f}s", flush=True)
     finally:
         if controller is not None:
@@ -333,6 +364,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "ranks": args.ranks,
         "repeat": args.repeat,
         "profile": asdict(profile),
+        "failed_device_grace_s": args.failed_device_grace or None,
         "in_place_seconds": [round(t, 3) for t, _, _ in rows["in_place"]],
         "recreate_all_seconds": [round(t, 3) for t, _, _ in rows["recreate_all"]],
         "in_place_median_s": round(in_place_median, 3),
@@ -367,6 +399,12 @@ def main() -> None:
     costs.add_argument("--stop", type=float, default=3.0, help="containers stopping after SIGTERM")
     costs.add_argument("--stop-jitter", type=float, default=2.0, help="plus U[0, this) per pod")
     costs.add_argument("--grace", type=int, default=30, help="the pods' terminationGracePeriodSeconds")
+    parser.add_argument(
+        "--failed-device-grace",
+        type=int,
+        default=5,
+        help="the policy's failedDeviceGracePeriodSeconds (0: unset, the pods' own grace period)",
+    )
     args = parser.parse_args()
     for name in ("image_pull", "start", "start_jitter", "stop", "stop_jitter", "grace"):
         if getattr(args, name) < 0:

@@ -191,6 +191,29 @@ async def test_deleted_pods_take_their_stop_time_capped_by_the_grace_period(kube
     assert gone["capped"] < 25, "the 2s grace period caps the 40s stop time"
 
 
+async def test_a_pod_on_a_failed_gpu_takes_its_whole_grace_period(
+    kube: KubeClient, namespace: str, faults: RecordingFaults
+) -> None:
+    pods = api_path("v1", "pods", namespace=namespace)
+    await kube.create(pods, sim_pod("stuck", {STOP_SECONDS_ANNOTATION: "1"}, grace=60))
+    pod = await running(kube, namespace, "stuck", timeout=10)
+    (device,) = pod_devices(pod)
+    index = next(d["index"] for d in faults.devices(NODE)["devices"] if d["uuid"] == device.device_id)
+    faults.xid(NODE, index, 79)
+    await wait_until(
+        lambda: read(kube, namespace, "stuck"),
+        lambda p: bool(p) and [d.health for d in pod_devices(p)] == ["Unhealthy"],
+        timeout=5,
+        what="Unhealthy device",
+    )
+    deleted = time.monotonic()
+    await kube.delete(api_path("v1", "pods", namespace=namespace, name="stuck"), {"gracePeriodSeconds": 4})
+    await asyncio.sleep(2.5)
+    assert await read(kube, namespace, "stuck") is not None, "stopped in its 1s stop time despite the dead GPU"
+    await wait_until(lambda: read(kube, namespace, "stuck"), lambda p: p is None, timeout=20, what="stuck pod gone")
+    assert time.monotonic() - deleted >= 4.0
+
+
 async def test_a_fault_while_the_pod_starts_shows_on_its_status(
     kube: KubeClient, namespace: str, faults: RecordingFaults
 ) -> None:

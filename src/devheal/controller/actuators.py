@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from devheal.controller import metrics
+from devheal.controller.eviction import delete_options, eviction, failed_device_grace
 from devheal.controller.gangs import GangRestarter
 from devheal.controller.projections import format_time
 from devheal.kube import errors
@@ -253,7 +254,8 @@ class Actuators:
 
     async def _act(self, action: Action, record: Obj) -> tuple[Outcome, list[str]]:
         if action.kind is ActionKind.RESTART_GANG:
-            phase, reason, message, steps = await self.gangs.step(action, record)
+            grace = failed_device_grace(self.policies().get(action.policy))
+            phase, reason, message, steps = await self.gangs.step(action, record, grace)
             return Outcome(phase, reason, message), steps
         handler: dict[ActionKind, Callable[[Action], Awaitable[tuple[Outcome, list[str]]]]] = {
             ActionKind.DESCHEDULE: self._deschedule,
@@ -309,14 +311,10 @@ class Actuators:
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             return Outcome(Phase.SUCCEEDED, "Terminating", f"pod {action.target} is already terminating"), steps
         ns, name = _split(action.target)
-        eviction = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": ns},
-            "deleteOptions": {"preconditions": {"uid": action.target_uid}},
-        }
+        grace = failed_device_grace(self.policies().get(action.policy))
+        body = eviction(ns, name, action.target_uid, grace)
         try:
-            await self.client.create(api_path("v1", "pods", namespace=ns, name=name, subresource="eviction"), eviction)
+            await self.client.create(api_path("v1", "pods", namespace=ns, name=name, subresource="eviction"), body)
         except errors.NotFound:
             return Outcome(Phase.SUCCEEDED, "PodGone", f"pod {action.target} is already gone"), steps
         except errors.TooManyRequests as exc:
@@ -328,7 +326,7 @@ class Actuators:
                     reason="EvictionBlocked",
                 ) from exc
             await self.client.delete(
-                api_path("v1", "pods", namespace=ns, name=name), {"preconditions": {"uid": action.target_uid}}
+                api_path("v1", "pods", namespace=ns, name=name), delete_options(action.target_uid, grace)
             )
             steps.append("delete")
             return Outcome(

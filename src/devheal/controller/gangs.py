@@ -22,6 +22,7 @@ import logging
 from collections import Counter
 from typing import Any
 
+from devheal.controller.eviction import eviction
 from devheal.engine.inplace import InPlaceRestart, in_place_restart
 from devheal.engine.workloads import member_selector
 from devheal.kube import errors
@@ -118,7 +119,7 @@ class GangRestarter:
         )
         return items
 
-    async def _mark_and_evict(self, pod: Obj, action: Action) -> None:
+    async def _mark_and_evict(self, pod: Obj, action: Action, grace: int | None) -> None:
         meta = pod["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         condition = {
@@ -132,14 +133,9 @@ class GangRestarter:
             {"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
             content_type="application/strategic-merge-patch+json",
         )
-        eviction = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": ns},
-            "deleteOptions": {"preconditions": {"uid": uid}},
-        }
+        body = eviction(ns, name, uid, grace)
         with contextlib.suppress(errors.NotFound, errors.Conflict):  # gone or replaced already
-            await self.client.create(api_path("v1", "pods", namespace=ns, name=name, subresource="eviction"), eviction)
+            await self.client.create(api_path("v1", "pods", namespace=ns, name=name, subresource="eviction"), body)
 
     async def _set_generation(self, pod: Obj, generation: int) -> None:
         meta = pod["metadata"]
@@ -148,8 +144,8 @@ class GangRestarter:
             {"metadata": {"uid": meta["uid"], "annotations": {GENERATION: str(generation)}}},
         )
 
-    async def step(self, action: Action, record: Obj) -> tuple[Phase, str, str, list[str]]:
-        """One pass; returns (phase, reason, message, steps taken)."""
+    async def step(self, action: Action, record: Obj, grace: int | None = None) -> tuple[Phase, str, str, list[str]]:
+        """One pass; returns (phase, reason, message, steps taken). ``grace``: seconds for evicting broken ranks."""
         members = await self._members(action)
         active = [p for p in members if _active(p)]
         notes = _annotations(record)
@@ -182,7 +178,7 @@ class GangRestarter:
 
         broken = [p for p in active if _broken(p)]
         for pod in broken:
-            await self._mark_and_evict(pod, action)
+            await self._mark_and_evict(pod, action, grace)
             self.replaced[pod["metadata"]["uid"]] = self.clock()
             steps.append(f"replace {pod['metadata']['name']}")
         healthy = [p for p in active if p not in broken]

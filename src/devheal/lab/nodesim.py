@@ -184,10 +184,16 @@ class PodView:
         """Seconds from images present to containers running."""
         return (self.start_seconds or 0.0) + jitter(self.uid, "start", self.start_jitter_seconds or 0.0)
 
-    def stop_delay(self) -> float:
-        """Seconds the started containers take to stop once the pod is deleted, within its grace period."""
+    def stop_delay(self, on_failed_device: bool = False) -> float:
+        """Seconds the started containers take to stop once the pod is deleted, within its grace period.
+
+        ``on_failed_device``: the pod holds a failed GPU. Its processes are stuck in the driver
+        and ignore SIGTERM, so they end only with the SIGKILL at the end of the grace period.
+        """
         if self.stop_seconds is None and self.stop_jitter_seconds is None:
             return 0.0
+        if on_failed_device and self.deletion_grace_seconds is not None:
+            return self.deletion_grace_seconds
         wanted = (self.stop_seconds or 0.0) + jitter(self.uid, "stop", self.stop_jitter_seconds or 0.0)
         if self.deletion_grace_seconds is not None:
             wanted = min(wanted, self.deletion_grace_seconds)
@@ -575,7 +581,11 @@ class NodeSimulator:
                 if ending.stops_at is None:
                     # Started containers get SIGTERM and take their stop time, at most the grace
                     # period (then SIGKILL); a pod still starting has nothing running to stop.
-                    ending.stops_at = now + (pod.stop_delay() if now >= ending.starts_at else 0.0)
+                    stuck = any(
+                        d.holder is not None and d.holder.uid == pod.uid and d.health is devmod.Health.UNHEALTHY
+                        for d in nd.devices
+                    )
+                    ending.stops_at = now + (pod.stop_delay(stuck) if now >= ending.starts_at else 0.0)
                 if ending.stops_at > now:
                     return ending.stops_at - now
                 # Like kubelet: a deleted pod reaches a terminal phase before it goes away, so a

@@ -38,6 +38,7 @@ Spec, with defaults::
           maxFaultyNodesPercent: 30    # more nodes than this faulting within the window...
           window: 10m                  # ...stops every disruptive action
       allowDelete: false               # Deschedule may delete a pod when eviction is impossible
+      # failedDeviceGracePeriodSeconds: 5  # grace for pods evicted off a failed device (unset: the pod's own)
       dryRun: false
       paused: false
 """
@@ -186,6 +187,9 @@ class Policy:
     node: NodeRules = NodeRules()
     budgets: Budgets = Budgets()
     allow_delete: bool = False
+    failed_device_grace_period: int | None = None
+    """Seconds of grace for pods devheal evicts off a failed device (Deschedule, gang ranks it
+    replaces); None: each pod's own ``terminationGracePeriodSeconds``."""
     dry_run: bool = False
     paused: bool = False
 
@@ -217,6 +221,7 @@ _SPEC_FIELDS = frozenset(
         "node",
         "budgets",
         "allowDelete",
+        "failedDeviceGracePeriodSeconds",
         "dryRun",
         "paused",
     }
@@ -266,6 +271,19 @@ def _int(value: Any, where: str, default: int, minimum: int = 0) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise PolicyError(f"{where}: expected a whole number >= {minimum}, got {value!r}")
     return value
+
+
+MAX_GRACE_SECONDS = 3600
+
+
+def _grace(value: Any, prefix: str) -> int | None:
+    if value is None:
+        return None
+    where = f"{prefix}.failedDeviceGracePeriodSeconds"
+    seconds = _int(value, where, 0, minimum=1)
+    if seconds > MAX_GRACE_SECONDS:
+        raise PolicyError(f"{where}: expected at most {MAX_GRACE_SECONDS} seconds, got {seconds}")
+    return seconds
 
 
 def _selector(value: Any, where: str) -> LabelSelector:
@@ -415,6 +433,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         node=node_rules,
         budgets=budgets,
         allow_delete=_bool(spec.get("allowDelete"), f"{prefix}.allowDelete", False),
+        failed_device_grace_period=_grace(spec.get("failedDeviceGracePeriodSeconds"), prefix),
         dry_run=_bool(spec.get("dryRun"), f"{prefix}.dryRun", False),
         paused=_bool(spec.get("paused"), f"{prefix}.paused", False)
         or str((meta.get("annotations") or {}).get("devheal.io/paused", "")).lower() == "true",

@@ -68,3 +68,8 @@ def test_node_rules_and_template() -> None:
 )
 def test_template_remediation_kind_strips_template(kind: str, remediation_kind: str) -> None:
     assert TemplateRef("v1", kind, "n", "ns").remediation_kind == remediation_kind
+
+
+def test_failed_device_grace_period_is_unset_by_default_and_parsed_when_given() -> None:
+    assert parse({}).failed_device_grace_period is None
+    assert parse({"failedDeviceGracePeriodSeconds": 5}).failed_device_grace_period == 5
