@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,7 +221,9 @@ class Story:
         record = await self._first_remediation(lambda r: r["spec"]["action"] == "RestartGang", started)
         result.detection_seconds = time.monotonic() - started
         result.action = "RestartGang"
-        done = await self._wait_done(record["metadata"]["name"])
+        # The gang restart ends once every rank acknowledged the new generation, the replacement
+        # rank too: it gets its launcher as it starts.
+        done = await self._wait_done(record["metadata"]["name"], meanwhile=self.attach_launchers)
         generation = (done["metadata"].get("annotations") or {}).get("devheal.io/gang-generation", "1")
 
         async def ranks_now() -> list[Obj]:
@@ -295,8 +297,15 @@ class Story:
         )
         return record
 
-    async def _wait_done(self, name: str, phases: tuple[str, ...] = ("Succeeded", "Failed", "Blocked")) -> Obj:
+    async def _wait_done(
+        self,
+        name: str,
+        phases: tuple[str, ...] = ("Succeeded", "Failed", "Blocked"),
+        meanwhile: Callable[[], Awaitable[object]] | None = None,
+    ) -> Obj:
         async def read() -> Obj:
+            if meanwhile is not None:
+                await meanwhile()
             return await self.kube.get(f"{REMEDIATIONS}/{name}")
 
         record = await wait_until(

@@ -41,7 +41,11 @@ async def test_foreign_cordon_survives_devhealing(
         what="devheal's taint lifted",
     )
     assert n["spec"].get("unschedulable") is True, "someone else's cordon stays"
-    records = await harness.remediations()
+    # The Lift record's outcome is written after the node: wait for it rather than race it.
+    records = await harness.wait_remediation(
+        lambda rs: any(r["spec"]["action"] == "Lift" and r.get("status", {}).get("phase") == "Succeeded" for r in rs),
+        "the Lift outcome recorded",
+    )
     assert "Cordon" not in {r["spec"]["action"] for r in records}
     (lift,) = [r for r in records if r["spec"]["action"] == "Lift"]
     assert lift["status"]["message"] == f"lifted devheal's taint from {NODE}"

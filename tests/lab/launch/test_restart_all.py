@@ -11,6 +11,7 @@ feature.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -167,6 +168,26 @@ async def test_the_lab_supports_restart_all_containers(kube: KubeClient, namespa
     assert support.usable
     # The probe was a dry run: nothing was created.
     assert await pods_of(kube, namespace) == []
+
+
+async def test_devheal_features_reports_it_usable(lab: Lab, namespace: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "devheal",
+        "features",
+        f"--kubeconfig={lab.kubeconfig}",
+        "--namespace",
+        namespace,
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    report = json.loads(out)["restartAllContainers"]
+    assert report["usable"] is True and report["api_server"] is True
+    assert report["feature"] == "RestartAllContainersOnContainerExits"
 
 
 async def test_a_generation_bump_restarts_all_containers_of_every_pod_once(gang: Gang) -> None:

@@ -79,3 +79,29 @@ def test_parse_exit_codes() -> None:
     assert parse_exit_codes("74, 79,,79") == frozenset({74, 79})
     with pytest.raises(ValueError, match="'0'"):
         parse_exit_codes("0")
+
+
+@pytest.mark.parametrize("command", ["barrier", "sidecar"])
+def test_barrier_and_sidecar_need_their_pod_name(runner: CliRunner, command: str) -> None:
+    result = runner.invoke(app, [command, "--namespace", "ns"])
+    assert result.exit_code == 2
+    assert "--pod NAME or $POD_NAME" in plain(result.output)
+
+
+def test_sidecar_exit_code_must_be_a_valid_exit_code(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["sidecar", "--pod", "p", "--namespace", "ns", "--exit-code", "256"])
+    assert result.exit_code == 2
+    assert "--exit-code" in plain(result.output)
+
+
+def test_barrier_timeout_must_not_be_negative(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["barrier", "--pod", "p", "--namespace", "ns", "--barrier-timeout", "-1"])
+    assert result.exit_code == 2
+    assert "--barrier-timeout" in plain(result.output)
+
+
+def test_sidecar_with_an_unreadable_kubeconfig_is_a_clear_error(runner: CliRunner, tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    result = runner.invoke(app, ["sidecar", "--pod", "p", "--namespace", "ns", "--kubeconfig", str(missing)])
+    assert result.exit_code == 2
+    assert "devheal sidecar:" in result.output
