@@ -23,10 +23,18 @@ def controller(
         str, typer.Option(help="Namespace of the leader Lease (default: $POD_NAMESPACE or kube-system).")
     ] = "",
     lease_duration: Annotated[float, typer.Option(help="Seconds a leader's lease lasts without renewal.")] = 15.0,
+    gang_restart_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a gang restart may take before it ends as Failed (reason Timeout), naming the lagging ranks."
+        ),
+    ] = 900.0,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
     """Watch device signals, decide with the policies, remediate within the safety rails."""
+    if gang_restart_timeout <= 0:
+        raise typer.BadParameter(f"must be > 0, got {gang_restart_timeout}", param_hint="--gang-restart-timeout")
     logging.basicConfig(
         level=log_level.upper(),
         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
@@ -37,6 +45,7 @@ def controller(
         leader_elect=leader_elect,
         lease_namespace=lease_namespace or os.environ.get("POD_NAMESPACE") or "kube-system",
         lease_duration=lease_duration,
+        gang_restart_timeout=gang_restart_timeout,
         renew_deadline=lease_duration * 2 / 3,
         retry_period=max(0.5, lease_duration / 7.5),
     )

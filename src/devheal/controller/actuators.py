@@ -100,12 +100,19 @@ def remediation_body(action: Action) -> Obj:
 
 
 class Actuators:
-    def __init__(self, client: KubeClient, policies: Callable[[], dict[str, Policy]], clock: Any = time.time) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        policies: Callable[[], dict[str, Policy]],
+        clock: Any = time.time,
+        *,
+        gang_restart_timeout: float = 900.0,
+    ) -> None:
         self.client = client
         self.policies = policies
         self.clock = clock
         self.in_progress: set[str] = set()
-        self.gangs = GangRestarter(client, REMEDIATIONS, clock)
+        self.gangs = GangRestarter(client, REMEDIATIONS, clock, timeout=gang_restart_timeout)
 
     # ---- records -----------------------------------------------------------------------------
 
@@ -247,7 +254,8 @@ class Actuators:
         if outcome.phase is not Phase.IN_PROGRESS:
             final["completedAt"] = format_time(self.clock())
         await self._set_status(action.name, final)
-        metrics.ACTIONS.labels(action=action.kind.value, result="succeeded").inc()
+        result = "failed" if outcome.phase is Phase.FAILED else "succeeded"
+        metrics.ACTIONS.labels(action=action.kind.value, result=result).inc()
         metrics.LATENCY.observe(max(0.0, self.clock() - action.finding.since))
         await self._event(action, f"Devheal{action.kind}", f"{outcome.message} ({action.finding.evidence})")
         return outcome

@@ -98,10 +98,12 @@ def _mechanisms(pods: list[Obj]) -> str:
 
 
 class GangRestarter:
-    def __init__(self, client: KubeClient, remediations_path: str, clock: Any) -> None:
+    def __init__(self, client: KubeClient, remediations_path: str, clock: Any, *, timeout: float = 900.0) -> None:
         self.client = client
         self.remediations = remediations_path
         self.clock = clock
+        self.timeout = timeout
+        """Seconds a restart may take; then it ends as Failed (reason Timeout), naming the ranks not back."""
         self.replaced: dict[str, float] = {}
         """UIDs of ranks this controller replaced, and when: until the cache sees them go, their old
         device status must not start another gang restart."""
@@ -196,6 +198,20 @@ class GangRestarter:
                 "Running",
                 f"gang {action.target}: all {size} ranks running again at generation {generation} after "
                 f"{elapsed:.2f}s ({how})",
+                steps,
+            )
+        elapsed = self.clock() - started
+        if elapsed > self.timeout:
+            lagging = sorted(p["metadata"]["name"] for p in healthy if p not in back)
+            shown = ", ".join(lagging[:10]) + (f" and {len(lagging) - 10} more" if len(lagging) > 10 else "")
+            missing = size - len(healthy)
+            return (
+                Phase.FAILED,
+                "Timeout",
+                f"gang {action.target}: {len(back)}/{size} ranks back at generation {generation} after "
+                f"{elapsed:.0f}s (limit {self.timeout:.0f}s); not back: {shown or 'none'}"
+                + (f"; {missing} rank(s) missing (replacement not created or not running)" if missing > 0 else "")
+                + f" ({how})",
                 steps,
             )
         stage = "Restarting" if broken else "WaitingForReplacement"

@@ -49,6 +49,8 @@ class ControllerOptions:
     tick: float = 1.0
     max_parallel_actions: int = 32
     retry_after: float = 5.0
+    gang_restart_timeout: float = 900.0
+    """Seconds a gang restart may take before it ends as Failed (reason Timeout), naming the lagging ranks."""
 
 
 class Controller:
@@ -57,7 +59,7 @@ class Controller:
         self.options = options
         self.cache = ClusterCache(client)
         self.tracker = FindingTracker()
-        self.actuators = Actuators(client, self._policies_by_name)
+        self.actuators = Actuators(client, self._policies_by_name, gang_restart_timeout=options.gang_restart_timeout)
         self.leading = not options.leader_elect
         self.elector = LeaderElector(
             client,

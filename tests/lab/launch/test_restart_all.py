@@ -223,6 +223,47 @@ async def test_the_barrier_holds_every_rank_until_the_last_one_stopped(gang: Gan
         assert gang.starts(name)[1] >= late_stop, f"{name} started before {late} had stopped"
 
 
+async def start_job(lab: Lab, kube: KubeClient, namespace: str, tmp: Path, *, ranks: int) -> list[dict[str, Any]]:
+    """A Job of ``ranks`` pods (gang label, RestartAllContainers layout); its running pods."""
+    template = gang_pod("$(POD_NAME)", lab, tmp / "$(POD_NAME).starts")
+    labels = {"devheal.io/gang": "g1", "app": "train"}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train"},
+        "spec": {
+            "completions": ranks,
+            "parallelism": ranks,
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "devheal.io/DeviceFailed"}]}]
+            },
+            "template": {"metadata": {"labels": labels}, "spec": template["spec"]},
+        },
+    }
+    await kube.create(api_path("batch/v1", "jobs", namespace=namespace), job)
+    return await wait_until(
+        lambda: pods_of(kube, namespace, "app=train"),
+        lambda ps: len([p for p in ps if get_path(p, "status", "phase") == "Running"]) == ranks,
+        timeout=60,
+        what=f"{ranks} running ranks",
+    )
+
+
+async def fail_gpu_of(faults: RecordingFaults, pod: dict[str, Any]) -> None:
+    device = pod_devices(pod)[0].device_id
+    node = pod["spec"]["nodeName"]
+    index = next(d["index"] for d in (await asyncio.to_thread(faults.devices, node))["devices"] if d["uuid"] == device)
+    await asyncio.to_thread(faults.xid, node, index, 79)
+
+
+RESTART_GANG_POLICY = {
+    "actions": {"gang": "RestartGang"},
+    "node": {"taint": False},
+    "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
+}
+
+
 class Follower:
     """Runs a ``LocalPod`` for every running pod of a namespace, and stops it when its pod goes."""
 
@@ -264,37 +305,8 @@ async def test_the_controller_restarts_a_restart_all_containers_gang_and_replace
     controller = ControllerHarness(lab, kube, namespace, tmp_path)
     follower = Follower(kube, namespace, tmp_path)
     try:
-        await controller.policy(
-            {
-                "selector": {"namespaces": [namespace]},
-                "actions": {"gang": "RestartGang"},
-                "node": {"taint": False},
-                "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
-            }
-        )
-        template = gang_pod("$(POD_NAME)", lab, tmp_path / "$(POD_NAME).starts")
-        template["metadata"] = {"labels": {"devheal.io/gang": "g1", "app": "train"}}
-        job = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": "train"},
-            "spec": {
-                "completions": 3,
-                "parallelism": 3,
-                "backoffLimit": 0,
-                "podFailurePolicy": {
-                    "rules": [{"action": "Ignore", "onPodConditions": [{"type": "devheal.io/DeviceFailed"}]}]
-                },
-                "template": {"metadata": template["metadata"], "spec": template["spec"]},
-            },
-        }
-        await kube.create(api_path("batch/v1", "jobs", namespace=namespace), job)
-        pods = await wait_until(
-            lambda: pods_of(kube, namespace, "app=train"),
-            lambda ps: len([p for p in ps if get_path(p, "status", "phase") == "Running"]) == 3,
-            timeout=60,
-            what="3 running ranks",
-        )
+        await controller.policy({"selector": {"namespaces": [namespace]}, **RESTART_GANG_POLICY})
+        pods = await start_job(lab, kube, namespace, tmp_path, ranks=3)
         follower.start()
         names = [p["metadata"]["name"] for p in pods]
         gang = Gang(lab, kube, namespace, tmp_path)
@@ -303,12 +315,7 @@ async def test_the_controller_restarts_a_restart_all_containers_gang_and_replace
         controller.start()
 
         victim = pods[0]
-        device = pod_devices(victim)[0].device_id
-        node = victim["spec"]["nodeName"]
-        index = next(
-            d["index"] for d in (await asyncio.to_thread(faults.devices, node))["devices"] if d["uuid"] == device
-        )
-        await asyncio.to_thread(faults.xid, node, index, 79)
+        await fail_gpu_of(faults, victim)
 
         records = await controller.wait_remediation(
             lambda rs: any(
@@ -334,4 +341,30 @@ async def test_the_controller_restarts_a_restart_all_containers_gang_and_replace
                 assert local.restarts_all == 1, local.exited
     finally:
         await follower.close()
+        await controller.cleanup()
+
+
+async def test_a_gang_restart_that_never_completes_ends_as_failed_naming_the_lagging_ranks(
+    lab: Lab, kube: KubeClient, namespace: str, tmp_path: Path, faults: RecordingFaults
+) -> None:
+    # RestartAllContainers pods whose containers nobody runs: no barrier ever acknowledges.
+    await install_crds(kube)
+    controller = ControllerHarness(lab, kube, namespace, tmp_path)
+    try:
+        await controller.policy({"selector": {"namespaces": [namespace]}, **RESTART_GANG_POLICY})
+        pods = await start_job(lab, kube, namespace, tmp_path, ranks=2)
+        controller.start("--gang-restart-timeout=6")
+        await fail_gpu_of(faults, pods[0])
+        records = await controller.wait_remediation(
+            lambda rs: any(
+                r["spec"]["action"] == "RestartGang" and get_path(r, "status", "phase") == "Failed" for r in rs
+            ),
+            "the gang restart to time out",
+            timeout=60,
+        )
+        record = next(r for r in records if r["spec"]["action"] == "RestartGang")
+        assert record["status"]["reason"] == "Timeout"
+        assert pods[1]["metadata"]["name"] in record["status"]["message"], record["status"]["message"]
+        assert "limit 6s" in record["status"]["message"]
+    finally:
         await controller.cleanup()
