@@ -133,6 +133,13 @@ async def test_idle_node_with_all_gpus_failed_is_tainted_remediated_and_lifted(
     await wait_until(external, lambda o: o is None, timeout=30, what="FakeRemediation removed after recovery")
     n = await wait_until(node, lambda n: not tainted(n), timeout=30, what="taint lifted after hold-down")
     assert OWNERSHIP_ANNOTATION not in (n["metadata"].get("annotations") or {})
-    records = await harness.remediations()
-    phases = {r["spec"]["action"]: r["status"]["phase"] for r in records if r["spec"]["target"]["name"] == NODE}
-    assert phases == {"Taint": "Succeeded", "RemediateNode": "Succeeded", "Lift": "Succeeded"}, phases
+    expected = {"Taint": "Succeeded", "RemediateNode": "Succeeded", "Lift": "Succeeded"}
+
+    def phases(records: list[dict]) -> dict[str, str]:
+        return {r["spec"]["action"]: r["status"]["phase"] for r in records if r["spec"]["target"]["name"] == NODE}
+
+    # The Lift record's outcome is written after the node: wait for it rather than race it.
+    records = await wait_until(
+        harness.remediations, lambda rs: phases(rs) == expected, timeout=10, what=f"remediations of {NODE} done"
+    )
+    assert phases(records) == expected
