@@ -21,9 +21,10 @@ from devheal.controller import metrics
 from devheal.controller.eviction import delete_options, eviction, failed_device_grace
 from devheal.controller.gangs import GangRestarter
 from devheal.controller.projections import format_time
+from devheal.engine.placement import Release
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
-from devheal.model.cluster import DEVICE_FAILED_CONDITION, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
+from devheal.model.cluster import DEVICE_FAILED_CONDITION, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION, PLACEMENT_GATE
 from devheal.model.plan import Action, Blocked, Phase
 from devheal.model.policy import ActionKind, Policy
 
@@ -278,6 +279,36 @@ class Actuators:
         return await handler[action.kind](action)
 
     # ---- pods --------------------------------------------------------------------------------
+
+    async def release_gate(self, release: Release) -> None:
+        """Nominate ``release.node`` (when set) in the pod's status, then remove the ``devheal.io/placement`` gate.
+
+        The nomination goes first: once the gate is gone the scheduler may take the pod at once.
+        """
+        ns, name = _split(release.pod)
+        path = api_path("v1", "pods", namespace=ns, name=name)
+        try:
+            if release.node:
+                await self.client.patch(
+                    f"{path}/status",
+                    {"metadata": {"uid": release.uid}, "status": {"nominatedNodeName": release.node}},
+                    content_type=STRATEGIC_PATCH,
+                )
+            await self.client.patch(
+                path,
+                {
+                    "metadata": {"uid": release.uid},
+                    "spec": {"schedulingGates": [{"name": PLACEMENT_GATE, "$patch": "delete"}]},
+                },
+                content_type=STRATEGIC_PATCH,
+            )
+        except (errors.NotFound, errors.Conflict):
+            return  # gone or replaced: nothing to release
+        except errors.KubeError as exc:
+            log.warning("cannot release %s from %s: %s; retrying on the next round", release.pod, PLACEMENT_GATE, exc)
+            return
+        where = f" nominated to {release.node}" if release.node else ""
+        log.info("released %s from %s%s", release.pod, PLACEMENT_GATE, where)
 
     async def _current_pod(self, action: Action) -> Obj | None:
         ns, name = _split(action.target)

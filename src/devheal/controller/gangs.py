@@ -24,6 +24,7 @@ from typing import Any
 
 from devheal.controller.eviction import eviction
 from devheal.engine.inplace import InPlaceRestart, in_place_restart
+from devheal.engine.placement import Vacancy
 from devheal.engine.workloads import member_selector
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
@@ -104,6 +105,8 @@ class GangRestarter:
         self.clock = clock
         self.timeout = timeout
         """Seconds a restart may take; then it ends as Failed (reason Timeout), naming the ranks not back."""
+        self.vacancies: list[Vacancy] = []
+        """Nodes that replaced ranks left: their replacements are nominated there (``devheal.io/placement``)."""
         self.replaced: dict[str, float] = {}
         """UIDs of ranks this controller replaced, and when: until the cache sees them go, their old
         device status must not start another gang restart."""
@@ -136,6 +139,9 @@ class GangRestarter:
             content_type="application/strategic-merge-patch+json",
         )
         body = eviction(ns, name, uid, grace)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and action.workload is not None:
+            self.vacancies.append(Vacancy(action.workload.key, str(node), self.clock()))
         with contextlib.suppress(errors.NotFound, errors.Conflict):  # gone or replaced already
             await self.client.create(api_path("v1", "pods", namespace=ns, name=name, subresource="eviction"), body)
 

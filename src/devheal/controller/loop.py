@@ -27,6 +27,7 @@ from devheal.controller.leader import LeaderElector
 from devheal.controller.projections import format_time
 from devheal.engine.decide import Settings, decide
 from devheal.engine.findings import FindingTracker, detect
+from devheal.engine.placement import Release, place_gated
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase
@@ -133,6 +134,23 @@ class Controller:
             self._start(action, now)
         for item in plan.blocked:
             self._record_blocked(item)
+        releases, self.actuators.gangs.vacancies = place_gated(view, self.actuators.gangs.vacancies, now)
+        for release in releases:
+            self._release(release)
+
+    def _release(self, release: Release) -> None:
+        """Release a pod from devheal's placement gate (nominating a node first), once at a time per pod."""
+        key = f"release/{release.uid}"
+        if key in self._tasks:
+            return
+
+        async def run() -> None:
+            try:
+                await self.actuators.release_gate(release)
+            finally:
+                self._tasks.pop(key, None)
+
+        self._tasks[key] = asyncio.create_task(run(), name=key)
 
     def _publish_policy_status(self, breaker_open: bool, breaker_reason: str) -> None:
         """observedGeneration and conditions (Valid, CircuitBreakerOpen) on each policy, written on change."""

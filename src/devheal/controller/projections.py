@@ -14,6 +14,7 @@ from devheal.engine.workloads import classify
 from devheal.model.cluster import (
     GPU_RESOURCE,
     OWNERSHIP_ANNOTATION,
+    PLACEMENT_GATE,
     ContainerState,
     DeviceHealth,
     DeviceStatus,
@@ -137,6 +138,7 @@ def project_pod(obj: Obj) -> Pod:
         true_conditions=true_conditions,
         deleting=bool(meta.get("deletionTimestamp")),
         gpu_request=gpus,
+        gated=any(isinstance(g, dict) and g.get("name") == PLACEMENT_GATE for g in spec.get("schedulingGates") or []),
     )
 
 

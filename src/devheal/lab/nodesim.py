@@ -475,7 +475,6 @@ class NodeSimulator:
             "podIP": record.pod_ip,
             "podIPs": [{"ip": record.pod_ip}],
             "startTime": admitted,
-            "qosClass": "BestEffort",
             "containerStatuses": [
                 self._container_status(pod, name, image, container_start, ended) for name, image, _ in pod.containers
             ],
@@ -526,7 +525,6 @@ class NodeSimulator:
             "hostIP": self._host_ip(pod.node),
             "hostIPs": [{"ip": self._host_ip(pod.node)}],
             "startTime": admitted,
-            "qosClass": "BestEffort",
             "containerStatuses": [
                 self._container_status(pod, name, image, record.starts_at, False, waiting=waiting)
                 for name, image, _ in pod.containers

@@ -20,6 +20,8 @@ GANG_LABEL = "devheal.io/gang"
 RESTART_GENERATION_ANNOTATION = "devheal.io/restart-generation"
 """On gang members: the restart generation the controller asks for (absent = 0)."""
 LAUNCHER_GENERATION_ANNOTATION = "devheal.io/launcher-generation"
+PLACEMENT_GATE = "devheal.io/placement"
+"""A pod scheduling gate devheal releases, after nominating the node a replaced gang rank left."""
 """On gang members: the generation a member's launcher runs (its acknowledgement)."""
 
 
@@ -109,6 +111,8 @@ class Pod:
     true_conditions: frozenset[str] = frozenset()
     deleting: bool = False
     gpu_request: int = 0
+    gated: bool = False
+    """The pod waits for devheal at the ``devheal.io/placement`` scheduling gate."""
 
     @property
     def key(self) -> str:

@@ -6,7 +6,7 @@ import asyncio
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import get_path
-from devheal.lab.workloads import gpu_job, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import gpu_job, gpu_pod, pod_devices, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness
@@ -104,3 +104,94 @@ async def test_gang_restarts_in_place_replacing_only_broken_ranks(
     assert len([r for r in items if r["spec"]["action"] == "RestartGang" and r["status"]["phase"] == "Succeeded"]) == 2
     job = await kube.get(api_path("batch/v1", "jobs", namespace=namespace, name="train"))
     assert not job["status"].get("failed")
+
+
+async def test_a_replacement_is_nominated_back_to_the_node_its_rank_left(
+    harness: ControllerHarness, kube: KubeClient, namespace: str, faults: RecordingFaults
+) -> None:
+    """With the devheal.io/placement gate, the replacement returns to its rank's node although
+    the scheduler's own scoring (least allocated) would pick the emptier one."""
+    nodes = ["gpu-node-003", "gpu-node-004"]
+    await harness.policy(
+        {
+            "selector": {"namespaces": [namespace]},
+            "actions": {"gang": "RestartGang"},
+            "node": {"taint": False},
+            "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
+        }
+    )
+    template = {
+        "metadata": {"labels": {"app": "placed", "devheal.io/gang": "placed"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "schedulingGates": [{"name": "devheal.io/placement"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}
+                        ]
+                    }
+                }
+            },
+            "containers": [
+                {
+                    "name": "rank",
+                    "image": "registry.invalid/train:1",
+                    "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
+    }
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "placed"},
+        "spec": {
+            "serviceName": "placed",
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "placed"}},
+            "template": template,
+        },
+    }
+    harness.start()
+    await kube.create(api_path("apps/v1", "statefulsets", namespace=namespace), sts)
+
+    async def rank() -> dict | None:
+        pods = await pods_of(kube, namespace, "app=placed")
+        running = [
+            p
+            for p in pods
+            if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
+        return running[0] if running else None
+
+    first = await wait_until(rank, lambda p: p is not None, timeout=30, what="the rank released and running")
+    assert first is not None
+    home = first["spec"]["nodeName"]
+    assert home in nodes
+    # Fill its node: one GPU is left there after the fault, and its CPUs are nearly all taken,
+    # so the scheduler's own scoring (least allocated CPU and memory) would send a replacement
+    # to the other node.
+    filler = gpu_pod("filler", gpus=6, node=home)
+    filler["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "90", "memory": "1400Gi"}
+    await kube.create(api_path("v1", "pods", namespace=namespace), filler)
+    await wait_until(
+        lambda: pods_of(kube, namespace),
+        lambda ps: any(p["metadata"]["name"] == "filler" and get_path(p, "status", "phase") == "Running" for p in ps),
+        timeout=30,
+        what="filler running",
+    )
+    device = pod_devices(first)[0].device_id
+    index = next(d["index"] for d in (await asyncio.to_thread(faults.devices, home))["devices"] if d["uuid"] == device)
+    await asyncio.to_thread(faults.xid, home, index, 79)
+
+    replacement = await wait_until(
+        rank,
+        lambda p: p is not None and p["metadata"]["uid"] != first["metadata"]["uid"],
+        timeout=60,
+        what="the replacement running",
+    )
+    assert replacement is not None
+    assert replacement["spec"]["nodeName"] == home, "nominated back to the node its rank left"
+    assert all(d.health == "Healthy" for d in pod_devices(replacement))

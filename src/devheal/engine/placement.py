@@ -1,0 +1,71 @@
+"""Where a replaced gang rank should go: back to the node it left, when that node has room.
+
+A replacement that lands on the node its predecessor left keeps the gang's topology and
+finds its image already there. The scheduler does not know the two pods are related, so a
+gang opts in with the scheduling gate ``devheal.io/placement`` on its pod template: the
+pods wait at the gate; devheal nominates (``status.nominatedNodeName``) the node a rank it
+replaced left, when that node still has enough free healthy GPUs, and then releases the
+gate. The scheduler tries a nominated node first and binds there when it fits. Pods with
+no vacancy to fill (a gang's first pods, say) are released without a nomination.
+
+Pure: the cluster view and the vacancies in, what to release (with which node) out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from devheal.model.cluster import ClusterView
+
+VACANCY_TTL = 600.0
+"""Seconds a vacated node is kept for its gang's replacement."""
+
+
+@dataclass(frozen=True, slots=True)
+class Vacancy:
+    gang: str
+    """The gang's workload key."""
+    node: str
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    pod: str
+    """``namespace/name``."""
+    uid: str
+    node: str
+    """The node to nominate; empty for none."""
+
+
+def free_gpus(view: ClusterView) -> dict[str, int]:
+    """Allocatable GPUs minus those requested by the active pods bound to each node."""
+    free = {name: node.gpu_allocatable for name, node in view.nodes.items()}
+    for pod in view.pods.values():
+        if pod.node in free and pod.active:
+            free[pod.node] -= pod.gpu_request
+    return free
+
+
+def place_gated(view: ClusterView, vacancies: list[Vacancy], now: float) -> tuple[list[Release], list[Vacancy]]:
+    """The gated pods to release, each with a node to nominate or none; and the vacancies left."""
+    left = [v for v in vacancies if now - v.since <= VACANCY_TTL]
+    free = free_gpus(view)
+    releases = []
+    for pod in sorted((p for p in view.pods.values() if p.gated and p.active), key=lambda p: p.key):
+        chosen = ""
+        for vacancy in left:
+            node = view.nodes.get(vacancy.node)
+            if (
+                vacancy.gang == pod.workload.key
+                and node is not None
+                and node.ready
+                and not node.unschedulable
+                and free.get(vacancy.node, 0) >= pod.gpu_request
+            ):
+                chosen = vacancy.node
+                free[chosen] -= pod.gpu_request
+                left.remove(vacancy)
+                break
+        releases.append(Release(pod.key, pod.uid, chosen))
+    return releases, left
