@@ -106,20 +106,11 @@ async def test_gang_restarts_in_place_replacing_only_broken_ranks(
     assert not job["status"].get("failed")
 
 
-async def test_a_replacement_is_nominated_back_to_the_node_its_rank_left(
-    harness: ControllerHarness, kube: KubeClient, namespace: str, faults: RecordingFaults
-) -> None:
-    """With the devheal.io/placement gate, the replacement returns to its rank's node although
-    the scheduler's own scoring (least allocated) would pick the emptier one."""
-    nodes = ["gpu-node-003", "gpu-node-004"]
-    await harness.policy(
-        {
-            "selector": {"namespaces": [namespace]},
-            "actions": {"gang": "RestartGang"},
-            "node": {"taint": False},
-            "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
-        }
-    )
+PLACED_NODES = ["gpu-node-003", "gpu-node-004"]
+
+
+def placed_statefulset() -> dict:
+    """A one-rank gang behind the devheal.io/placement gate, allowed on two nodes."""
     template = {
         "metadata": {"labels": {"app": "placed", "devheal.io/gang": "placed"}},
         "spec": {
@@ -129,7 +120,11 @@ async def test_a_replacement_is_nominated_back_to_the_node_its_rank_left(
                 "nodeAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": {
                         "nodeSelectorTerms": [
-                            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}
+                            {
+                                "matchExpressions": [
+                                    {"key": "kubernetes.io/hostname", "operator": "In", "values": PLACED_NODES}
+                                ]
+                            }
                         ]
                     }
                 }
@@ -143,7 +138,7 @@ async def test_a_replacement_is_nominated_back_to_the_node_its_rank_left(
             ],
         },
     }
-    sts = {
+    return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": {"name": "placed"},
@@ -154,25 +149,27 @@ async def test_a_replacement_is_nominated_back_to_the_node_its_rank_left(
             "template": template,
         },
     }
-    harness.start()
-    await kube.create(api_path("apps/v1", "statefulsets", namespace=namespace), sts)
 
-    async def rank() -> dict | None:
-        pods = await pods_of(kube, namespace, "app=placed")
-        running = [
-            p
-            for p in pods
-            if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-        ]
-        return running[0] if running else None
 
-    first = await wait_until(rank, lambda p: p is not None, timeout=30, what="the rank released and running")
+async def placed_rank(kube: KubeClient, namespace: str) -> dict | None:
+    pods = await pods_of(kube, namespace, "app=placed")
+    running = [
+        p for p in pods if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+    return running[0] if running else None
+
+
+async def placed_gang(kube: KubeClient, namespace: str) -> tuple[dict, str]:
+    """Create the gang (a running controller releases it) and fill its node: one GPU is left there
+    after a fault, and its CPUs are nearly all taken, so the scheduler's own scoring (least
+    allocated CPU and memory) would send a replacement to the other node. (rank, its node)."""
+    await kube.create(api_path("apps/v1", "statefulsets", namespace=namespace), placed_statefulset())
+    first = await wait_until(
+        lambda: placed_rank(kube, namespace), lambda p: p is not None, timeout=30, what="the rank released and running"
+    )
     assert first is not None
     home = first["spec"]["nodeName"]
-    assert home in nodes
-    # Fill its node: one GPU is left there after the fault, and its CPUs are nearly all taken,
-    # so the scheduler's own scoring (least allocated CPU and memory) would send a replacement
-    # to the other node.
+    assert home in PLACED_NODES
     filler = gpu_pod("filler", gpus=6, node=home)
     filler["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "90", "memory": "1400Gi"}
     await kube.create(api_path("v1", "pods", namespace=namespace), filler)
@@ -182,12 +179,33 @@ async def test_a_replacement_is_nominated_back_to_the_node_its_rank_left(
         timeout=30,
         what="filler running",
     )
-    device = pod_devices(first)[0].device_id
-    index = next(d["index"] for d in (await asyncio.to_thread(faults.devices, home))["devices"] if d["uuid"] == device)
-    await asyncio.to_thread(faults.xid, home, index, 79)
+    return first, home
 
+
+async def fail_rank(faults: RecordingFaults, pod: dict, node: str) -> None:
+    device = pod_devices(pod)[0].device_id
+    index = next(d["index"] for d in (await asyncio.to_thread(faults.devices, node))["devices"] if d["uuid"] == device)
+    await asyncio.to_thread(faults.xid, node, index, 79)
+
+
+async def test_a_replacement_is_nominated_back_to_the_node_its_rank_left(
+    harness: ControllerHarness, kube: KubeClient, namespace: str, faults: RecordingFaults
+) -> None:
+    """With the devheal.io/placement gate, the replacement returns to its rank's node although
+    the scheduler's own scoring would pick the other one."""
+    await harness.policy(
+        {
+            "selector": {"namespaces": [namespace]},
+            "actions": {"gang": "RestartGang"},
+            "node": {"taint": False},
+            "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
+        }
+    )
+    harness.start()
+    first, home = await placed_gang(kube, namespace)
+    await fail_rank(faults, first, home)
     replacement = await wait_until(
-        rank,
+        lambda: placed_rank(kube, namespace),
         lambda p: p is not None and p["metadata"]["uid"] != first["metadata"]["uid"],
         timeout=60,
         what="the replacement running",

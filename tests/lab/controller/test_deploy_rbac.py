@@ -1,0 +1,90 @@
+"""deploy/controller.yaml's RBAC is enough: a controller holding only its ServiceAccount's token restarts a gang.
+
+A gang restart uses most of the controller's writes: the Remediation (create, annotations,
+status), the pod condition and nominated node (pods/status), the eviction, the restart
+generation and the placement gate (pods), Events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, api_path
+from devheal.kube.informer import get_path
+from devheal.lab.cluster import Lab
+from devheal.lab.workloads import pods_of
+
+from ..conftest import RecordingFaults
+from ..launch.test_rbac import service_account_token, token_kubeconfig
+from .conftest import ControllerHarness
+from .test_gang_restart import fail_rank, placed_gang
+
+MANIFEST = Path(__file__).parents[3] / "deploy" / "controller.yaml"
+PLURALS = {
+    "Namespace": "namespaces",
+    "ServiceAccount": "serviceaccounts",
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+}
+
+
+async def install_rbac(kube: KubeClient) -> tuple[str, str, list[str]]:
+    """Apply everything but the Deployment; (namespace, account, paths created)."""
+    namespace = account = ""
+    created = []
+    for doc in yaml.safe_load_all(MANIFEST.read_text()):
+        if not doc or doc["kind"] not in PLURALS:
+            continue
+        ns = doc["metadata"].get("namespace")
+        if doc["kind"] == "Namespace":
+            namespace = doc["metadata"]["name"]
+        if doc["kind"] == "ServiceAccount":
+            account = doc["metadata"]["name"]
+        path = api_path(doc["apiVersion"], PLURALS[doc["kind"]], namespace=ns)
+        with contextlib.suppress(errors.AlreadyExists):
+            await kube.create(path, doc)
+            if doc["kind"] != "Namespace":
+                created.append(f"{path}/{doc['metadata']['name']}")
+    return namespace, account, created
+
+
+async def test_the_controller_needs_no_more_than_its_cluster_role(
+    lab: Lab, kube: KubeClient, namespace: str, harness: ControllerHarness, faults: RecordingFaults, tmp_path: Path
+) -> None:
+    system, account, created = await install_rbac(kube)
+    try:
+        token = await service_account_token(kube, system, account)
+        kubeconfig = token_kubeconfig(lab, token, tmp_path / "controller.kubeconfig")
+        await harness.policy(
+            {
+                "selector": {"namespaces": [namespace]},
+                "actions": {"gang": "RestartGang"},
+                "node": {"taint": False},
+                "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
+            }
+        )
+        controller = harness.start(f"--kubeconfig={kubeconfig}")  # the last --kubeconfig wins
+        first, home = await placed_gang(kube, namespace)
+        await fail_rank(faults, first, home)
+
+        def done(records: list[dict[str, Any]]) -> bool:
+            return any(
+                r["spec"]["action"] == "RestartGang" and get_path(r, "status", "phase") == "Succeeded" for r in records
+            )
+
+        await harness.wait_remediation(done, "the gang restart under the deployed RBAC", timeout=60)
+        pods = await pods_of(kube, namespace, "app=placed")
+        assert any(p["spec"].get("nodeName") == home and p["metadata"]["uid"] != first["metadata"]["uid"] for p in pods)
+        output = controller.output()
+        assert "Forbidden" not in output and "403" not in output, output[-3000:]
+    finally:
+        for path in created:
+            with contextlib.suppress(errors.NotFound):
+                await kube.delete(path)
