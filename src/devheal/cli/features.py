@@ -24,7 +24,8 @@ def features(
 ) -> None:
     """Detect KEP-5532 RestartAllContainers: does the API server accept it, do the nodes declare it?
 
-    Exits 0 when it is usable (accepted, and declared by at least one node), 1 when it is not.
+    Exits 0 when it is usable (accepted, and declared by at least one node), 1 when it is not,
+    2 when the cluster cannot be asked.
     """
 
     async def main() -> RestartAllSupport:
