@@ -255,10 +255,16 @@ class Actuators:
         if outcome.phase is not Phase.IN_PROGRESS:
             final["completedAt"] = format_time(self.clock())
         await self._set_status(action.name, final)
-        result = "failed" if outcome.phase is Phase.FAILED else "succeeded"
-        metrics.ACTIONS.labels(action=action.kind.value, result=result).inc()
+        results = {Phase.FAILED: "failed", Phase.IN_PROGRESS: "in-progress"}
+        metrics.ACTIONS.labels(action=action.kind.value, result=results.get(outcome.phase, "succeeded")).inc()
         metrics.LATENCY.observe(max(0.0, self.clock() - action.finding.since))
-        await self._event(action, f"Devheal{action.kind}", f"{outcome.message} ({action.finding.evidence})")
+        failed = outcome.phase is Phase.FAILED
+        await self._event(
+            action,
+            f"Devheal{action.kind}{'Failed' if failed else ''}",
+            f"{outcome.message} ({action.finding.evidence})",
+            "Warning" if failed else "Normal",
+        )
         return outcome
 
     async def _act(self, action: Action, record: Obj) -> tuple[Outcome, list[str]]:
