@@ -21,18 +21,12 @@ from devheal.lab.workloads import pods_of
 
 from ..conftest import RecordingFaults
 from ..launch.test_rbac import service_account_token, token_kubeconfig
+from ..test_manifests import PLURALS
 from .conftest import ControllerHarness
 from .test_gang_restart import fail_rank, placed_gang
 
 MANIFEST = Path(__file__).parents[3] / "deploy" / "controller.yaml"
-PLURALS = {
-    "Namespace": "namespaces",
-    "ServiceAccount": "serviceaccounts",
-    "ClusterRole": "clusterroles",
-    "ClusterRoleBinding": "clusterrolebindings",
-    "Role": "roles",
-    "RoleBinding": "rolebindings",
-}
+RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
 async def install_rbac(kube: KubeClient) -> tuple[str, str, list[str]]:
@@ -40,7 +34,7 @@ async def install_rbac(kube: KubeClient) -> tuple[str, str, list[str]]:
     namespace = account = ""
     created = []
     for doc in yaml.safe_load_all(MANIFEST.read_text()):
-        if not doc or doc["kind"] not in PLURALS:
+        if not doc or doc["kind"] not in RBAC_KINDS:
             continue
         ns = doc["metadata"].get("namespace")
         if doc["kind"] == "Namespace":

@@ -24,7 +24,7 @@ from devheal.kube.crds import install_crds
 from devheal.kube.features import detect_restart_all
 from devheal.kube.informer import get_path
 from devheal.lab.cluster import Lab
-from devheal.lab.workloads import pod_devices, pods_of, wait_until
+from devheal.lab.workloads import gpu_job, pod_devices, pods_of, wait_until
 from devheal.launch.restarts import LAUNCHER_GENERATION_ANNOTATION, RESTART_GENERATION_ANNOTATION
 
 from ..conftest import RecordingFaults
@@ -226,21 +226,9 @@ async def test_the_barrier_holds_every_rank_until_the_last_one_stopped(gang: Gan
 async def start_job(lab: Lab, kube: KubeClient, namespace: str, tmp: Path, *, ranks: int) -> list[dict[str, Any]]:
     """A Job of ``ranks`` pods (gang label, RestartAllContainers layout); its running pods."""
     template = gang_pod("$(POD_NAME)", lab, tmp / "$(POD_NAME).starts")
+    job = gpu_job("train", ranks=ranks)
     labels = {"devheal.io/gang": "g1", "app": "train"}
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "train"},
-        "spec": {
-            "completions": ranks,
-            "parallelism": ranks,
-            "backoffLimit": 0,
-            "podFailurePolicy": {
-                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "devheal.io/DeviceFailed"}]}]
-            },
-            "template": {"metadata": {"labels": labels}, "spec": template["spec"]},
-        },
-    }
+    job["spec"]["template"] = {"metadata": {"labels": labels}, "spec": template["spec"]}
     await kube.create(api_path("batch/v1", "jobs", namespace=namespace), job)
     return await wait_until(
         lambda: pods_of(kube, namespace, "app=train"),
