@@ -49,10 +49,11 @@ def _annotations(obj: Obj) -> dict[str, str]:
 
 
 def _generation(pod: Obj) -> int:
-    try:
-        return int(_annotations(pod).get(GENERATION, "0"))
-    except ValueError:
-        return 0
+    return parse_generation(_annotations(pod).get(GENERATION)) or 0
+
+
+def _mechanism(pod: Obj) -> InPlaceRestart:
+    return in_place_restart(pod.get("spec") or {}, _annotations(pod))
 
 
 def _active(pod: Obj) -> bool:
@@ -68,7 +69,7 @@ def _broken(pod: Obj) -> bool:
     return False
 
 
-def _back(pod: Obj, generation: int, agents: bool) -> bool:
+def _back(pod: Obj, mechanism: InPlaceRestart, generation: int, agents: bool) -> bool:
     """Whether a rank runs ``generation`` again.
 
     A rank with an in-place agent (launcher, or barrier of a RestartAllContainers pod) is
@@ -80,14 +81,14 @@ def _back(pod: Obj, generation: int, agents: bool) -> bool:
     if (pod.get("status") or {}).get("phase") != "Running" or _generation(pod) < generation:
         return False
     notes = _annotations(pod)
-    if not agents and in_place_restart(pod.get("spec") or {}, notes) is InPlaceRestart.NONE:
+    if not agents and mechanism is InPlaceRestart.NONE:
         return True
     return (parse_generation(notes.get(LAUNCHER_GENERATION_ANNOTATION)) or 0) >= generation
 
 
-def _mechanisms(pods: list[Obj]) -> str:
+def _mechanisms(mechanisms: list[InPlaceRestart]) -> str:
     """How the ranks restart in place, e.g. ``restart in place: 62 launcher, 2 RestartAllContainers``."""
-    counts = Counter(in_place_restart((p.get("spec") or {}), _annotations(p)) for p in pods)
+    counts = Counter(mechanisms)
     shown = ", ".join(f"{counts[m]} {m.value}" for m in InPlaceRestart if counts[m] and m is not InPlaceRestart.NONE)
     text = f"restart in place: {shown or 'none seen'}"
     if counts[InPlaceRestart.NONE]:
@@ -194,9 +195,10 @@ class GangRestarter:
         await asyncio.gather(*(self._set_generation(p, generation) for p in behind))
         if behind:
             steps.append(f"generation {generation} on {len(behind)} pods")
-        agents = any(in_place_restart(p.get("spec") or {}, _annotations(p)) is not InPlaceRestart.NONE for p in healthy)
-        back = [p for p in healthy if _back(p, generation, agents)]
-        how = _mechanisms(healthy)
+        mechanisms = [_mechanism(p) for p in healthy]
+        agents = any(m is not InPlaceRestart.NONE for m in mechanisms)
+        back = [p for p, m in zip(healthy, mechanisms, strict=True) if _back(p, m, generation, agents)]
+        how = _mechanisms(mechanisms)
         if not broken and len(back) >= size:
             elapsed = self.clock() - started
             return (
