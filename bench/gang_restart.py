@@ -273,9 +273,7 @@ async def recreate_all(kube: KubeClient, faults: Faults, ranks: int, grace: int,
 async def victim_device(faults: Faults, pod: dict[str, Any]) -> tuple[str, int]:
     """The node and GPU index under a rank."""
     node = pod["spec"]["nodeName"]
-    device = pod_devices(pod)[0].device_id
-    devices = (await asyncio.to_thread(faults.devices, node))["devices"]
-    return node, next(d["index"] for d in devices if d["uuid"] == device)
+    return node, await asyncio.to_thread(faults.gpu_index, node, pod_devices(pod)[0].device_id)
 
 
 def profile_of(args: argparse.Namespace) -> Profile:

@@ -72,7 +72,7 @@ async def test_xid_marks_the_holders_device_unhealthy_and_drops_allocatable(
     (pod,) = await running_pods(kube, namespace, "inf", 1)
     node = pod["spec"]["nodeName"]
     (device,) = pod_devices(pod)
-    index = next(d["index"] for d in faults.devices(node)["devices"] if d["uuid"] == device.device_id)
+    index = faults.gpu_index(node, device.device_id)
     before = await node_gpus(kube, node)
 
     started = time.monotonic()

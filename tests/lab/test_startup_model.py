@@ -198,7 +198,7 @@ async def test_a_pod_on_a_failed_gpu_takes_its_whole_grace_period(
     await kube.create(pods, sim_pod("stuck", {STOP_SECONDS_ANNOTATION: "1"}, grace=60))
     pod = await running(kube, namespace, "stuck", timeout=10)
     (device,) = pod_devices(pod)
-    index = next(d["index"] for d in faults.devices(NODE)["devices"] if d["uuid"] == device.device_id)
+    index = faults.gpu_index(NODE, device.device_id)
     faults.xid(NODE, index, 79)
     await wait_until(
         lambda: read(kube, namespace, "stuck"),
@@ -226,7 +226,7 @@ async def test_a_fault_while_the_pod_starts_shows_on_its_status(
     )
     assert pod is not None and phase(pod) == "Pending"
     (device,) = pod_devices(pod)
-    index = next(d["index"] for d in faults.devices(NODE)["devices"] if d["uuid"] == device.device_id)
+    index = faults.gpu_index(NODE, device.device_id)
     faults.xid(NODE, index, 79)
 
     def broken(p: Any) -> bool:

@@ -277,7 +277,7 @@ class Story:
     async def _gpu_of(self, pod: Obj) -> tuple[str, int, str]:
         node = pod["spec"]["nodeName"]
         device = pod_devices(pod)[0].device_id
-        index = next(d["index"] for d in self.faults.devices(node)["devices"] if d["uuid"] == device)
+        index = self.faults.gpu_index(node, device)
         return node, index, device
 
     async def _first_remediation(self, match: Callable[[Obj], bool], started: float) -> Obj:

@@ -46,6 +46,13 @@ class Faults:
     def _fault(self, node: str, **body: Any) -> dict[str, Any]:
         return self._call("POST", f"/v1/nodes/{node}/faults", body)
 
+    def gpu_index(self, node: str, device_id: str) -> int:
+        """The index of the GPU with UUID ``device_id`` on ``node`` (what the fault calls take)."""
+        for dev in self.devices(node)["devices"]:
+            if dev["uuid"] == device_id:
+                return int(dev["index"])
+        raise FaultError(f"node {node} has no GPU {device_id}")
+
     def xid(self, node: str, gpu: int, code: int) -> dict[str, Any]:
         """An XID error on one GPU: hardware XIDs make it Unhealthy, application XIDs are only counted."""
         return self._fault(node, kind="xid", gpu=gpu, code=code)

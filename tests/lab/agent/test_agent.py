@@ -48,7 +48,7 @@ async def test_xid_79_shows_the_device_unhealthy_with_its_pod_within_one_second(
     node = "gpu-node-000"
     pod = await running_pod_on(kube, namespace, "holder", node)
     (held,) = pod_devices(pod)
-    index = next(d["index"] for d in faults.devices(node)["devices"] if d["uuid"] == held.device_id)
+    index = faults.gpu_index(node, held.device_id)
     await agents([node])
 
     async def read() -> dict[str, Any]:

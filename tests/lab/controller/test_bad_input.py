@@ -62,7 +62,7 @@ async def test_junk_is_ignored_and_real_faults_still_heal(
     (victim,) = await wait_until(running, lambda ps: len(ps) == 1, timeout=30, what="1 pod")
     node = victim["spec"]["nodeName"]
     device = pod_devices(victim)[0].device_id
-    faults.xid(node, next(d["index"] for d in faults.devices(node)["devices"] if d["uuid"] == device), 79)
+    faults.xid(node, faults.gpu_index(node, device), 79)
     await harness.wait_remediation(
         lambda items: any(
             i["spec"]["action"] == "Deschedule"

@@ -30,7 +30,7 @@ async def test_killed_mid_remediation_resumes_without_repeating_the_eviction(
     first = harness.start(env={CRASH_AFTER_INTENT: "1"})
     node = victim["spec"]["nodeName"]
     device = pod_devices(victim)[0].device_id
-    faults.xid(node, next(d["index"] for d in faults.devices(node)["devices"] if d["uuid"] == device), 79)
+    faults.xid(node, faults.gpu_index(node, device), 79)
 
     await wait_until(lambda: _returncode(first), lambda rc: rc is not None, timeout=20, what="first controller dies")
     assert first.proc.returncode == 70, first.output()

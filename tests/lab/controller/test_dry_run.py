@@ -24,7 +24,7 @@ async def test_dry_run_records_decisions_without_acting(
     harness.start("--dry-run")
     node = victim["spec"]["nodeName"]
     device = pod_devices(victim)[0].device_id
-    index = next(d["index"] for d in faults.devices(node)["devices"] if d["uuid"] == device)
+    index = faults.gpu_index(node, device)
     faults.xid(node, index, 79)
 
     records = await harness.wait_remediation(

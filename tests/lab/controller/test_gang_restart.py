@@ -48,9 +48,7 @@ async def test_gang_restarts_in_place_replacing_only_broken_ranks(
         pod = pods[rank]
         node = pod["spec"]["nodeName"]
         device = pod_devices(pod)[0].device_id
-        index = next(
-            d["index"] for d in (await asyncio.to_thread(faults.devices, node))["devices"] if d["uuid"] == device
-        )
+        index = await asyncio.to_thread(faults.gpu_index, node, device)
         await asyncio.to_thread(faults.xid, node, index, 79)
 
     def generation_everywhere(gen: str):
@@ -184,7 +182,7 @@ async def placed_gang(kube: KubeClient, namespace: str) -> tuple[dict, str]:
 
 async def fail_rank(faults: RecordingFaults, pod: dict, node: str) -> None:
     device = pod_devices(pod)[0].device_id
-    index = next(d["index"] for d in (await asyncio.to_thread(faults.devices, node))["devices"] if d["uuid"] == device)
+    index = await asyncio.to_thread(faults.gpu_index, node, device)
     await asyncio.to_thread(faults.xid, node, index, 79)
 
 

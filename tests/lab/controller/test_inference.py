@@ -27,7 +27,7 @@ async def test_failed_gpu_under_inference_pod_is_descheduled(
     victim, *others = before
     device = pod_devices(victim)[0].device_id
     node = victim["spec"]["nodeName"]
-    index = next(d["index"] for d in faults.devices(node)["devices"] if d["uuid"] == device)
+    index = faults.gpu_index(node, device)
 
     faults.xid(node, index, 79)
 

@@ -24,7 +24,7 @@ async def test_device_failure_is_ignored_by_the_jobs_pod_failure_policy(
     victim = pods[0]
     node = victim["spec"]["nodeName"]
     device = pod_devices(victim)[0].device_id
-    index = next(d["index"] for d in faults.devices(node)["devices"] if d["uuid"] == device)
+    index = faults.gpu_index(node, device)
     faults.xid(node, index, 48)
 
     async def victim_now() -> dict:

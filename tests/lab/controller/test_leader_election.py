@@ -50,7 +50,7 @@ async def test_only_the_leader_acts_and_a_follower_takes_over(
     async def fail(pod: dict) -> None:
         node = pod["spec"]["nodeName"]
         device = pod_devices(pod)[0].device_id
-        faults.xid(node, next(d["index"] for d in faults.devices(node)["devices"] if d["uuid"] == device), 79)
+        faults.xid(node, faults.gpu_index(node, device), 79)
 
     def done_for(pod: dict):
         return lambda items: any(

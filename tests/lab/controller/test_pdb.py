@@ -34,7 +34,7 @@ async def test_eviction_waits_for_the_pod_disruption_budget(
     harness.start()
     node = victim["spec"]["nodeName"]
     device = pod_devices(victim)[0].device_id
-    faults.xid(node, next(d["index"] for d in faults.devices(node)["devices"] if d["uuid"] == device), 79)
+    faults.xid(node, faults.gpu_index(node, device), 79)
 
     records = await harness.wait_remediation(
         lambda items: any((i.get("status") or {}).get("reason") == "EvictionBlocked" for i in items),

@@ -241,7 +241,7 @@ async def start_job(lab: Lab, kube: KubeClient, namespace: str, tmp: Path, *, ra
 async def fail_gpu_of(faults: RecordingFaults, pod: dict[str, Any]) -> None:
     device = pod_devices(pod)[0].device_id
     node = pod["spec"]["nodeName"]
-    index = next(d["index"] for d in (await asyncio.to_thread(faults.devices, node))["devices"] if d["uuid"] == device)
+    index = await asyncio.to_thread(faults.gpu_index, node, device)
     await asyncio.to_thread(faults.xid, node, index, 79)
 
 
