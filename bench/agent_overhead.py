@@ -37,6 +37,7 @@ from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.nodesim import node_name
 from devheal.lab.workloads import gpu_deployment, pods_of, wait_until
+from devheal.model.api import GROUP_VERSION
 
 RESULTS = Path(__file__).parent / "results"
 GOAL_PERCENT_PER_NODE = 1.0
@@ -66,7 +67,7 @@ async def prepare(lab: Lab, nodes: int) -> None:
 
 async def published(lab: Lab, names: list[str]) -> int:
     async with await KubeClient.connect(str(lab.kubeconfig)) as kube:
-        items, _ = await kube.list_all(api_path("devheal.io/v1alpha1", "nodedevices"))
+        items, _ = await kube.list_all(api_path(GROUP_VERSION, "nodedevices"))
     done = {
         i["metadata"]["name"]
         for i in items

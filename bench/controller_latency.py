@@ -31,9 +31,9 @@ from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.workloads import gpu_deployment, pod_devices, wait_policy_observed, wait_until
+from devheal.model.api import GROUP_VERSION
 
 RESULTS = Path(__file__).parent / "results"
-GV = "devheal.io/v1alpha1"
 NAMESPACE = "bench"
 
 
@@ -80,9 +80,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         async with await KubeClient.connect(str(lab.kubeconfig), max_connections=128) as kube:
             await install_crds(kube)
             await kube.create(
-                api_path(GV, "remediationpolicies"),
+                api_path(GROUP_VERSION, "remediationpolicies"),
                 {
-                    "apiVersion": GV,
+                    "apiVersion": GROUP_VERSION,
                     "kind": "RemediationPolicy",
                     "metadata": {"name": "bench"},
                     "spec": {
@@ -126,11 +126,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             rss_synced = sampler.proc.memory_info().rss
 
             # Watch Remediations from now on, recording when each arrives.
-            _, version = await kube.list_all(api_path(GV, "remediations"))
+            _, version = await kube.list_all(api_path(GROUP_VERSION, "remediations"))
             arrivals: dict[str, float] = {}
 
             async def watch() -> None:
-                async for event in kube.watch(api_path(GV, "remediations"), version, timeout_seconds=3600):
+                async for event in kube.watch(api_path(GROUP_VERSION, "remediations"), version, timeout_seconds=3600):
                     obj = event.get("object") or {}
                     if event.get("type") == "ADDED":
                         target = (obj.get("spec") or {}).get("target") or {}

@@ -68,10 +68,10 @@ from devheal.lab.nodesim import (
     STOP_SECONDS_ANNOTATION,
 )
 from devheal.lab.workloads import pod_devices, wait_policy_observed, wait_until
+from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import RESTART_GENERATION_ANNOTATION
 
 RESULTS = Path(__file__).parent / "results"
-GV = "devheal.io/v1alpha1"
 NS = "bench"
 GENERATION = RESTART_GENERATION_ANNOTATION
 
@@ -164,7 +164,7 @@ async def settle(kube: KubeClient) -> None:
     its generation) instead of starting a new one."""
 
     async def open_records() -> list[str]:
-        items, _ = await kube.list_all(api_path(GV, "remediations"))
+        items, _ = await kube.list_all(api_path(GROUP_VERSION, "remediations"))
         return [r["metadata"]["name"] for r in items if (r.get("status") or {}).get("phase") == "InProgress"]
 
     await wait_until(
@@ -236,7 +236,7 @@ async def in_place(kube: KubeClient, faults: Faults, ranks: int, timeout: float)
 
 async def set_paused(kube: KubeClient, paused: bool) -> None:
     """Pause or resume the benchmark's policy and wait until the controller took it up."""
-    await kube.patch(api_path(GV, "remediationpolicies", name="bench"), {"spec": {"paused": paused}})
+    await kube.patch(api_path(GROUP_VERSION, "remediationpolicies", name="bench"), {"spec": {"paused": paused}})
     await wait_policy_observed(kube, "bench", timeout=60)
 
 
@@ -306,9 +306,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         async with await KubeClient.connect(str(lab.kubeconfig)) as kube:
             await install_crds(kube)
             await kube.create(
-                api_path(GV, "remediationpolicies"),
+                api_path(GROUP_VERSION, "remediationpolicies"),
                 {
-                    "apiVersion": GV,
+                    "apiVersion": GROUP_VERSION,
                     "kind": "RemediationPolicy",
                     "metadata": {"name": "bench"},
                     "spec": {

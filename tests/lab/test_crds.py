@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from devheal import crds
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import CRD_NAMES, crd_path, install_crds
 from devheal.lab import toolchain
 from devheal.lab.cluster import Lab
+from devheal.model.api import GROUP_VERSION
 from devheal.model.policy import PolicyError, Quantity, RemediationMode, parse_policy
 
-API = f"{crds.GROUP}/{crds.VERSION}"
+API = GROUP_VERSION
 
 
 @pytest.fixture

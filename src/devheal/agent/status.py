@@ -21,7 +21,6 @@ from devheal.agent.health import DeviceAssessment, Reason
 from devheal.agent.telemetry import DeviceInfo
 from devheal.model.cluster import DeviceHealth
 
-GROUP_VERSION = "devheal.io/v1alpha1"
 KIND = "NodeDevices"
 NODE_CONDITION = "devheal.io/DevicesHealthy"
 DEFAULT_RESOURCE = "nvidia.com/gpu"

@@ -22,13 +22,12 @@ from devheal.controller.projections import (
 )
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import Reflector
+from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod
 from devheal.model.plan import InFlight
 from devheal.model.policy import Policy, PolicyError, parse_policy
 
 log = logging.getLogger(__name__)
-
-GROUP_VERSION = "devheal.io/v1alpha1"
 
 
 class ClusterCache:

@@ -1,4 +1,4 @@
-"""The custom resource definitions of devheal (group ``devheal.io``, version ``v1alpha1``).
+"""The custom resource definitions of devheal (``devheal.model.api``: group ``devheal.io``, version ``v1alpha1``).
 
 Three cluster-scoped resources, each with a ``status`` subresource:
 
@@ -20,8 +20,6 @@ from typing import Any
 
 import yaml
 
-GROUP = "devheal.io"
-VERSION = "v1alpha1"
 FILES = ("remediationpolicies.yaml", "remediations.yaml", "nodedevices.yaml")
 """One CustomResourceDefinition per file, in installation order."""
 

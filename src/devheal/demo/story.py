@@ -29,11 +29,11 @@ from devheal.lab import toolchain
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.workloads import gpu_deployment, gpu_job, pod_devices, pods_of, wait_policy_observed, wait_until
+from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION
 
 NAMESPACE = "demo"
-GV = "devheal.io/v1alpha1"
-REMEDIATIONS = api_path(GV, "remediations")
+REMEDIATIONS = api_path(GROUP_VERSION, "remediations")
 SPARE_POOL = "spare"
 GANG_RANKS = 4
 ACKED = LAUNCHER_GENERATION_ANNOTATION
@@ -76,7 +76,7 @@ def default_demo_dir() -> Path:
 
 def demo_policy() -> Obj:
     return {
-        "apiVersion": GV,
+        "apiVersion": GROUP_VERSION,
         "kind": "RemediationPolicy",
         "metadata": {"name": "demo"},
         "spec": {
@@ -456,7 +456,7 @@ async def run(
             story.t0 = t0
             await install_crds(kube)
             await _install_fake_remediator(kube)
-            await kube.create(api_path(GV, "remediationpolicies"), demo_policy())
+            await kube.create(api_path(GROUP_VERSION, "remediationpolicies"), demo_policy())
             spare = f"gpu-node-{state.spec.nodes - 1:03d}"
             await kube.patch(
                 api_path("v1", "nodes", name=spare), {"metadata": {"labels": {"devheal.io/pool": SPARE_POOL}}}
@@ -476,7 +476,7 @@ async def run(
             )
 
             async def reports() -> int:
-                items, _ = await kube.list_all(api_path(GV, "nodedevices"))
+                items, _ = await kube.list_all(api_path(GROUP_VERSION, "nodedevices"))
                 return len(items)
 
             await wait_until(reports, lambda n: n >= state.spec.nodes, timeout=60, what="NodeDevices from every agent")

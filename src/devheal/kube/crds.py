@@ -19,15 +19,12 @@ from typing import Any
 from devheal import crds
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
+from devheal.model.api import GROUP
 
 CRD_API = "apiextensions.k8s.io/v1"
 FIELD_MANAGER = "devheal"
 
-CRD_NAMES = (
-    "remediationpolicies.devheal.io",
-    "remediations.devheal.io",
-    "nodedevices.devheal.io",
-)
+CRD_NAMES = tuple(f"{plural}.{GROUP}" for plural in ("remediationpolicies", "remediations", "nodedevices"))
 """The CustomResourceDefinitions devheal installs, in the order of ``devheal.crds.manifests()``."""
 
 _READY = ("NamesAccepted", "Established")

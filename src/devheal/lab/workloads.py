@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import GPU_RESOURCE
 
 T = TypeVar("T")
@@ -161,7 +162,7 @@ async def wait_policy_observed(kube: KubeClient, policy: str, *, timeout: float)
     """Until a controller has taken up a RemediationPolicy (its status's observedGeneration is current)."""
 
     async def observed() -> bool:
-        obj = await kube.get(api_path("devheal.io/v1alpha1", "remediationpolicies", name=policy))
+        obj = await kube.get(api_path(GROUP_VERSION, "remediationpolicies", name=policy))
         generation = (obj.get("metadata") or {}).get("generation")
         return bool(generation) and (obj.get("status") or {}).get("observedGeneration") == generation
 

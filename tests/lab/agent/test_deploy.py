@@ -27,6 +27,7 @@ from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab
 from devheal.lab.workloads import gpu_pod, wait_until
+from devheal.model.api import GROUP_VERSION
 
 from .conftest import read_node_devices
 
@@ -164,7 +165,7 @@ async def test_the_agent_publishes_for_its_own_node_and_nothing_else(
 
         # Another node's NodeDevices: refused by the policy.
         other = {
-            "apiVersion": "devheal.io/v1alpha1",
+            "apiVersion": GROUP_VERSION,
             "kind": "NodeDevices",
             "metadata": {"name": OTHER},
             "spec": {"nodeName": OTHER},

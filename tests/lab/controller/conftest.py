@@ -24,11 +24,11 @@ from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab
 from devheal.lab.workloads import wait_until
+from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
 
-GV = "devheal.io/v1alpha1"
-POLICIES = api_path(GV, "remediationpolicies")
-REMEDIATIONS = api_path(GV, "remediations")
+POLICIES = api_path(GROUP_VERSION, "remediationpolicies")
+REMEDIATIONS = api_path(GROUP_VERSION, "remediations")
 TEST_LABEL = "devheal.io/test"
 
 
@@ -86,7 +86,7 @@ class ControllerHarness:
         await self.kube.create(
             POLICIES,
             {
-                "apiVersion": GV,
+                "apiVersion": GROUP_VERSION,
                 "kind": "RemediationPolicy",
                 "metadata": {"name": name},
                 "spec": {"selector": selector, **spec},

@@ -5,9 +5,10 @@ from __future__ import annotations
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import get_path
 from devheal.lab.workloads import gpu_deployment, pod_devices, pods_of, wait_until
+from devheal.model.api import GROUP_VERSION
 
 from ..conftest import RecordingFaults
-from .conftest import GV, REMEDIATIONS, ControllerHarness
+from .conftest import REMEDIATIONS, ControllerHarness
 
 
 async def test_junk_is_ignored_and_real_faults_still_heal(
@@ -20,11 +21,11 @@ async def test_junk_is_ignored_and_real_faults_still_heal(
     # A report for a node that does not exist, naming a pod that does not exist.
     ghost = f"ghost-{harness.id}"
     await kube.create(
-        api_path(GV, "nodedevices"),
-        {"apiVersion": GV, "kind": "NodeDevices", "metadata": {"name": ghost}, "spec": {"nodeName": ghost}},
+        api_path(GROUP_VERSION, "nodedevices"),
+        {"apiVersion": GROUP_VERSION, "kind": "NodeDevices", "metadata": {"name": ghost}, "spec": {"nodeName": ghost}},
     )
     await kube.patch(
-        api_path(GV, "nodedevices", name=ghost, subresource="status"),
+        api_path(GROUP_VERSION, "nodedevices", name=ghost, subresource="status"),
         {
             "status": {
                 "devices": [
@@ -44,7 +45,7 @@ async def test_junk_is_ignored_and_real_faults_still_heal(
     await kube.create(
         REMEDIATIONS,
         {
-            "apiVersion": GV,
+            "apiVersion": GROUP_VERSION,
             "kind": "Remediation",
             "metadata": {"name": f"by-hand-{harness.id}"},
             "spec": {
@@ -76,4 +77,4 @@ async def test_junk_is_ignored_and_real_faults_still_heal(
     assert "Traceback" not in proc.output()
     hand = await kube.get(f"{REMEDIATIONS}/by-hand-{harness.id}")
     assert not hand.get("status"), "a record devheal did not write is left alone"
-    await kube.delete(api_path(GV, "nodedevices", name=ghost))
+    await kube.delete(api_path(GROUP_VERSION, "nodedevices", name=ghost))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import get_path
 from devheal.lab.workloads import gpu_deployment, pod_devices, pods_of, wait_until
+from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, OWNED_TAINT_KEY
 
 from ..conftest import RecordingFaults
@@ -44,7 +45,7 @@ async def test_dry_run_records_decisions_without_acting(
     node_obj = await kube.get(api_path("v1", "nodes", name=node))
     assert not any(t["key"] == OWNED_TAINT_KEY for t in node_obj["spec"].get("taints") or [])
 
-    status = (await kube.get(api_path("devheal.io/v1alpha1", "remediationpolicies", name=policy)))["status"]
+    status = (await kube.get(api_path(GROUP_VERSION, "remediationpolicies", name=policy)))["status"]
     assert status["observedGeneration"] == 1
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Valid"]["status"] == "True"

@@ -19,6 +19,7 @@ from devheal import crds
 from devheal.kube import errors as kube_errors
 from devheal.kube.client import KubeClient
 from devheal.kube.crds import CRD_NAMES, CRDNotEstablished, install_crds
+from devheal.model import api
 from devheal.model import policy as policy_module
 from devheal.model.policy import DEFAULT_POLICY, PolicyError, parse_duration, parse_policy
 
@@ -135,11 +136,11 @@ def test_three_cluster_scoped_crds_in_group_devheal_io() -> None:
     assert tuple(m["metadata"]["name"] for m in manifests) == CRD_NAMES
     for m in manifests:
         assert m["apiVersion"] == "apiextensions.k8s.io/v1"
-        assert m["spec"]["group"] == crds.GROUP == "devheal.io"
+        assert m["spec"]["group"] == api.GROUP == "devheal.io"
         assert m["spec"]["scope"] == "Cluster"
         assert m["metadata"]["name"] == f"{m['spec']['names']['plural']}.devheal.io"
         (v,) = m["spec"]["versions"]
-        assert (v["name"], v["served"], v["storage"]) == (crds.VERSION, True, True)
+        assert (v["name"], v["served"], v["storage"]) == (api.VERSION, True, True)
         assert v["subresources"] == {"status": {}}
 
 
