@@ -22,9 +22,7 @@ import logging
 from collections import Counter
 from typing import Any
 
-from devheal.controller.actuator import Outcome, Policies, Steps
-from devheal.controller.eviction import eviction, failed_device_grace
-from devheal.controller.records import REMEDIATIONS
+from devheal.controller.eviction import eviction
 from devheal.engine.inplace import InPlaceRestart, in_place_restart
 from devheal.engine.placement import Vacancy
 from devheal.engine.workloads import member_selector
@@ -102,11 +100,9 @@ def _mechanisms(mechanisms: list[InPlaceRestart]) -> str:
 
 
 class GangRestarter:
-    """The ``RestartGang`` actuator."""
-
-    def __init__(self, client: KubeClient, policies: Policies, clock: Any, *, timeout: float = 900.0) -> None:
+    def __init__(self, client: KubeClient, remediations_path: str, clock: Any, *, timeout: float = 900.0) -> None:
         self.client = client
-        self.policies = policies
+        self.remediations = remediations_path
         self.clock = clock
         self.timeout = timeout
         """Seconds a restart may take; then it ends as Failed (reason Timeout), naming the ranks not back."""
@@ -157,10 +153,6 @@ class GangRestarter:
             {"metadata": {"uid": meta["uid"], "annotations": {GENERATION: str(generation)}}},
         )
 
-    async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
-        phase, reason, message, steps = await self.step(action, record, failed_device_grace(self.policies().get(action.policy)))
-        return Outcome(phase, reason, message), steps
-
     async def step(self, action: Action, record: Obj, grace: int | None = None) -> tuple[Phase, str, str, list[str]]:
         """One pass; returns (phase, reason, message, steps taken). ``grace``: seconds for evicting broken ranks."""
         members = await self._members(action)
@@ -174,7 +166,7 @@ class GangRestarter:
             started = self.clock()
             # Intent first: a controller that dies after this reuses the same generation.
             await self.client.patch(
-                f"{REMEDIATIONS}/{action.name}",
+                f"{self.remediations}/{action.name}",
                 {
                     "metadata": {
                         "annotations": {
