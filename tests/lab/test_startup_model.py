@@ -9,7 +9,6 @@ start, and the upper bounds leave many seconds of slack.
 from __future__ import annotations
 
 import asyncio
-import calendar
 import time
 import uuid
 from typing import Any
@@ -23,6 +22,7 @@ from devheal.lab.nodesim import (
     STOP_SECONDS_ANNOTATION,
 )
 from devheal.lab.workloads import gpu_pod, pod_devices, wait_until
+from devheal.model.times import parse_time
 
 from .conftest import RecordingFaults
 
@@ -54,11 +54,13 @@ def phase(pod: Obj | None) -> str:
     return str(get_path(pod, "status", "phase") or "") if pod else ""
 
 
-def seconds(stamp: str) -> int:
-    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+def seconds(stamp: str) -> float:
+    parsed = parse_time(stamp)
+    assert parsed is not None, f"not an RFC 3339 timestamp: {stamp!r}"
+    return parsed
 
 
-def started_at(pod: Obj) -> int:
+def started_at(pod: Obj) -> float:
     (status,) = pod["status"]["containerStatuses"]
     return seconds(status["state"]["running"]["startedAt"])
 

@@ -10,7 +10,6 @@ so a typo in an override stops the agent at start instead of silently doing noth
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -21,6 +20,7 @@ from typing import Any
 import yaml
 
 from devheal.agent.telemetry import SIGNALS
+from devheal.model import times
 from devheal.model.cluster import DeviceHealth
 
 HEALTH_RANK: Mapping[DeviceHealth, int] = {
@@ -106,7 +106,6 @@ class Classification:
         return XidRule(code, unknown.health, unknown.remedy, unknown.category, "unknown XID")
 
 
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
 _TOP_KEYS = frozenset({"quietWindow", "holdDown", "unknownXid", "xids", "rules"})
 _XID_KEYS = frozenset({"code", "health", "remedy", "category", "description"})
 _RULE_KEYS = frozenset(
@@ -132,11 +131,7 @@ def parse_duration(value: Any, where: str) -> float:
     """``30s``, ``5m``, ``1h30m`` (as in RemediationPolicy) or a number of seconds -> seconds."""
     if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
         return float(value)
-    match = _DURATION.fullmatch(value) if isinstance(value, str) and value else None
-    if match is None or not any(match.groups()):
-        raise ClassificationError(f"{where}: expected a duration like 30s, 5m or 1h30m, got {value!r}")
-    hours, minutes, seconds = match.groups()
-    return int(hours or 0) * 3600 + int(minutes or 0) * 60 + float(seconds or 0)
+    return times.parse_duration(value, where, error=ClassificationError)
 
 
 def _health(value: Any, where: str) -> DeviceHealth:

@@ -21,10 +21,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from devheal.agent.status import KIND, NODE_CONDITION, content_key, format_time, health_key
+from devheal.agent.status import KIND, NODE_CONDITION, content_key, health_key
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
 from devheal.model.api import GROUP_VERSION
+from devheal.model.times import format_time
 
 log = logging.getLogger("devheal.agent.publisher")
 

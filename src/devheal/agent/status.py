@@ -10,7 +10,6 @@ the publisher can write only when something a reader cares about changed.
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from devheal.agent.classification import HEALTH_RANK, Remedy
 from devheal.agent.health import DeviceAssessment, Reason
 from devheal.agent.telemetry import DeviceInfo
 from devheal.model.cluster import DeviceHealth
+from devheal.model.times import format_time
 
 KIND = "NodeDevices"
 NODE_CONDITION = "devheal.io/DevicesHealthy"
@@ -46,10 +46,6 @@ class Availability:
     message: str
     since: float = 0.0
     """When it last changed between working and not (the first-seen time of the reason it gives)."""
-
-
-def format_time(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _reason_obj(reason: Reason) -> Obj:

@@ -16,21 +16,14 @@ from dataclasses import dataclass, field
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.model.times import format_time, parse_time
 
 log = logging.getLogger(__name__)
 
 
-def _micro(ts: datetime.datetime) -> str:
-    return ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(text: str | None) -> datetime.datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+def _micro(moment: datetime.datetime) -> str:
+    """A Lease's ``MicroTime``."""
+    return format_time(moment.timestamp(), micro=True)
 
 
 @dataclass
@@ -77,9 +70,9 @@ class LeaderElector:
                 return False
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+        renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
-        expired = renewed is None or (self.now() - renewed).total_seconds() > duration
+        expired = renewed is None or self.now().timestamp() - renewed > duration
         if holder and holder != self.identity and not expired:
             return False
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)

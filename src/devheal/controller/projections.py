@@ -7,7 +7,6 @@ field (the informer logs it and keeps the previous copy) instead of crashing.
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 from devheal.engine.workloads import classify
@@ -29,6 +28,8 @@ from devheal.model.cluster import (
 )
 from devheal.model.plan import Action, Finding, FindingKind, InFlight, Phase
 from devheal.model.policy import ActionKind
+from devheal.model.times import format_time as format_time  # re-exported for the actuators
+from devheal.model.times import parse_time
 
 Obj = dict[str, Any]
 
@@ -48,19 +49,6 @@ def _int(value: Any, where: str) -> int:
         return int(str(value))
     except ValueError as exc:
         raise ProjectionError(f"{where}: expected a whole number, got {value!r}") from exc
-
-
-def parse_time(text: Any) -> float | None:
-    if not text or not isinstance(text, str):
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def format_time(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _health(value: Any) -> DeviceHealth:

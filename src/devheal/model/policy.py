@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from devheal.model import times
 from devheal.model.cluster import WorkloadClass
 
 
@@ -209,7 +210,6 @@ DEFAULT_POLICY = Policy(name="devheal-default")
 # ---- parsing ---------------------------------------------------------------------------------
 
 # ASCII digits only and full matches, exactly as the CRD's patterns (the API server's regex engine).
-_DURATION = re.compile(r"(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+(?:\.[0-9]+)?)s)?")
 _QUANTITY = re.compile(r"([0-9]+)(%?)")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _SPEC_FIELDS = frozenset(
@@ -229,12 +229,8 @@ _SPEC_FIELDS = frozenset(
 
 
 def parse_duration(text: Any, where: str) -> float:
-    """``90s``, ``5m``, ``1h30m`` -> seconds (a string, as the CRD requires)."""
-    match = _DURATION.fullmatch(text) if isinstance(text, str) and text else None
-    if match is None or not any(match.groups()):
-        raise PolicyError(f"{where}: expected a duration like 30s, 5m or 1h30m, got {text!r}")
-    hours, minutes, seconds = match.groups()
-    return int(hours or 0) * 3600 + int(minutes or 0) * 60 + float(seconds or 0)
+    """``90s``, ``5m``, ``1h30m`` -> seconds (a string, as the CRD requires); ``PolicyError`` naming ``where``."""
+    return times.parse_duration(text, where, error=PolicyError)
 
 
 def parse_quantity(value: Any, where: str) -> Quantity:
