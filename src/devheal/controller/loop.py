@@ -1,22 +1,27 @@
-"""The controller: watch everything, decide with the pure engine, act through the actuators.
+"""The controller: watch everything, decide with the engine's rounds, act through a work queue.
 
 Level-triggered: any change in the cache (or a one-second tick, for durations and
-hold-downs) runs one decision round over the current view. Only the leader acts.
-Remediations left Pending/InProgress by an earlier run (or by a crashed leader) are
-carried on from their records; disruptive steps check their target first, so none is
-repeated.
+hold-downs) runs one decision round (``devheal.engine.rounds``, the same rounds the
+simulator runs) over the current view. Only the leader acts. Every piece of work the
+round hands out (carry out or carry on a remediation, record a blocked decision,
+release a placement gate, publish a policy's status) goes into one keyed work queue:
+one worker per key at a time, failures retried after a per-key backoff, and nothing
+kept for a key once its work is done. Remediations left Pending/InProgress by an
+earlier run (or by a crashed leader) are carried on from their records; disruptive
+steps check their target first, so none is repeated.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import socket
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Container, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,15 +30,24 @@ from devheal.controller.actuators import Actuators
 from devheal.controller.cache import GROUP_VERSION, ClusterCache
 from devheal.controller.leader import LeaderElector
 from devheal.controller.projections import format_time
-from devheal.engine.decide import Settings, decide
-from devheal.engine.findings import FindingTracker, detect
+from devheal.engine.decide import Settings
 from devheal.engine.placement import Release, place_gated
-from devheal.kube import errors
+from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.kube.client import KubeClient, api_path
-from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase
-from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy
+from devheal.kube.workqueue import WorkQueue, run_workers
+from devheal.model.cluster import ClusterView
+from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase
+from devheal.model.policy import DEFAULT_POLICY, Policy
 
 log = logging.getLogger("devheal.controller")
+
+Work = Callable[[], Awaitable[None]]
+
+LOCAL_RECORD_TTL = 300.0
+"""Seconds a decision this process made stays counted without its record having arrived by the watch
+(once its work has ended): a record whose creation failed must not hold a budget forever."""
+MAX_RETRIES = 8
+"""Failures in a row after which one piece of work is given up (the round hands it out again later)."""
 
 
 @dataclass
@@ -55,11 +69,13 @@ class ControllerOptions:
 
 
 class Controller:
+    """The leader's decision loop and the round's host: it turns the round's decisions into queued work."""
+
     def __init__(self, client: KubeClient, options: ControllerOptions) -> None:
         self.client = client
         self.options = options
         self.cache = ClusterCache(client)
-        self.tracker = FindingTracker()
+        self.rounds = DecisionRound(Pacing(retry=options.retry_after))
         self.actuators = Actuators(client, self._policies_by_name, gang_restart_timeout=options.gang_restart_timeout)
         self.leading = not options.leader_elect
         self.elector = LeaderElector(
@@ -73,18 +89,19 @@ class Controller:
             on_change=self._on_leadership,
         )
         self._policies: list[Policy] = []
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.queue = WorkQueue()
+        self._work: dict[str, Work] = {}
+        """Key -> the latest work submitted for it; removed once that work ends."""
         self._local: dict[str, InFlight] = {}
-        self._next_try: dict[str, float] = {}
-        self._blocked_seen: dict[str, str] = {}
-        self._sem = asyncio.Semaphore(options.max_parallel_actions)
+        """Decisions this process made whose records the watch has not delivered yet."""
+        self._workers: asyncio.Task[None] | None = None
+        self._now = time.time()
 
     def _on_leadership(self, leading: bool) -> None:
         self.leading = leading
         metrics.LEADER.set(1 if leading else 0)
         if not leading:
-            for task in self._tasks.values():
-                task.cancel()
+            self._stop_workers()
         self.cache.changed.set()
 
     def _policies_by_name(self) -> dict[str, Policy]:
@@ -97,43 +114,100 @@ class Controller:
             return [DEFAULT_POLICY]
         return parsed
 
-    def _in_flight(self) -> list[InFlight]:
-        merged = {r.name: r for r in self._local.values()}
-        merged.update({r.name: r for r in self.cache.in_flight()})
-        # Once the watch has delivered a record, the local copy is no longer needed.
-        for name in [n for n in self._local if n in self.cache.remediations.store]:
-            self._local.pop(name, None)
+    # ---- the round's host ----------------------------------------------------------------------
+
+    def in_flight(self, view: ClusterView) -> list[InFlight]:
+        """Recorded remediations (the watch's copies win), plus decisions whose records are on their way."""
+        recorded = self.cache.remediations.store
+        for name, local in list(self._local.items()):
+            # Once the watch has delivered a record, the local copy is no longer needed; nor is one whose
+            # work ended long ago without a record arriving (its creation failed).
+            if name in recorded or (name not in self.queue and self._now - local.started > LOCAL_RECORD_TTL):
+                del self._local[name]
+        merged = dict(self._local)
+        merged.update(recorded)
         return list(merged.values())
 
-    # ---- one decision round ------------------------------------------------------------------
+    def busy(self) -> Container[str]:
+        return self.queue
+
+    def start(self, action: Action, resumed: bool) -> None:
+        if action.name in self.queue:
+            return
+        self._local[action.name] = InFlight(
+            name=action.name,
+            action=action.kind,
+            target_kind=action.target_kind,
+            target=action.target,
+            node=action.node,
+            phase=Phase.IN_PROGRESS,
+            started=self._now,
+            workload=action.workload.key if action.workload else "",
+            dry_run=action.dry_run,
+            policy=action.policy,
+            resume=action,
+        )
+        log.log(
+            logging.DEBUG if resumed else logging.INFO,
+            "%s %s %s %s: %s",
+            "resuming" if resumed else "acting:",
+            action.kind,
+            action.target_kind,
+            action.target,
+            action.reason,
+        )
+
+        async def act() -> None:
+            outcome = await self.actuators.execute(action)
+            local = self._local.get(action.name)
+            if local is not None:
+                self._local[action.name] = replace(local, phase=outcome.phase)
+
+        self._submit(action.name, act)
+
+    def finish(self, record: InFlight) -> None:
+        self._submit(
+            record.name, lambda: self.actuators.finish_node_remediation(record.name, record.node, record.policy)
+        )
+
+    def record_blocked(self, item: Blocked) -> None:
+        name = item.action.name
+        self._local[name] = InFlight(
+            name=name,
+            action=item.action.kind,
+            target_kind=item.action.target_kind,
+            target=item.action.target,
+            node=item.action.node,
+            phase=Phase.BLOCKED,
+            started=self._now,
+            policy=item.action.policy,
+        )
+        self._submit(name, lambda: self.actuators.record_blocked(item))
+
+    def wider_views(self) -> Iterable[ClusterView]:
+        return ()  # the cache holds the whole cluster
+
+    # ---- one decision round --------------------------------------------------------------------
 
     def reconcile_once(self, now: float) -> None:
         metrics.RECONCILES.inc()
+        self._now = now
         self._policies = self.current_policies()
         view = self.cache.view()
-        replaced = self.actuators.gangs.recently_replaced(now)
-        detected = [f for f in detect(view, self._policies, now) if not (f.pod_uid and f.pod_uid in replaced)]
-        findings = self.tracker.observe(detected, view, self._policies, now)
-        for kind in FindingKind:
-            metrics.FINDINGS.labels(kind=kind.value).set(sum(1 for f in findings if f.kind is kind))
-        for name, size in self.cache.sizes().items():
-            metrics.CACHE_OBJECTS.labels(kind=name).set(size)
-        in_flight = self._in_flight()
-        self._carry_on(in_flight, findings, now)
-        plan = decide(
+        result = self.rounds.run(
+            self,
             view,
-            findings,
             self._policies,
-            in_flight,
             now,
             Settings(dry_run=self.options.dry_run, paused=self.options.paused),
+            ignore_pods=self.actuators.gangs.recently_replaced(now),
         )
-        metrics.BREAKER_OPEN.set(1 if plan.breaker_open else 0)
-        self._publish_policy_status(plan.breaker_open, plan.breaker_reason)
-        for action in plan.actions:
-            self._start(action, now)
-        for item in plan.blocked:
-            self._record_blocked(item)
+        for kind in FindingKind:
+            metrics.FINDINGS.labels(kind=kind.value).set(sum(1 for f in result.findings if f.kind is kind))
+        for name, size in self.cache.sizes().items():
+            metrics.CACHE_OBJECTS.labels(kind=name).set(size)
+        metrics.BREAKER_OPEN.set(1 if result.plan.breaker_open else 0)
+        self._publish_policy_status(result.plan.breaker_open, result.plan.breaker_reason)
         releases, self.actuators.gangs.vacancies = place_gated(view, self.actuators.gangs.vacancies, now)
         for release in releases:
             self._release(release)
@@ -141,16 +215,8 @@ class Controller:
     def _release(self, release: Release) -> None:
         """Release a pod from devheal's placement gate (nominating a node first), once at a time per pod."""
         key = f"release/{release.uid}"
-        if key in self._tasks:
-            return
-
-        async def run() -> None:
-            try:
-                await self.actuators.release_gate(release)
-            finally:
-                self._tasks.pop(key, None)
-
-        self._tasks[key] = asyncio.create_task(run(), name=key)
+        if key not in self.queue:
+            self._submit(key, lambda: self.actuators.release_gate(release))
 
     def _publish_policy_status(self, breaker_open: bool, breaker_reason: str) -> None:
         """observedGeneration and conditions (Valid, CircuitBreakerOpen) on each policy, written on change."""
@@ -186,97 +252,56 @@ class Controller:
                     }
                 )
             body = {"status": {"observedGeneration": generation, "conditions": conditions}}
-            key = f"policy-status/{name}"
-            if key not in self._tasks:
-                self._spawn(key, self._patch_policy_status(name, body))
+            self._submit(f"policy-status/{name}", functools.partial(self._patch_policy_status, name, body))
 
     async def _patch_policy_status(self, name: str, body: dict[str, Any]) -> None:
         await self.client.patch(api_path(GROUP_VERSION, "remediationpolicies", name=name, subresource="status"), body)
 
-    def _carry_on(self, in_flight: list[InFlight], findings: list[Finding], now: float) -> None:
-        faulty = {f.node for f in findings if f.kind is FindingKind.NODE_DEVICES_FAILED}
-        for record in in_flight:
-            if not record.active or record.name in self._tasks:
-                continue
-            if record.action is ActionKind.REMEDIATE_NODE and record.phase is Phase.IN_PROGRESS:
-                if record.node not in faulty:
-                    self._spawn(
-                        record.name, self.actuators.finish_node_remediation(record.name, record.node, record.policy)
-                    )
-                continue
-            if record.resume is not None and now >= self._next_try.get(record.name, 0.0):
-                # A gang restart is followed closely (it waits for replacements); failed steps back off.
-                pace = 0.2 if record.action is ActionKind.RESTART_GANG else self.options.retry_after
-                self._next_try[record.name] = now + pace
-                self._start(record.resume, now, resumed=True)
+    # ---- the work queue ------------------------------------------------------------------------
 
-    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        async def run() -> None:
-            try:
-                async with self._sem:
-                    await coro
-            except asyncio.CancelledError:
-                raise
-            except errors.KubeError as exc:
-                log.warning("%s: %s", name, exc)
-            except Exception:
-                log.exception("%s failed", name)
-            finally:
-                self._tasks.pop(name, None)
-                self.cache.changed.set()
+    def _submit(self, key: str, work: Work) -> None:
+        """Queue ``work`` under ``key``; newer work for a key replaces work that has not started yet."""
+        self._work[key] = work
+        self.queue.add(key)
 
-        self._tasks[name] = asyncio.create_task(run(), name=name)
-
-    def _start(self, action: Action, now: float, resumed: bool = False) -> None:
-        if action.name in self._tasks:
+    async def _process(self, key: str) -> None:
+        work = self._work.get(key)
+        if work is None:
             return
-        self._local[action.name] = InFlight(
-            name=action.name,
-            action=action.kind,
-            target_kind=action.target_kind,
-            target=action.target,
-            node=action.node,
-            phase=Phase.IN_PROGRESS,
-            started=now,
-            workload=action.workload.key if action.workload else "",
-            dry_run=action.dry_run,
-            policy=action.policy,
-            resume=action,
-        )
-        log.log(
-            logging.DEBUG if resumed else logging.INFO,
-            "%s %s %s %s: %s",
-            "resuming" if resumed else "acting:",
-            action.kind,
-            action.target_kind,
-            action.target,
-            action.reason,
-        )
+        try:
+            await work()
+        finally:
+            self.cache.changed.set()
+        if self._work.get(key) is work:  # newer work submitted meanwhile stays for its own turn
+            del self._work[key]
 
-        async def act() -> None:
-            outcome = await self.actuators.execute(action)
-            local = self._local.get(action.name)
-            if local is not None:
-                self._local[action.name] = replace(local, phase=outcome.phase)
+    def _give_up(self, key: str, error: BaseException) -> None:
+        self._work.pop(key, None)
+        local = self._local.get(key)
+        if local is not None and local.active:
+            self._local[key] = replace(local, phase=Phase.FAILED)
 
-        self._spawn(action.name, act())
+    def _start_workers(self) -> None:
+        if self._workers is None or self._workers.done():
+            self.queue = WorkQueue()
+            self._work.clear()
+            self._workers = asyncio.create_task(
+                run_workers(
+                    self.queue,
+                    self._process,
+                    workers=self.options.max_parallel_actions,
+                    name="devheal.controller.work",
+                    max_retries=MAX_RETRIES,
+                    give_up=self._give_up,
+                ),
+                name="workers",
+            )
 
-    def _record_blocked(self, item: Blocked) -> None:
-        name = item.action.name
-        if self._blocked_seen.get(name) == item.why or name in self._tasks:
-            return
-        self._blocked_seen[name] = item.why
-        self._local[name] = InFlight(
-            name=name,
-            action=item.action.kind,
-            target_kind=item.action.target_kind,
-            target=item.action.target,
-            node=item.action.node,
-            phase=Phase.BLOCKED,
-            started=time.time(),
-            policy=item.action.policy,
-        )
-        self._spawn(name, self.actuators.record_blocked(item))
+    def _stop_workers(self) -> None:
+        """Leadership lost or shutting down: cancel work in progress and drop work not started."""
+        self.queue.close()
+        if self._workers is not None:
+            self._workers.cancel()
 
     # ---- main --------------------------------------------------------------------------------
 
@@ -293,14 +318,14 @@ class Controller:
                 if stop.is_set():
                     break
                 if self.leading:
+                    self._start_workers()
                     self.reconcile_once(time.time())
                 # Coalesce bursts of events into one round.
                 await asyncio.sleep(0.02)
         finally:
-            for task in list(self._tasks.values()):
-                task.cancel()
-            if self._tasks:
-                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            self._stop_workers()
+            if self._workers is not None:
+                await asyncio.gather(self._workers, return_exceptions=True)
             if elector_task is not None:
                 elector_task.cancel()
                 await self.elector.release()

@@ -3,27 +3,38 @@
 Like client-go's workqueue: a *dirty* set of keys waiting, a *processing* set of
 keys being worked on. Adding a key that is being processed marks it dirty, so it is
 handed out again once the current worker finishes (the worker then reads the latest
-state: reconcile is level-triggered). ``add_after`` schedules a later add.
+state: reconcile is level-triggered). ``add_after`` schedules a later add, and
+``add_rate_limited`` one after a per-key exponential backoff that ``forget`` resets.
+The queue holds only keys with work ahead: waiting, in progress, scheduled, or
+backing off after a failure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 
 class WorkQueue:
-    def __init__(self) -> None:
+    def __init__(self, *, base_delay: float = 0.05, max_delay: float = 10.0) -> None:
         self._queue: deque[str] = deque()
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
         self._ready = asyncio.Condition()
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._failures: dict[str, int] = {}
         self._closed = False
+        self.base_delay = base_delay
+        self.max_delay = max_delay
 
     def __len__(self) -> int:
         return len(self._dirty)
+
+    def __contains__(self, key: object) -> bool:
+        """The key has work ahead: waiting, being processed, or scheduled for later."""
+        return key in self._dirty or key in self._processing or key in self._timers
 
     def add(self, key: str) -> None:
         if self._closed or key in self._dirty:
@@ -34,6 +45,8 @@ class WorkQueue:
             asyncio.get_running_loop().create_task(self._wake())
 
     def add_after(self, key: str, delay: float) -> None:
+        if self._closed:
+            return
         if delay <= 0:
             self.add(key)
             return
@@ -50,6 +63,22 @@ class WorkQueue:
             self.add(key)
 
         self._timers[key] = loop.call_at(due, fire)
+
+    def add_rate_limited(self, key: str) -> float:
+        """Add the key after its own exponential backoff (it failed once more); returns the delay."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        delay = min(self.base_delay * 2 ** (failures + 1), self.max_delay)
+        self.add_after(key, delay)
+        return delay
+
+    def requeues(self, key: str) -> int:
+        """How many times the key failed since it last succeeded (or was forgotten)."""
+        return self._failures.get(key, 0)
+
+    def forget(self, key: str) -> None:
+        """The key succeeded or was given up: its next failure starts the backoff again."""
+        self._failures.pop(key, None)
 
     async def _wake(self) -> None:
         async with self._ready:
@@ -78,28 +107,47 @@ class WorkQueue:
 
 
 async def run_workers(
-    queue: WorkQueue, work: Callable[[str], Awaitable[float | None]], *, workers: int, name: str
+    queue: WorkQueue,
+    work: Callable[[str], Awaitable[float | None]],
+    *,
+    workers: int,
+    name: str,
+    max_retries: int | None = None,
+    give_up: Callable[[str, BaseException], None] | None = None,
 ) -> None:
-    """Run ``workers`` loops; ``work(key)`` may return a delay to requeue the key after."""
-    import logging
+    """Run ``workers`` loops; ``work(key)`` may return a delay to requeue the key after.
 
+    A key whose work raises is retried after its own exponential backoff; after
+    ``max_retries`` failures in a row it is given up (``give_up(key, error)``) and forgotten.
+    """
     log = logging.getLogger(name)
 
     async def loop() -> None:
-        failures: dict[str, int] = {}
         while True:
             key = await queue.get()
+            again: float | None = None
             try:
                 again = await work(key)
-                failures.pop(key, None)
+                queue.forget(key)
             except asyncio.CancelledError:
                 queue.done(key)
                 raise
             except Exception as exc:
-                n = failures.get(key, 0) + 1
-                failures[key] = n
-                again = min(0.05 * 2**n, 10.0)
-                log.warning("%s: %s failed (%s: %s); retry in %.2fs", name, key, type(exc).__name__, exc, again)
+                if max_retries is not None and queue.requeues(key) >= max_retries:
+                    queue.forget(key)
+                    log.error(
+                        "%s: %s failed %d times; giving up (%s: %s)",
+                        name,
+                        key,
+                        max_retries + 1,
+                        type(exc).__name__,
+                        exc,
+                    )
+                    if give_up is not None:
+                        give_up(key, exc)
+                else:
+                    delay = queue.add_rate_limited(key)
+                    log.warning("%s: %s failed (%s: %s); retry in %.2fs", name, key, type(exc).__name__, exc, delay)
             queue.done(key)
             if again is not None:
                 queue.add_after(key, again)

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from devheal.engine.decide import decide
-from devheal.engine.findings import FindingTracker, detect
+from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.engine.workloads import classify
 from devheal.model.cluster import (
     GPU_RESOURCE,
@@ -56,8 +56,6 @@ from devheal.simulate.failures import Signal
 from devheal.simulate.fleet import NodeState, Unit, UnitKind, node_name
 from devheal.simulate.simulation import Simulation, Strategy
 
-FLEET_RAILS = frozenset({"max-unhealthy-nodes", "max-unhealthy-nodes-per-pool", "circuit-breaker"})
-"""Rails whose outcome depends on how many nodes the fleet has: a plan they stopped is decided again wider."""
 RETRY_FIRST_S = 60.0
 RETRY_MAX_S = 3600.0
 SLACK_S = 1e-3
@@ -83,7 +81,8 @@ class EngineStrategy(Strategy):
 
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
-        self.tracker = FindingTracker()
+        # Rounds happen only at events here: an interrupted step is carried on at the next one.
+        self.round = DecisionRound(Pacing(gang_restart=0.0, retry=0.0))
         self.records: dict[str, InFlight] = {}
         self.by_node: dict[str, set[str]] = {}
         self.by_target: dict[str, set[str]] = {}
@@ -97,7 +96,7 @@ class EngineStrategy(Strategy):
         self.workloads: dict[int, tuple[Workload, dict[str, str]]] = {}
         self.scheduled: set[float] = set()
         self.retry_s = RETRY_FIRST_S
-        self.blocked_seen: dict[str, str] = {}
+        self.watched: list[int] = []
         self.gang_restarts: dict[str, int] = {}
         """Gang-wide RestartGang records in progress -> the unit restarting."""
         self.rounds = 0
@@ -305,7 +304,9 @@ class EngineStrategy(Strategy):
                 reports[node.name] = report
         return ClusterView(nodes=nodes, pods=pods, reports=reports, pods_by_node=by_node, pod_by_device=by_device)
 
-    def _in_flight(self, view: ClusterView) -> list[InFlight]:
+    # ---- the round's host: the engine's DecisionRound, as the controller runs it ---------------
+
+    def in_flight(self, view: ClusterView) -> list[InFlight]:
         """Every record ``decide`` can depend on for this view: active ones, those targeting the nodes, pods
         and workloads in view (decided-before names, lift and gang-restart epochs), and recent ones (gang
         restarts per hour, the disruption interval). Older records of other targets cannot change this
@@ -322,42 +323,57 @@ class EngineStrategy(Strategy):
         names |= {name for _, name in self.recent}
         return [self.records[n] for n in sorted(names)]
 
-    # ---- one round, as the controller's reconcile_once ----------------------------------------
+    def busy(self) -> Container[str]:
+        return ()  # every effect happens at once
 
-    def decision_round(self) -> Plan:
-        now = self.sim.now
-        watched = sorted(self.watch)
-        view = self._view(watched)
-        findings = self.tracker.observe(detect(view, self.policies, now), view, self.policies, now)
-        self._carry_on(findings)
-        in_flight = self._in_flight(view)
-        plan = self._plan(watched, view, findings, in_flight)
-        self.rounds += 1
-        for action in plan.actions:
+    def start(self, action: Action, resumed: bool) -> None:
+        if resumed:
+            self._carry_on_gang(action)
+        else:
             self._apply(action)
-        for item in plan.blocked:
-            self._record_blocked(item)
-        self._schedule_next(findings, plan)
-        self._prune_watch()
-        return plan
 
-    def _plan(self, watched: list[int], view: ClusterView, findings: list[Finding], in_flight: list[InFlight]) -> Plan:
-        """The whole fleet's plan, computed on as few nodes as give the same answer.
+    def finish(self, record: InFlight) -> None:
+        """The node shows no failed device any more: the remediation ends once the node's repair did."""
+        if not self.sim.nodes[self.index[record.node]].repairing:
+            self._store(replace(record, phase=Phase.SUCCEEDED))
 
-        Percent budgets and the breaker count nodes, and a view of fewer nodes is stricter, never
-        laxer. So a plan that no such rail stopped is the whole fleet's plan; otherwise decide again
-        over enough nodes for the percentages, and finally over every node."""
-        now = self.sim.now
-        plan = decide(view, findings, self.policies, in_flight, now)
+    def record_blocked(self, item: Blocked) -> None:
+        self.blocked[item.rail] += 1
+        self.sim.remediations[f"devheal:blocked:{item.rail}"] += 1
+        self._store(
+            InFlight(
+                name=item.action.name,
+                action=item.action.kind,
+                target_kind=item.action.target_kind,
+                target=item.action.target,
+                node=item.action.node,
+                phase=Phase.BLOCKED,
+                started=self.sim.now,
+                policy=item.action.policy,
+            )
+        )
+
+    def wider_views(self) -> Iterator[ClusterView]:
+        """Percent budgets and the breaker count nodes, and a view of fewer nodes is stricter, never
+        laxer. So a plan that no such rail stopped is the whole fleet's plan; otherwise the round decides
+        again over enough nodes for the percentages, and finally over every node."""
         fleet = len(self.sim.nodes)
         for target in (self._enough_nodes(), fleet):
-            if not (plan.breaker_open or any(b.rail in FLEET_RAILS for b in plan.blocked)):
-                break
-            more = min(target, fleet) - len(watched)
+            more = min(target, fleet) - len(self.watched)
             if more > 0:
-                plan = decide(self._view(watched, more), findings, self.policies, in_flight, now)
                 self.wider_rounds += 1
-        return plan
+                yield self._view(self.watched, more)
+
+    # ---- one round ----------------------------------------------------------------------------
+
+    def decision_round(self) -> Plan:
+        self.watched = sorted(self.watch)
+        view = self._view(self.watched)
+        result = self.round.run(self, view, self.policies, self.sim.now)
+        self.rounds += 1
+        self._schedule_next(result.findings, result.plan)
+        self._prune_watch()
+        return result.plan
 
     def _enough_nodes(self) -> int:
         """A node count at which the policy's percent rails allow every watched node to be out (and more)."""
@@ -370,27 +386,21 @@ class EngineStrategy(Strategy):
             return len(self.watch)
         return math.ceil(100 * (len(self.watch) + 2) / min(percents))
 
-    def _carry_on(self, findings: list[Finding]) -> None:
-        """Remediations in progress, carried on as the controller does: an external node remediation
-        ends once the node is no longer faulty; a gang restart takes in ranks that failed meanwhile
-        and ends once the gang runs again."""
-        faulty = {f.node for f in findings if f.kind is FindingKind.NODE_DEVICES_FAILED}
+    def _carry_on_gang(self, action: Action) -> None:
+        """A gang restart in progress ends once the gang runs again; ranks that failed meanwhile join it."""
+        name = action.name
+        if name not in self.gang_restarts:
+            return
+        record = self.records[name]
+        unit = self.sim.units[self.gang_restarts[name]]
+        if unit.run_start >= record.started:  # the gang has run again since
+            del self.gang_restarts[name]
+            self._store(replace(record, phase=Phase.SUCCEEDED))
+            return
         pod_status = self.sim.costs.pod_status_detect_s
-        for name in sorted(self.active):
-            record = self.records[name]
-            if record.action is ActionKind.REMEDIATE_NODE and record.phase is Phase.IN_PROGRESS:
-                state = self.sim.nodes[self.index[record.node]]
-                if record.node not in faulty and not state.repairing:
-                    self._store(replace(record, phase=Phase.SUCCEEDED))
-            elif name in self.gang_restarts:
-                unit = self.sim.units[self.gang_restarts[name]]
-                if unit.run_start >= record.started:  # the gang has run again since
-                    del self.gang_restarts[name]
-                    self._store(replace(record, phase=Phase.SUCCEEDED))
-                    continue
-                for n in sorted(m for m in unit.stuck if m >= 0):
-                    if self._visible(self.sim.nodes[n], pod_status):
-                        self.sim.release(n, recreate=False, why="devheal:RestartGang (joined)")
+        for n in sorted(m for m in unit.stuck if m >= 0):
+            if self._visible(self.sim.nodes[n], pod_status):
+                self.sim.release(n, recreate=False, why="devheal:RestartGang (joined)")
 
     def _store(self, record: InFlight) -> None:
         self.records[record.name] = record
@@ -463,26 +473,7 @@ class EngineStrategy(Strategy):
         if f"{unit.namespace}/{unit.pod_name(slot)}" == key and unit.pod_uid(slot) == uid:
             self.sim.release(n, recreate=recreate, why=None)
 
-    def _record_blocked(self, item: Blocked) -> None:
-        name = item.action.name
-        if self.blocked_seen.get(name) != item.why:
-            self.blocked_seen[name] = item.why
-            self.blocked[item.rail] += 1
-            self.sim.remediations[f"devheal:blocked:{item.rail}"] += 1
-        self._store(
-            InFlight(
-                name=name,
-                action=item.action.kind,
-                target_kind=item.action.target_kind,
-                target=item.action.target,
-                node=item.action.node,
-                phase=Phase.BLOCKED,
-                started=self.sim.now,
-                policy=item.action.policy,
-            )
-        )
-
-    def _schedule_next(self, findings: list[Finding], plan: Plan) -> None:
+    def _schedule_next(self, findings: Sequence[Finding], plan: Plan) -> None:
         now = self.sim.now
         rules = self.policy.node
         wake: list[float] = []

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from devheal.engine import decide as decide_module
+from devheal.engine import rounds
 from devheal.engine.decide import decide
 from devheal.model.cluster import ClusterView
 from devheal.model.plan import Finding, InFlight, Phase, Plan
 from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy
-from devheal.simulate import engine_strategy
 from devheal.simulate.config import build_preset
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.failures import DAY, HOUR, TraceSpec, generate_trace
@@ -24,7 +24,7 @@ RESTART = 180 + 120
 ONE_GPU_FAULT = [fault(2, node=1, cls="faulty-gpu")]
 
 
-def test_decisions_go_through_the_engines_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decisions_go_through_the_controllers_decision_round(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Plan] = []
 
     def spy(*args: Any, **kwargs: Any) -> Plan:
@@ -32,9 +32,12 @@ def test_decisions_go_through_the_engines_decide(monkeypatch: pytest.MonkeyPatch
         calls.append(plan)
         return plan
 
-    assert engine_strategy.decide is decide_module.decide  # the engine's own function, not a copy
-    monkeypatch.setattr(engine_strategy, "decide", spy)
-    result = run(small_config(), ONE_GPU_FAULT, EngineStrategy(DEFAULT_POLICY))
+    # The controller's own round (devheal.engine.rounds), calling the engine's own decide: not copies.
+    assert rounds.decide is decide_module.decide
+    monkeypatch.setattr(rounds, "decide", spy)
+    strategy = EngineStrategy(DEFAULT_POLICY)
+    result = run(small_config(), ONE_GPU_FAULT, strategy)
+    assert isinstance(strategy.round, rounds.DecisionRound)
     kinds = [a.kind for plan in calls for a in plan.actions]
     assert kinds == [ActionKind.FAIL_POD, ActionKind.TAINT]
     assert result.remediations["devheal:FailPod"] == 1
@@ -139,14 +142,28 @@ class CheckedEngine(EngineStrategy):
         super().attach(sim)
         self.checks = 0
         self.mismatches = 0
+        self.everything: tuple[ClusterView, list[InFlight]] | None = None
 
-    def _plan(self, watched: list[int], view: ClusterView, findings: list[Finding], in_flight: list[InFlight]) -> Plan:
-        plan = super()._plan(watched, view, findings, in_flight)
-        everything = decide(
-            self._view(watched, len(self.sim.nodes)), findings, self.policies, list(self.records.values()), self.sim.now
-        )
+    def in_flight(self, view: ClusterView) -> list[InFlight]:
+        # The round asks for the records twice; the last time is what it decides with.
+        self.everything = (self._view(self.watched, len(self.sim.nodes)), list(self.records.values()))
+        return super().in_flight(view)
+
+    def decision_round(self) -> Plan:
+        findings: list[Finding] = []
+        original = self.round.run
+
+        def run_and_keep(*args: Any, **kwargs: Any) -> rounds.RoundResult:
+            result = original(*args, **kwargs)
+            findings.extend(result.findings)
+            return result
+
+        self.round.run = run_and_keep  # type: ignore[method-assign]
+        plan = super().decision_round()
+        assert self.everything is not None
+        view, records = self.everything
         self.checks += 1
-        self.mismatches += everything != plan
+        self.mismatches += decide(view, findings, self.policies, records, self.sim.now) != plan
         return plan
 
 
