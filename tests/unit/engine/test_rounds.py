@@ -1,0 +1,170 @@
+"""The decision round both the controller and the simulator run: carry-on pacing, blocked decisions
+recorded once per reason, memory pruned, wider views pulled only while a fleet-size rail stops the plan."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+from devheal.engine.decide import Settings
+from devheal.engine.rounds import DecisionRound, Pacing
+from devheal.model.cluster import ClusterView, DeviceHealth, WorkloadClass
+from devheal.model.plan import Action, Blocked, InFlight, Phase
+from devheal.model.policy import ActionKind
+
+from .builders import NOW, device, gpu_id, node, node_failed, pod, policy, report, reported, view, workload
+
+
+@dataclass
+class Host:
+    """Keeps records as a store would and remembers every call the round made."""
+
+    records: dict[str, InFlight] = field(default_factory=dict)
+    running: set[str] = field(default_factory=set)
+    started: list[tuple[str, bool]] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    blocked: list[Blocked] = field(default_factory=list)
+    wider: list[ClusterView] = field(default_factory=list)
+    pulled: int = 0
+
+    def in_flight(self, view: ClusterView) -> list[InFlight]:
+        return list(self.records.values())
+
+    def busy(self) -> set[str]:
+        return self.running
+
+    def start(self, action: Action, resumed: bool) -> None:
+        self.started.append((action.name, resumed))
+        self.records[action.name] = InFlight(
+            name=action.name,
+            action=action.kind,
+            target_kind=action.target_kind,
+            target=action.target,
+            node=action.node,
+            phase=Phase.IN_PROGRESS,
+            started=NOW,
+            resume=action,
+        )
+
+    def finish(self, record: InFlight) -> None:
+        self.finished.append(record.name)
+
+    def record_blocked(self, item: Blocked) -> None:
+        self.blocked.append(item)
+
+    def wider_views(self) -> Iterator[ClusterView]:
+        for v in self.wider:
+            self.pulled += 1
+            yield v
+
+
+INFERENCE = workload("serve", WorkloadClass.INFERENCE)
+
+
+def broken_inference_view() -> ClusterView:
+    bad = device(gpu_id("n1", 0), DeviceHealth.UNHEALTHY, message="XID 79")
+    return view([node("n1"), node("n2")], [pod("serve-1", "n1", owner=INFERENCE, devices=[bad])])
+
+
+def test_a_new_decision_is_started_once_then_carried_on_at_the_pace() -> None:
+    host, rounds, v, p = Host(), DecisionRound(Pacing(retry=5.0)), broken_inference_view(), [policy()]
+    result = rounds.run(host, v, p, NOW)
+    [name] = [a.name for a in result.plan.actions if a.kind is ActionKind.DESCHEDULE]
+    # Still in progress: carried on (resumed) at once the first time, then no sooner than the pace allows.
+    rounds.run(host, v, p, NOW + 0.5)
+    rounds.run(host, v, p, NOW + 1.0)
+    rounds.run(host, v, p, NOW + 5.5)
+    assert [resumed for n, resumed in host.started if n == name] == [False, True, True]
+
+
+def test_work_in_progress_is_not_started_again() -> None:
+    host, rounds, v, p = Host(), DecisionRound(), broken_inference_view(), [policy()]
+    rounds.run(host, v, p, NOW)
+    host.running = {name for name, _ in host.started}
+    first = list(host.started)
+    for t in range(1, 30):
+        rounds.run(host, v, p, NOW + t)
+    assert host.started == first
+
+
+def test_an_ended_remediation_leaves_no_retry_memory() -> None:
+    host, rounds, v, p = Host(), DecisionRound(), broken_inference_view(), [policy()]
+    rounds.run(host, v, p, NOW)
+    rounds.run(host, v, p, NOW + 1)
+    assert rounds.next_try
+    host.records = {n: replace(r, phase=Phase.SUCCEEDED) for n, r in host.records.items()}
+    rounds.run(host, v, p, NOW + 2)
+    assert rounds.next_try == {}
+
+
+def test_a_node_remediation_ends_once_its_node_is_no_longer_faulty() -> None:
+    v_failed = view([node("n1", allocatable=0)], reports=[report("n1", reported(gpu_id("n1", 0)))])
+    v_healthy = view([node("n1")])
+    action = Action(ActionKind.REMEDIATE_NODE, "Node", "n1", "n1", node_failed("n1", all_failed=True, idle=True), "p")
+    record = InFlight(action.name, action.kind, "Node", "n1", "n1", Phase.IN_PROGRESS, NOW, resume=action)
+    host, rounds = Host(records={record.name: record}), DecisionRound()
+    rounds.run(host, v_failed, [policy()], NOW)
+    assert host.finished == []
+    rounds.run(host, v_healthy, [policy()], NOW + 1)
+    assert host.finished == [record.name]
+    assert host.started == []  # ended, never carried on as a new step
+
+
+def test_a_blocked_decision_is_recorded_once_per_reason_and_forgotten_once_unblocked() -> None:
+    host, rounds, v, p = Host(), DecisionRound(), broken_inference_view(), [policy()]
+    for t in range(5):
+        rounds.run(host, v, p, NOW + t, Settings(paused=True))
+    rails = [b.rail for b in host.blocked]
+    assert rails and set(rails) == {"paused"}
+    assert len(host.blocked) == len(rounds.blocked_seen)  # one record per blocked decision, not per round
+    rounds.run(host, v, p, NOW + 6)  # unpaused: acted on
+    assert rounds.blocked_seen == {}
+    assert [resumed for _, resumed in host.started] == [False] * len(rails)
+
+
+def test_the_workload_interval_reason_does_not_change_with_time() -> None:
+    # One disruption of the workload recorded a minute ago; the next one waits, with one stable reason.
+    host, rounds, p = Host(), DecisionRound(), [policy(budgets={"workloadDisruptionInterval": 3600})]
+    bad = [device(gpu_id("n1", 0), DeviceHealth.UNHEALTHY)]
+    v = view([node("n1"), node("n2")], [pod("serve-2", "n1", owner=INFERENCE, devices=bad)])
+    earlier = Action(
+        ActionKind.DESCHEDULE,
+        "Pod",
+        "default/serve-1",
+        "n2",
+        node_failed("n1", all_failed=True, idle=True),
+        "p",
+        workload=INFERENCE,
+    )
+    host.records[earlier.name] = InFlight(
+        earlier.name, earlier.kind, "Pod", earlier.target, "n2", Phase.SUCCEEDED, NOW - 60, workload=INFERENCE.key
+    )
+    for t in range(0, 120, 7):
+        rounds.run(host, v, p, NOW + t)
+    [item] = host.blocked
+    assert item.rail == "workload-interval"
+
+
+def test_wider_views_are_pulled_only_while_a_fleet_rail_stops_the_plan() -> None:
+    p = [policy(budgets={"maxUnhealthyNodes": "50%", "circuitBreaker": {"maxFaultyNodesPercent": 100}})]
+    failed = [node(n, allocatable=0) for n in ("n1", "n2")]
+    reports = [report(n.name, reported(gpu_id(n.name, 0)), reported(gpu_id(n.name, 1), 1)) for n in failed]
+    narrow = view(failed, reports=reports)
+    wide = view([*failed, *(node(f"n{i}") for i in range(3, 7))], reports=reports)
+    # Over the narrow view, two nodes out of two is over 50 %: the wider view is needed, and is enough.
+    host = Host(wider=[wide, wide])
+    plan = DecisionRound().run(host, narrow, p, NOW).plan
+    assert host.pulled == 1
+    assert sorted(a.target for a in plan.actions if a.kind is ActionKind.TAINT) == ["n1", "n2"]
+    # Over the wide view nothing stops the plan: no wider view is even built.
+    host = Host(wider=[wide])
+    DecisionRound().run(host, wide, p, NOW)
+    assert host.pulled == 0
+
+
+def test_findings_of_ignored_pods_lead_to_nothing() -> None:
+    host, v = Host(), broken_inference_view()
+    [p] = v.pods.values()
+    result = DecisionRound().run(host, v, [policy()], NOW, ignore_pods={p.uid})
+    assert not any(f.pod for f in result.findings)
+    assert not [a for a in result.plan.actions if a.target_kind == "Pod"]
