@@ -1,0 +1,324 @@
+"""An in-memory Kubernetes API server on 127.0.0.1, speaking the REST/JSON protocol.
+
+The real ``devheal.kube.client.KubeClient`` connects to it through a kubeconfig (plain
+http, no auth), so unit tests run the real request, ``list_all`` and watch code and the
+real error mapping against real objects (``tests.shell.store``). It runs in the test's
+own event loop, so it works on virtual time (``tests.shell.virtual_time``).
+
+Besides the protocol, it has knobs a test turns to make the server misbehave:
+
+- ``fail_next``: answer the next matching request(s) with an error status (429, 500, 504...);
+- ``gone_next_watch``: the next watch answers 410 Gone (an ERROR event, as the server does);
+- ``compact``: forget the event history, so watches and list continuations from older
+  versions are answered 410 Gone;
+- ``stall_watches`` / ``resume_watches``: open watches stop sending anything (a hung
+  connection) until resumed;
+- ``close_watches``: end open watches cleanly (as their timeout would); ``bookmark``:
+  send a BOOKMARK to every watch that allows them.
+
+Every request is recorded in ``requests`` with its loop time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from tests.shell import store as store_module
+from tests.shell.selectors import Matcher, SelectorError, matcher
+from tests.shell.store import ApiError, Event, Obj, Ref, Store
+
+_CLOSE = object()
+
+
+@dataclass(frozen=True)
+class Call:
+    verb: str
+    """get, list, watch, create, update, patch or delete (Kubernetes' verbs)."""
+    path: str
+    params: dict[str, str]
+    at: float
+    """The loop's time when the request arrived."""
+
+
+@dataclass
+class Fault:
+    status: int
+    verb: str
+    path: str
+    times: int
+    reason: str
+    message: str
+
+    def matches(self, verb: str, path: str) -> bool:
+        return self.times > 0 and (not self.verb or self.verb == verb) and path.startswith(self.path)
+
+
+_REASONS = {
+    400: "BadRequest",
+    404: "NotFound",
+    409: "Conflict",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+@dataclass
+class _Watch:
+    path: str
+    ref: Ref
+    match: Matcher
+    bookmarks: bool
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+
+    def translate(self, event: Event) -> tuple[str, Obj] | None:
+        """The event as this watch sees it: objects moving in or out of its selectors are added or deleted."""
+        if not self.ref.in_collection(event.key):
+            return None
+        if event.type == "DELETED":
+            return ("DELETED", event.obj) if self.match(event.obj) else None
+        was = event.prev is not None and self.match(event.prev)
+        now = self.match(event.obj)
+        if now:
+            return ("MODIFIED" if was else "ADDED"), event.obj
+        return ("DELETED", event.obj) if was else None
+
+
+class MemApi:
+    """Start with ``async with MemApi() as api``; ``api.kubeconfig(path)`` writes a kubeconfig for it."""
+
+    def __init__(self, *, now: Callable[[], Any] | None = None, window: int = 1000) -> None:
+        self.store = Store(window=window) if now is None else Store(now=now, window=window)
+        self.requests: list[Call] = []
+        self.faults: list[Fault] = []
+        self.watches: list[_Watch] = []
+        self._gone_watches = 0
+        self._stalls: list[str] = []
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        self.store.listeners.append(self._publish)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> MemApi:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self
+
+    async def close(self) -> None:
+        self._stalls.clear()
+        self._resume.set()
+        for watch in self.watches:
+            watch.queue.put_nowait(_CLOSE)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> MemApi:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def kubeconfig(self, path: Path) -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "memapi", "cluster": {"server": self.url}}],
+            "users": [{"name": "memapi", "user": {}}],
+            "contexts": [{"name": "memapi", "context": {"cluster": "memapi", "user": "memapi"}}],
+            "current-context": "memapi",
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+    # ---- knobs --------------------------------------------------------------------------------
+
+    def fail_next(
+        self, status: int, *, verb: str = "", path: str = "", times: int = 1, reason: str = "", message: str = ""
+    ) -> None:
+        """Answer the next ``times`` requests of ``verb`` (any if empty) under ``path`` with ``status``."""
+        reason = reason or _REASONS.get(status, "")
+        self.faults.append(Fault(status, verb, path, times, reason, message or f"injected {status} {reason}"))
+
+    def gone_next_watch(self, times: int = 1) -> None:
+        self._gone_watches += times
+
+    def compact(self) -> None:
+        self.store.compact()
+
+    def stall_watches(self, path: str = "") -> None:
+        """Watches under ``path`` (open now or opened later) send nothing, not even their end, until resumed."""
+        self._stalls.append(path)
+        self._resume.clear()
+
+    def resume_watches(self) -> None:
+        self._stalls.clear()
+        self._resume.set()
+
+    def close_watches(self, path: str = "") -> None:
+        for watch in self.watches:
+            if watch.path.startswith(path):
+                watch.queue.put_nowait(_CLOSE)
+
+    def bookmark(self) -> None:
+        for watch in self.watches:
+            if watch.bookmarks:
+                marker = {"kind": "Bookmark", "apiVersion": watch.ref.api_version}
+                marker["metadata"] = {"resourceVersion": str(self.store.rv)}
+                watch.queue.put_nowait(("BOOKMARK", marker))
+
+    def watching(self, path: str = "") -> int:
+        """How many watches under ``path`` are open."""
+        return sum(1 for w in self.watches if w.path.startswith(path))
+
+    def calls(self, verb: str = "", path: str = "") -> list[Call]:
+        return [c for c in self.requests if (not verb or c.verb == verb) and c.path.startswith(path)]
+
+    # ---- the protocol -------------------------------------------------------------------------
+
+    def _publish(self, event: Event) -> None:
+        for watch in self.watches:
+            seen = watch.translate(event)
+            if seen is not None:
+                watch.queue.put_nowait(seen)
+
+    @staticmethod
+    def _answer(body: Any, status: int = 200) -> web.Response:
+        return web.json_response(body, status=status)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        params = dict(request.query)
+        try:
+            ref = Ref.parse(request.path)
+        except ApiError as exc:
+            return self._answer(exc.status(), exc.code)
+        method = request.method
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, "get")
+        if method == "GET" and not ref.name:
+            verb = "watch" if params.get("watch") in ("1", "true") else "list"
+        self.requests.append(Call(verb, request.path, params, asyncio.get_running_loop().time()))
+        for fault in self.faults:
+            if fault.matches(verb, request.path):
+                fault.times -= 1
+                error = ApiError(fault.status, fault.reason, fault.message)
+                return self._answer(error.status(), fault.status)
+        try:
+            body = await self._body(request)
+            match = matcher(params.get("labelSelector", ""), params.get("fieldSelector", ""))
+            if verb == "watch":
+                return await self._watch(request, ref, params, match)
+            return self._answer(*self._serve(verb, ref, params, body, request.content_type, match))
+        except ApiError as exc:
+            return self._answer(exc.status(), exc.code)
+        except SelectorError as exc:
+            return self._answer(ApiError(400, "BadRequest", str(exc)).status(), 400)
+
+    @staticmethod
+    async def _body(request: web.Request) -> Any:
+        if not request.can_read_body:
+            return None
+        raw = await request.read()
+        if not raw:
+            return None
+        try:
+            if request.content_type == store_module.APPLY_PATCH:
+                return yaml.safe_load(raw)
+            return json.loads(raw)
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", f"cannot decode the body: {exc}") from exc
+
+    def _serve(
+        self, verb: str, ref: Ref, params: dict[str, str], body: Any, ctype: str, match: Matcher
+    ) -> tuple[Obj, int]:
+        s = self.store
+        if verb == "list":
+            return s.list(ref, match, limit=int(params.get("limit") or 0), token=params.get("continue", "")), 200
+        if verb == "get":
+            if ref.subresource not in ("", "status"):
+                raise ApiError(405, "MethodNotAllowed", f"GET is not allowed on {ref.subresource}")
+            return s.get(ref), 200
+        if verb == "create":
+            if ref.subresource == "eviction":
+                return s.evict(ref, body), 201
+            if ref.subresource:
+                raise ApiError(405, "MethodNotAllowed", f"POST is not allowed on {ref.subresource}")
+            return s.create(ref, body), 201
+        if verb == "update":
+            return s.replace(ref, body), 200
+        if verb == "patch":
+            if ctype == store_module.APPLY_PATCH and ref.key not in s.objects and not ref.subresource:
+                collection = Ref(ref.prefix, ref.plural, ref.namespace)
+                return s.create(collection, {**body, "metadata": {**body.get("metadata", {}), "name": ref.name}}), 201
+            return s.patch(ref, body, ctype), 200
+        return s.delete(ref, body), 200
+
+    async def _watch(
+        self, request: web.Request, ref: Ref, params: dict[str, str], match: Matcher
+    ) -> web.StreamResponse:
+        watch = _Watch(request.path, ref, match, params.get("allowWatchBookmarks") == "true")
+        since = params.get("resourceVersion", "")
+        # Everything up to ``prepare`` is synchronous: no event can slip between the backlog and the live feed.
+        if self._gone_watches > 0:
+            self._gone_watches -= 1
+            watch.queue.put_nowait(("ERROR", store_module.gone(f"too old resource version: {since}").status()))
+            watch.queue.put_nowait(_CLOSE)
+        elif since in ("", "0"):
+            for key in sorted(k for k, obj in self.store.objects.items() if ref.in_collection(k) and match(obj)):
+                watch.queue.put_nowait(("ADDED", self.store.get(Ref(*key))))
+        else:
+            try:
+                backlog = self.store.events_after(int(since))
+            except ValueError as exc:
+                raise ApiError(400, "BadRequest", f"invalid resourceVersion {since!r}") from exc
+            except ApiError as exc:
+                watch.queue.put_nowait(("ERROR", exc.status()))
+                watch.queue.put_nowait(_CLOSE)
+                backlog = []
+            for event in backlog:
+                seen = watch.translate(event)
+                if seen is not None:
+                    watch.queue.put_nowait(seen)
+        self.watches.append(watch)
+        timer = asyncio.get_running_loop().call_later(
+            float(params.get("timeoutSeconds") or 1800), watch.queue.put_nowait, _CLOSE
+        )
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        try:
+            await response.prepare(request)
+            while True:
+                item = await watch.queue.get()
+                while any(watch.path.startswith(p) for p in self._stalls):
+                    await self._resume.wait()
+                if item is _CLOSE:
+                    break
+                kind, obj = item
+                await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+        except ConnectionError:
+            pass  # the client went away
+        finally:
+            timer.cancel()
+            self.watches.remove(watch)
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
