@@ -26,7 +26,7 @@ from devheal.model.cluster import (
     Workload,
     WorkloadClass,
 )
-from devheal.model.plan import Action, Finding, FindingKind, InFlight, Phase
+from devheal.model.plan import Action, Finding, FindingKind, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind
 from devheal.model.times import format_time as format_time  # re-exported for the actuators
 from devheal.model.times import parse_time
@@ -197,18 +197,22 @@ def project_remediation(obj: Obj) -> InFlight:
         phase = Phase(str(status.get("phase") or "Pending"))
     except ValueError as exc:
         raise ProjectionError(f"{_name(obj)}: status.phase {status.get('phase')!r} is not a phase") from exc
+    try:
+        target_kind = TargetKind(str(target.get("kind")))
+    except ValueError as exc:
+        raise ProjectionError(f"{_name(obj)}: spec.target.kind {target.get('kind')!r} is not a target kind") from exc
     target_name = str(target.get("name") or "")
-    if target.get("kind") in ("Pod", "Gang"):
+    if target_kind.namespaced:
         target_name = f"{target.get('namespace')}/{target_name}"
     workload_key = (
         f"{workload.get('namespace')}/{workload.get('kind')}/{workload.get('name')}" if workload.get("name") else ""
     )
     return InFlight(
-        resume=_recorded_action(obj, action, target_name),
+        resume=_recorded_action(obj, action, target_kind, target_name),
         policy=str(spec.get("policy") or ""),
         name=str(meta.get("name") or ""),
         action=action,
-        target_kind=str(target.get("kind") or ""),
+        target_kind=target_kind,
         target=target_name,
         node=str(target.get("node") or ""),
         phase=phase,
@@ -218,7 +222,7 @@ def project_remediation(obj: Obj) -> InFlight:
     )
 
 
-def _recorded_action(obj: Obj, kind: ActionKind, target: str) -> Action | None:
+def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target: str) -> Action | None:
     """Rebuild the decision a Remediation records (enough to carry it out again)."""
     spec = obj.get("spec") or {}
     finding = spec.get("finding") or {}
@@ -241,7 +245,7 @@ def _recorded_action(obj: Obj, kind: ActionKind, target: str) -> Action | None:
     node = str(tgt.get("node") or "")
     recorded = Action(
         kind=kind,
-        target_kind=str(tgt.get("kind") or ""),
+        target_kind=target_kind,
         target=target,
         node=node,
         finding=Finding(
@@ -250,8 +254,8 @@ def _recorded_action(obj: Obj, kind: ActionKind, target: str) -> Action | None:
             source=str(finding.get("source") or ""),
             evidence=str(finding.get("evidence") or ""),
             since=parse_time(finding.get("since")) or 0.0,
-            pod=target if tgt.get("kind") == "Pod" else "",
-            pod_uid=str(tgt.get("uid") or "") if tgt.get("kind") == "Pod" else "",
+            pod=target if target_kind is TargetKind.POD else "",
+            pod_uid=str(tgt.get("uid") or "") if target_kind is TargetKind.POD else "",
             device_ids=tuple(str(d) for d in finding.get("deviceIDs") or []),
         ),
         policy=str(spec.get("policy") or ""),

@@ -18,8 +18,20 @@ from dataclasses import dataclass, replace
 
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.model.cluster import ClusterView
-from devheal.model.plan import POD_FINDINGS, Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan
+from devheal.model.plan import (
+    POD_FINDINGS,
+    Action,
+    Blocked,
+    Finding,
+    FindingKind,
+    InFlight,
+    Phase,
+    Plan,
+    Rail,
+    TargetKind,
+)
 from devheal.model.policy import ActionKind, Policy, RemediationMode
+from devheal.model.times import format_time
 
 NODE_TAKING = frozenset({ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN, ActionKind.REMEDIATE_NODE})
 """Actions that take a node out of service: they count against the unhealthy-node budgets."""
@@ -35,7 +47,7 @@ class Settings:
 
 def _nodes_out(view: ClusterView, in_flight: Sequence[InFlight]) -> set[str]:
     """Nodes out of service: marked by devheal, or under an active node-taking remediation."""
-    taking = {r.node for r in in_flight if r.target_kind == "Node" and r.active and r.action in NODE_TAKING}
+    taking = {r.node for r in in_flight if r.target_kind == TargetKind.NODE and r.active and r.action in NODE_TAKING}
     return {n.name for n in view.nodes.values() if n.owned or n.name in taking}
 
 
@@ -74,7 +86,7 @@ def _candidate_actions(
                     (
                         Action(
                             kind=kind,
-                            target_kind="Gang",
+                            target_kind=TargetKind.GANG,
                             target=pod.workload.key,
                             node=pod.node,
                             finding=f,
@@ -92,7 +104,7 @@ def _candidate_actions(
                 (
                     Action(
                         kind=kind,
-                        target_kind="Pod",
+                        target_kind=TargetKind.POD,
                         target=pod.key,
                         node=pod.node,
                         finding=f,
@@ -113,7 +125,7 @@ def _candidate_actions(
         rules = policy.node
         base = Action(
             kind=ActionKind.TAINT,
-            target_kind="Node",
+            target_kind=TargetKind.NODE,
             target=node.name,
             node=node.name,
             finding=f,
@@ -208,7 +220,7 @@ def decide(
 
     actions: list[Action] = []
     blocked: list[Blocked] = []
-    planned_targets: set[tuple[str, str]] = set()
+    planned_targets: set[tuple[TargetKind, str]] = set()
     queue = deque(candidates)
     while queue:
         candidate, policy = queue.popleft()
@@ -223,7 +235,9 @@ def decide(
             continue
         if settings.paused or policy.paused:
             blocked.append(
-                Blocked(action, "devheal is paused" if settings.paused else f"policy {policy.name} is paused", "paused")
+                Blocked(
+                    action, "devheal is paused" if settings.paused else f"policy {policy.name} is paused", Rail.PAUSED
+                )
             )
             continue
         if dry:
@@ -231,7 +245,7 @@ def decide(
             planned_targets.add(target)
             continue
         if action.disruptive and breaker_open:
-            blocked.append(Blocked(action, breaker_reason, "circuit-breaker"))
+            blocked.append(Blocked(action, breaker_reason, Rail.CIRCUIT_BREAKER))
             continue
         budgets = policy.budgets
         if action.kind in NODE_TAKING and action.node not in out_nodes:
@@ -242,7 +256,7 @@ def decide(
                         action,
                         f"max unhealthy nodes {budgets.max_unhealthy_nodes} reached: {len(out_nodes)} of "
                         f"{len(selected_nodes)} nodes already out ({', '.join(sorted(out_nodes))})",
-                        "max-unhealthy-nodes",
+                        Rail.MAX_UNHEALTHY_NODES,
                     )
                 )
                 continue
@@ -257,7 +271,7 @@ def decide(
                         action,
                         f"max unhealthy nodes per pool {budgets.max_unhealthy_nodes_per_pool} reached in pool "
                         f"{pool or '(none)'}: {pool_out} of {len(pool_nodes)} out",
-                        "max-unhealthy-nodes-per-pool",
+                        Rail.MAX_UNHEALTHY_NODES_PER_POOL,
                     )
                 )
                 continue
@@ -267,7 +281,7 @@ def decide(
                     Blocked(
                         action,
                         f"max concurrent remediations {budgets.max_concurrent_remediations} reached",
-                        "max-concurrent",
+                        Rail.MAX_CONCURRENT,
                     )
                 )
                 continue
@@ -280,7 +294,7 @@ def decide(
                             f"gang {action.workload.key} restarted {restarts} times in the last hour "
                             f"(budget {budgets.gang_restarts_per_hour}/h): falling back to the workload's own "
                             "failure handling",
-                            "gang-budget",
+                            Rail.GANG_BUDGET,
                         )
                     )
                     # Fail the broken pod instead, so the Job/JobSet's own failure policy decides.
@@ -289,7 +303,7 @@ def decide(
                         fallback = replace(
                             action,
                             kind=ActionKind.FAIL_POD,
-                            target_kind="Pod",
+                            target_kind=TargetKind.POD,
                             target=finding.pod,
                             target_uid=finding.pod_uid,
                             epoch=0,
@@ -306,9 +320,10 @@ def decide(
                     blocked.append(
                         Blocked(
                             action,
-                            f"workload {action.workload.key} was disrupted {now - last:.0f}s ago "
+                            # No running count in the reason: a changed reason is recorded (and announced) again.
+                            f"workload {action.workload.key} was disrupted at {format_time(last)} "
                             f"(at most one disruptive action per {budgets.workload_disruption_interval:.0f}s)",
-                            "workload-interval",
+                            Rail.WORKLOAD_INTERVAL,
                         )
                     )
                     continue

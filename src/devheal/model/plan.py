@@ -64,11 +64,87 @@ class Phase(StrEnum):
 ACTIVE_PHASES = frozenset({Phase.PENDING, Phase.IN_PROGRESS})
 
 
+class TargetKind(StrEnum):
+    """What a remediation acts on: a Remediation's ``spec.target.kind``."""
+
+    POD = "Pod"
+    NODE = "Node"
+    GANG = "Gang"
+
+    @property
+    def namespaced(self) -> bool:
+        """Pods and gangs live in a namespace: their target key is ``namespace/name``."""
+        return self is not TargetKind.NODE
+
+
+class Rail(StrEnum):
+    """The guard rail that held a decision back (``Blocked.rail``)."""
+
+    PAUSED = "paused"
+    CIRCUIT_BREAKER = "circuit-breaker"
+    MAX_UNHEALTHY_NODES = "max-unhealthy-nodes"
+    MAX_UNHEALTHY_NODES_PER_POOL = "max-unhealthy-nodes-per-pool"
+    MAX_CONCURRENT = "max-concurrent"
+    GANG_BUDGET = "gang-budget"
+    WORKLOAD_INTERVAL = "workload-interval"
+
+    @property
+    def reason(self) -> RemediationReason:
+        """The ``status.reason`` of a Remediation it blocked: ``max-unhealthy-nodes`` -> ``MaxUnhealthyNodes``."""
+        return RemediationReason("".join(part.capitalize() for part in self.split("-")))
+
+
+class RemediationReason(StrEnum):
+    """The ``status.reason`` words a Remediation carries (a CamelCase word for its phase)."""
+
+    ACTING = "Acting"
+    IN_PROGRESS = "InProgress"
+    DRY_RUN = "DryRun"
+    # Blocked: the rail that held it back (``Rail.reason``).
+    PAUSED = "Paused"
+    CIRCUIT_BREAKER = "CircuitBreaker"
+    MAX_UNHEALTHY_NODES = "MaxUnhealthyNodes"
+    MAX_UNHEALTHY_NODES_PER_POOL = "MaxUnhealthyNodesPerPool"
+    MAX_CONCURRENT = "MaxConcurrent"
+    GANG_BUDGET = "GangBudget"
+    WORKLOAD_INTERVAL = "WorkloadInterval"
+    # Pod actions.
+    EVICTED = "Evicted"
+    DELETED = "Deleted"
+    TERMINATING = "Terminating"
+    POD_GONE = "PodGone"
+    POD_FAILED = "PodFailed"
+    ALREADY_ENDED = "AlreadyEnded"
+    EVICTION_BLOCKED = "EvictionBlocked"
+    NOTIFIED = "Notified"
+    # Node actions.
+    TAINTED = "Tainted"
+    CORDONED = "Cordoned"
+    DRAINED = "Drained"
+    LIFTED = "Lifted"
+    CONFLICT = "Conflict"
+    REMEDIATION_REQUESTED = "RemediationRequested"
+    NODE_RECOVERED = "NodeRecovered"
+    NO_TEMPLATE = "NoTemplate"
+    TEMPLATE_MISSING = "TemplateMissing"
+    # Gang restarts, by stage.
+    RESTARTING = "Restarting"
+    WAITING_FOR_REPLACEMENT = "WaitingForReplacement"
+    RUNNING = "Running"
+    TIMEOUT = "Timeout"
+
+
+class EventReason(StrEnum):
+    """Reasons of the Events devheal records that do not name an action (those are ``Devheal<Action>[Failed]``)."""
+
+    BLOCKED = "DevhealBlocked"
+    DRY_RUN = "DevhealDryRun"
+
+
 @dataclass(frozen=True, slots=True)
 class Action:
     kind: ActionKind
-    target_kind: str
-    """``Pod`` or ``Node``."""
+    target_kind: TargetKind
     target: str
     """Pod key ``namespace/name`` or node name."""
     node: str
@@ -109,9 +185,7 @@ class Blocked:
 
     action: Action
     why: str
-    rail: str
-    """Which rail: ``max-unhealthy-nodes``, ``max-unhealthy-nodes-per-pool``, ``max-concurrent``,
-    ``workload-interval``, ``circuit-breaker``, ``paused``, ``gang-budget``."""
+    rail: Rail
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +194,7 @@ class InFlight:
 
     name: str
     action: ActionKind
-    target_kind: str
+    target_kind: TargetKind
     target: str
     node: str
     phase: Phase
