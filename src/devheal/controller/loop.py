@@ -46,6 +46,8 @@ Work = Callable[[], Awaitable[None]]
 LOCAL_RECORD_TTL = 300.0
 """Seconds a decision this process made stays counted without its record having arrived by the watch
 (once its work has ended): a record whose creation failed must not hold a budget forever."""
+RELEASE_TIMEOUT = 2.0
+"""Seconds a stopping controller spends handing its lease over; the pod's grace period is the budget."""
 MAX_RETRIES = 8
 """Failures in a row after which one piece of work is given up (the round hands it out again later)."""
 
@@ -309,8 +311,14 @@ class Controller:
         cache_task = asyncio.create_task(self.cache.run(), name="cache")
         elector_task = asyncio.create_task(self.elector.run(), name="leader") if self.options.leader_elect else None
         try:
-            await self.cache.wait_synced()
-            log.info("cache synced: %s", self.cache.sizes())
+            # A stop while the API server is unreachable must not wait for the first sync.
+            synced = asyncio.create_task(self.cache.wait_synced())
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait({synced, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            synced.cancel()
+            stopping.cancel()
+            if not stop.is_set():
+                log.info("cache synced: %s", self.cache.sizes())
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.cache.changed.wait(), timeout=self.options.tick)
@@ -328,7 +336,9 @@ class Controller:
                 await asyncio.gather(self._workers, return_exceptions=True)
             if elector_task is not None:
                 elector_task.cancel()
-                await self.elector.release()
+                # Handing the lease over is a courtesy: an unreachable API must not hold the shutdown.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.elector.release(), timeout=RELEASE_TIMEOUT)
             cache_task.cancel()
             await asyncio.gather(cache_task, return_exceptions=True)
 
