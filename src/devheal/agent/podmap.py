@@ -142,8 +142,5 @@ class PodMap:
         self._retry_at = now + self._backoff
         self._backoff = min(self._max_backoff, self._backoff * 2)
 
-    def holder_of(self, device_id: str) -> PodRef | None:
-        return self.holders.get(device_id)
-
     def snapshot(self) -> tuple[Mapping[str, PodRef], Mapping[str, str]]:
         return dict(self.holders), dict(self.resources)

@@ -28,7 +28,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -343,8 +343,3 @@ class SimulatedBackend:
 
     def close(self) -> None:
         self._channel.wakeup = None
-
-
-def simulated_backends(feed: LabDeviceFeed, nodes: Sequence[str]) -> dict[str, SimulatedBackend]:
-    """One backend per node, all on ``feed``."""
-    return {node: SimulatedBackend(feed, node) for node in nodes}

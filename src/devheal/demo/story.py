@@ -30,7 +30,7 @@ from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.workloads import gpu_deployment, gpu_job, pod_devices, pods_of, wait_policy_observed, wait_until
 from devheal.model.api import GROUP_VERSION
-from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION
+from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION, OWNED_TAINT_KEY
 
 NAMESPACE = "demo"
 REMEDIATIONS = api_path(GROUP_VERSION, "remediations")
@@ -385,7 +385,7 @@ class Story:
 
         async def lifted() -> bool:
             obj = await self.kube.get(api_path("v1", "nodes", name=node))
-            return not any(t.get("key") == "devheal.io/device-failure" for t in obj["spec"].get("taints") or [])
+            return not any(t.get("key") == OWNED_TAINT_KEY for t in obj["spec"].get("taints") or [])
 
         await wait_until(lifted, bool, timeout=60, what="devheal lifts its taint after hold-down")
         result.recovered_seconds = time.monotonic() - started

@@ -334,7 +334,3 @@ def decide(
         actions.append(action)
         planned_targets.add(target)
     return Plan(tuple(actions), tuple(blocked), breaker_open, breaker_reason)
-
-
-def count_by_kind(plan: Plan) -> Counter[ActionKind]:
-    return Counter(a.kind for a in plan.actions)

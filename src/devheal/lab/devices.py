@@ -9,7 +9,7 @@ API writes. Time is passed in, never read.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,11 +251,3 @@ def requested_gpus(container: Mapping[str, Any]) -> int:
             except ValueError as exc:
                 raise AdmissionError(f"{GPU_RESOURCE} must be a whole number, got {value!r}") from exc
     return 0
-
-
-def container_requests(pod_spec: Mapping[str, Any]) -> Iterable[tuple[str, int]]:
-    """(container name, GPUs) for the pod's regular containers that ask for any."""
-    for container in pod_spec.get("containers") or []:
-        count = requested_gpus(container)
-        if count:
-            yield str(container.get("name") or ""), count

@@ -187,6 +187,3 @@ class ClusterView:
 
     def pods_on(self, node: str) -> list[Pod]:
         return [self.pods[k] for k in self.pods_by_node.get(node, frozenset()) if k in self.pods]
-
-    def busy_gpus(self, node: str) -> int:
-        return sum(p.gpu_request for p in self.pods_on(node) if p.active)

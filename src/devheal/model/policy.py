@@ -52,7 +52,7 @@ from enum import StrEnum
 from typing import Any
 
 from devheal.model import times
-from devheal.model.cluster import WorkloadClass
+from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
 
 
 class ActionKind(StrEnum):
@@ -432,5 +432,5 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         failed_device_grace_period=_grace(spec.get("failedDeviceGracePeriodSeconds"), prefix),
         dry_run=_bool(spec.get("dryRun"), f"{prefix}.dryRun", False),
         paused=_bool(spec.get("paused"), f"{prefix}.paused", False)
-        or str((meta.get("annotations") or {}).get("devheal.io/paused", "")).lower() == "true",
+        or str((meta.get("annotations") or {}).get(PAUSE_ANNOTATION, "")).lower() == "true",
     )

@@ -24,18 +24,11 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from devheal.model.cluster import WorkloadClass
 from devheal.simulate.config import CostModel, SimConfig
 from devheal.simulate.events import Event, EventKind, EventQueue
 from devheal.simulate.failures import DAY, HOUR, PERSISTENT, Signal, Trace, TraceError
 from devheal.simulate.fleet import NodeState, Unit, UnitKind, UnitState
 from devheal.simulate.results import StrategyResult, summarize_units
-
-WORKLOAD_CLASS = {
-    UnitKind.GANG: WorkloadClass.GANG,
-    UnitKind.INFERENCE: WorkloadClass.INFERENCE,
-    UnitKind.BATCH: WorkloadClass.BATCH,
-}
 
 
 class Strategy:

@@ -9,7 +9,6 @@ from devheal.lab.devices import (
     Health,
     Holder,
     NodeDevices,
-    container_requests,
     device_uuid,
     kubelet_health,
     requested_gpus,
@@ -151,5 +150,3 @@ def test_requests_read_limits_then_requests_and_reject_fractions() -> None:
     assert requested_gpus({"name": "x"}) == 0
     with pytest.raises(AdmissionError, match="whole number"):
         requested_gpus({"resources": {"limits": {"nvidia.com/gpu": "500m"}}})
-    spec = {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}, {"name": "b"}]}
-    assert list(container_requests(spec)) == [("a", 1)]
