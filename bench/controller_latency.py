@@ -32,6 +32,7 @@ from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.workloads import gpu_deployment, pod_devices, wait_policy_observed, wait_until
 from devheal.model.api import GROUP_VERSION
+from devheal.model.times import format_time
 
 RESULTS = Path(__file__).parent / "results"
 NAMESPACE = "bench"
@@ -216,7 +217,7 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "controller_latency",
-                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "when": format_time(time.time()),
                 "targets": {"latency_p99_s": 1.0, "controller_peak_rss_mib": 300},
                 "result": result,
             },

@@ -70,6 +70,7 @@ from devheal.lab.nodesim import (
 from devheal.lab.workloads import pod_devices, wait_policy_observed, wait_until
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import RESTART_GENERATION_ANNOTATION
+from devheal.model.times import format_time
 
 RESULTS = Path(__file__).parent / "results"
 NS = "bench"
@@ -420,7 +421,7 @@ def main() -> None:
             {
                 "benchmark": "gang_restart",
                 "goal_speedup": 10,
-                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "when": format_time(time.time()),
                 "result": result,
             },
             indent=2,

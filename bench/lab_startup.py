@@ -21,6 +21,7 @@ import psutil
 
 from devheal.lab import toolchain, versions
 from devheal.lab.cluster import Lab, LabSpec
+from devheal.model.times import format_time
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -92,7 +93,7 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "lab_startup",
-                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "when": format_time(time.time()),
                 "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
                 "versions": {"kubernetes": versions.KUBERNETES, "etcd": versions.ETCD, "kwok": versions.KWOK},
                 "results": rows,

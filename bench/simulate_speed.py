@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devheal.model.times import format_time
 from devheal.simulate.config import build_preset
 from devheal.simulate.runner import run_comparison
 from devheal.simulate.strategies import lineup
@@ -78,7 +79,7 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "simulate_speed",
-                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "when": format_time(time.time()),
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                 "preset": "llama3-405b (scaled)",
                 "runs": args.runs,
