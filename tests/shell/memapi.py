@@ -8,6 +8,7 @@ own event loop, so it works on virtual time (``tests.shell.virtual_time``).
 Besides the protocol, it has knobs a test turns to make the server misbehave:
 
 - ``fail_next``: answer the next matching request(s) with an error status (429, 500, 504...);
+- ``slow_next``: answer the next matching request(s) only after a delay (a hung server);
 - ``gone_next_watch``: the next watch answers 410 Gone (an ERROR event, as the server does);
 - ``compact``: forget the event history, so watches and list continuations from older
   versions are answered 410 Gone;
@@ -52,11 +53,13 @@ class Call:
 @dataclass
 class Fault:
     status: int
+    """The status to answer with; 0 to answer normally, after ``delay``."""
     verb: str
     path: str
     times: int
     reason: str
     message: str
+    delay: float = 0.0
 
     def matches(self, verb: str, path: str) -> bool:
         return self.times > 0 and (not self.verb or self.verb == verb) and path.startswith(self.path)
@@ -108,6 +111,7 @@ class MemApi:
         self._stalls: list[str] = []
         self._resume = asyncio.Event()
         self._resume.set()
+        self._sleeping: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
         self.url = ""
         self.store.listeners.append(self._publish)
@@ -130,6 +134,8 @@ class MemApi:
         self._resume.set()
         for watch in self.watches:
             watch.queue.put_nowait(_CLOSE)
+        for task in self._sleeping:
+            task.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -152,6 +158,21 @@ class MemApi:
         path.write_text(json.dumps(config))
         return path
 
+    # ---- changes made "meanwhile on the server", without a request ---------------------------
+
+    def create(self, path: str, body: Obj) -> Obj:
+        """Create at a collection path, as another client would (watchers see it)."""
+        return self.store.create(Ref.parse(path), body)
+
+    def patch(self, path: str, body: Any, content_type: str = store_module.MERGE_PATCH) -> Obj:
+        return self.store.patch(Ref.parse(path), body, content_type)
+
+    def delete(self, path: str) -> Obj:
+        return self.store.delete(Ref.parse(path))
+
+    def get(self, path: str) -> Obj:
+        return self.store.get(Ref.parse(path))
+
     # ---- knobs --------------------------------------------------------------------------------
 
     def fail_next(
@@ -160,6 +181,10 @@ class MemApi:
         """Answer the next ``times`` requests of ``verb`` (any if empty) under ``path`` with ``status``."""
         reason = reason or _REASONS.get(status, "")
         self.faults.append(Fault(status, verb, path, times, reason, message or f"injected {status} {reason}"))
+
+    def slow_next(self, seconds: float, *, verb: str = "", path: str = "", times: int = 1) -> None:
+        """Answer the next ``times`` requests of ``verb`` under ``path`` only after ``seconds`` (a hung server)."""
+        self.faults.append(Fault(0, verb, path, times, "", "", delay=seconds))
 
     def gone_next_watch(self, times: int = 1) -> None:
         self._gone_watches += times
@@ -203,6 +228,16 @@ class MemApi:
             if seen is not None:
                 watch.queue.put_nowait(seen)
 
+    async def _sleep(self, seconds: float) -> None:
+        """Hold a request (cancelled when the server closes: a client that gave up leaves it behind)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._sleeping.add(task)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._sleeping.discard(task)
+
     @staticmethod
     def _answer(body: Any, status: int = 200) -> web.Response:
         return web.json_response(body, status=status)
@@ -221,8 +256,12 @@ class MemApi:
         for fault in self.faults:
             if fault.matches(verb, request.path):
                 fault.times -= 1
-                error = ApiError(fault.status, fault.reason, fault.message)
-                return self._answer(error.status(), fault.status)
+                if fault.delay:
+                    await self._sleep(fault.delay)
+                if fault.status:
+                    error = ApiError(fault.status, fault.reason, fault.message)
+                    return self._answer(error.status(), fault.status)
+                break
         try:
             body = await self._body(request)
             match = matcher(params.get("labelSelector", ""), params.get("fieldSelector", ""))

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 
-async def until(check: Callable[[], object], what: str, *, timeout: float = 60.0, step: float = 0.001) -> None:
+async def until(check: Callable[[], object], what: str, *, timeout: float = 60.0, step: float = 0.01) -> None:
     """Poll ``check()`` every ``step`` virtual seconds until it is true; fail after ``timeout`` virtual seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -351,3 +351,16 @@ async def closing(api: MemApi, kube: KubeClient) -> list[tuple[str, str]]:
     await until(lambda: api.watching(PODS) == 1, "the watch to open")
     api.close_watches()
     return await task
+
+
+async def test_a_slow_answer_runs_into_the_clients_timeout(api: MemApi, kube: KubeClient) -> None:
+    await kube.create(PODS, pod("a"))
+    api.slow_next(60, verb="get")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(errors.Unavailable, match="TimeoutError"):
+        await kube.request("GET", f"{PODS}/a", timeout=5)
+    assert loop.time() - started == pytest.approx(5)
+    api.slow_next(3, verb="get")
+    assert (await kube.get(f"{PODS}/a"))["metadata"]["name"] == "a"
+    assert loop.time() - started == pytest.approx(8)

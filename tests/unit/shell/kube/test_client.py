@@ -1,0 +1,73 @@
+"""KubeClient against the in-memory API server: failures become our errors, retries back off exactly."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, api_path, retrying
+from tests.shell.memapi import MemApi
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+PODS = api_path("v1", "pods", namespace="ns")
+
+
+async def test_a_server_that_is_gone_is_unavailable(api: MemApi, kube: KubeClient) -> None:
+    await api.close()
+    with pytest.raises(errors.Unavailable, match="GET /api/v1/nodes"):
+        await kube.get(api_path("v1", "nodes"))
+
+
+async def test_an_answer_that_is_not_an_object_is_permanent(api: MemApi, kube: KubeClient) -> None:
+    api.fail_next(404, verb="get")  # a Status body: decoded and mapped
+    with pytest.raises(errors.NotFound, match="injected 404"):
+        await kube.get(f"{PODS}/p")
+    with pytest.raises(errors.NotFound, match="HTTP 404"):  # a path the server does not serve
+        await kube.get("/metrics")
+
+
+async def test_a_missing_kubeconfig_is_a_permanent_error(tmp_path: Path) -> None:
+    with pytest.raises(errors.PermanentError, match="cannot load Kubernetes configuration"):
+        await KubeClient.connect(str(tmp_path / "missing"))
+
+
+async def test_a_watch_error_event_maps_its_code(api: MemApi, kube: KubeClient) -> None:
+    api.gone_next_watch()
+    with pytest.raises(errors.Gone, match="too old resource version"):
+        async for _ in kube.watch(PODS, "5"):
+            pass
+
+
+async def test_retrying_backs_off_exponentially_on_temporary_errors(api: MemApi, kube: KubeClient) -> None:
+    await kube.create(PODS, {"metadata": {"name": "p"}})
+    api.fail_next(500, verb="get", times=3)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    pod = await retrying(lambda: kube.get(f"{PODS}/p"), base_delay=0.1)
+    assert pod["metadata"]["name"] == "p"
+    # Each wait is max(the error's own delay, the backoff): Unavailable asks for 1 s.
+    assert [round(c.at - started, 6) for c in api.calls("get")] == [0.0, 1.0, 2.0, 3.0]
+
+
+async def test_retrying_uses_the_backoff_when_it_exceeds_the_errors_delay(api: MemApi, kube: KubeClient) -> None:
+    await kube.create(PODS, {"metadata": {"name": "p"}})
+    api.fail_next(409, verb="get", times=4)  # Conflict asks for 0.05 s
+    started = asyncio.get_running_loop().time()
+    await retrying(lambda: kube.get(f"{PODS}/p"), base_delay=0.1, max_delay=0.3)
+    assert [round(c.at - started, 6) for c in api.calls("get")] == [0.0, 0.1, 0.3, 0.6, 0.9]
+
+
+async def test_retrying_gives_up_after_its_tries_and_never_retries_permanent_errors(
+    api: MemApi, kube: KubeClient
+) -> None:
+    api.fail_next(429, verb="get", times=3)
+    with pytest.raises(errors.TooManyRequests):
+        await retrying(lambda: kube.get(f"{PODS}/p"), tries=3)
+    assert len(api.calls("get")) == 3
+    with pytest.raises(errors.NotFound):
+        await retrying(lambda: kube.get(f"{PODS}/p"), tries=3)
+    assert len(api.calls("get")) == 4

@@ -1,0 +1,264 @@
+"""The Reflector lists, then watches from the list's version; 410 means list again and diff; failures back off."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from devheal.kube import informer
+from devheal.kube.client import KubeClient, api_path
+from devheal.kube.informer import Reflector, raw
+from tests.shell.memapi import MemApi
+from tests.shell.waiting import until
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+PODS = api_path("v1", "pods", namespace="ns")
+Obj = dict[str, Any]
+
+
+class NoJitter:
+    """Stands in for ``random`` in the informer: backoffs and watch timeouts without jitter."""
+
+    @staticmethod
+    def uniform(low: float, high: float) -> float:
+        return 1.0
+
+    @staticmethod
+    def randint(low: int, high: int) -> int:
+        return low
+
+
+@pytest.fixture(autouse=True)
+def no_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(informer, "random", NoJitter)
+
+
+def pod(name: str, **labels: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": {}}
+
+
+class Changes:
+    """A handler that records (what, key) for every change it is told about."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def __call__(self, key: str, old: Any, new: Any) -> None:
+        self.seen.append(("add" if old is None else "delete" if new is None else "update", key))
+
+
+@contextlib.asynccontextmanager
+async def running(reflector: Reflector[Any]) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(reflector.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def watching(api: MemApi, reflector: Reflector[Any], watches: int = 1) -> None:
+    """Wait until the reflector has made ``watches`` watch requests and one of them is open."""
+    await until(lambda: len(api.calls("watch")) >= watches and api.watching(reflector.path) == 1, "the watch")
+
+
+def times(api: MemApi, verb: str) -> list[float]:
+    return [round(c.at, 6) for c in api.calls(verb)]
+
+
+def gaps(moments: list[float]) -> list[float]:
+    return [round(b - a, 6) for a, b in itertools.pairwise(moments)]
+
+
+async def test_lists_then_watches_from_the_lists_version(api: MemApi, kube: KubeClient) -> None:
+    api.create(PODS, pod("a"))
+    api.create(PODS, pod("b"))
+    changes = Changes()
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw, [changes])
+    async with running(reflector):
+        await reflector.synced.wait()
+        await watching(api, reflector)
+        assert api.calls("watch")[0].params["resourceVersion"] == reflector.resource_version == "2"
+        api.create(PODS, pod("c"))
+        api.patch(f"{PODS}/a", {"metadata": {"labels": {"k": "v"}}})
+        api.delete(f"{PODS}/b")
+        await until(lambda: "ns/b" not in reflector.store, "the deletion")
+    assert changes.seen == [("add", "ns/a"), ("add", "ns/b"), ("add", "ns/c"), ("update", "ns/a"), ("delete", "ns/b")]
+    assert reflector.store["ns/a"]["metadata"]["labels"] == {"k": "v"}
+    assert reflector.resource_version == str(api.store.rv)
+    assert reflector.relists == 1
+
+
+async def test_pages_through_a_large_collection(api: MemApi, kube: KubeClient) -> None:
+    for i in range(1201):
+        api.create(PODS, pod(f"p{i:04d}"))
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    async with running(reflector):
+        await reflector.synced.wait()
+    assert len(reflector.store) == 1201
+    lists = api.calls("list")
+    assert [c.params["limit"] for c in lists] == ["500"] * 3
+    assert ["continue" in c.params for c in lists] == [False, True, True]
+    assert reflector.resource_version == str(api.store.rv)
+
+
+async def test_a_selector_reaches_the_list_and_the_watch(api: MemApi, kube: KubeClient) -> None:
+    api.create(PODS, pod("in", app="x"))
+    api.create(PODS, pod("out", app="y"))
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw, params={"labelSelector": "app=x"})
+    async with running(reflector):
+        await reflector.synced.wait()
+        assert set(reflector.store) == {"ns/in"}
+        await watching(api, reflector)
+        api.patch(f"{PODS}/in", {"metadata": {"labels": {"app": "y"}}})
+        await until(lambda: not reflector.store, "the pod to leave the selection")
+
+
+async def test_after_410_it_lists_again_and_sees_what_it_missed(api: MemApi, kube: KubeClient) -> None:
+    for name in "abc":
+        api.create(PODS, pod(name))
+    changes = Changes()
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw, [changes])
+    async with running(reflector):
+        await watching(api, reflector)
+        # The watch drops and cannot come back at once; meanwhile history moves on and is compacted.
+        api.fail_next(500, verb="watch")
+        api.close_watches()
+        await until(lambda: len(api.calls("watch")) == 2, "the failed watch")
+        api.delete(f"{PODS}/a")
+        api.create(PODS, pod("d"))
+        api.patch(f"{PODS}/c", {"metadata": {"labels": {"k": "v"}}})
+        api.compact()
+        await watching(api, reflector, watches=4)
+    watches = api.calls("watch")
+    assert watches[2].params["resourceVersion"] == watches[0].params["resourceVersion"]  # answered 410
+    assert len(api.calls("list")) == 2
+    assert reflector.relists == 2
+    assert set(reflector.store) == {"ns/b", "ns/c", "ns/d"}
+    assert reflector.store["ns/c"]["metadata"]["labels"] == {"k": "v"}
+    assert ("delete", "ns/a") in changes.seen
+    assert ("add", "ns/d") in changes.seen
+    assert watches[3].params["resourceVersion"] == str(api.store.rv)
+
+
+async def test_a_410_lists_again_at_once(api: MemApi, kube: KubeClient) -> None:
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    async with running(reflector):
+        await watching(api, reflector)
+        await asyncio.sleep(5)
+        api.gone_next_watch()
+        api.close_watches()
+        await watching(api, reflector, watches=3)
+    assert times(api, "list") == [0.0, times(api, "watch")[1]]  # no backoff before the relist
+    assert times(api, "watch")[1] == times(api, "watch")[2]
+    assert reflector.relists == 2
+
+
+async def test_server_errors_back_off_exponentially_up_to_ten_seconds(api: MemApi, kube: KubeClient) -> None:
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    async with running(reflector):
+        await watching(api, reflector)
+        api.fail_next(500, verb="watch", times=7)
+        api.close_watches()
+        await watching(api, reflector, watches=9)
+        # A watch that ran and ended resets the backoff.
+        api.fail_next(504, verb="watch")
+        api.close_watches()
+        await watching(api, reflector, watches=11)
+    watches = times(api, "watch")
+    assert gaps(watches[1:9]) == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0]
+    assert gaps(watches[9:]) == [0.2]
+    assert len(api.calls("list")) == 1  # a temporary error resumes the watch from its version
+    assert {c.params["resourceVersion"] for c in api.calls("watch")} == {reflector.resource_version}
+
+
+async def test_a_failing_list_backs_off_and_sync_waits_for_it(api: MemApi, kube: KubeClient) -> None:
+    api.create(PODS, pod("a"))
+    api.fail_next(500, verb="list", times=2)
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    async with running(reflector):
+        await reflector.synced.wait()
+        assert asyncio.get_running_loop().time() == pytest.approx(0.6)
+    assert times(api, "list") == [0.0, 0.2, 0.6]
+    assert set(reflector.store) == {"ns/a"}
+
+
+async def test_a_permanent_watch_error_lists_again_after_a_backoff(api: MemApi, kube: KubeClient) -> None:
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    async with running(reflector):
+        await watching(api, reflector)
+        api.fail_next(404, verb="watch")
+        api.close_watches()
+        await watching(api, reflector, watches=3)
+    assert times(api, "list")[1] - times(api, "watch")[1] == pytest.approx(0.2)
+    assert reflector.relists == 2
+
+
+async def test_bookmarks_move_the_version_and_nothing_else(api: MemApi, kube: KubeClient) -> None:
+    changes = Changes()
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw, [changes])
+    async with running(reflector):
+        await watching(api, reflector)
+        api.create(api_path("v1", "nodes"), {"metadata": {"name": "n1"}})
+        api.bookmark()
+        await until(lambda: reflector.resource_version == str(api.store.rv), "the bookmark")
+    assert changes.seen == []
+    assert reflector.store == {}
+    assert api.calls("watch")[0].params["allowWatchBookmarks"] == "true"
+
+
+async def test_a_watch_ending_at_its_timeout_resumes_from_its_version(api: MemApi, kube: KubeClient) -> None:
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    async with running(reflector):
+        await watching(api, reflector)
+        api.create(PODS, pod("a"))
+        await asyncio.sleep(300)
+    first, second = api.calls("watch")
+    assert first.params["timeoutSeconds"] == "240"
+    assert round(second.at, 6) == 240.0
+    assert second.params["resourceVersion"] == str(api.store.rv)
+    assert reflector.relists == 1
+
+
+async def test_a_hung_watch_is_given_up_after_its_read_timeout(api: MemApi, kube: KubeClient) -> None:
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    async with running(reflector):
+        await watching(api, reflector)
+        api.stall_watches(PODS)
+        api.create(PODS, pod("a"))
+        await until(lambda: len(api.calls("watch")) == 2, "a second watch", timeout=600, step=1.0)
+        api.resume_watches()
+        await until(lambda: "ns/a" in reflector.store, "the pod created during the stall")
+    second = api.calls("watch")[1]
+    assert round(second.at, 6) == 240 + 30 + 0.2  # the client's read timeout, then the backoff
+    assert second.params["resourceVersion"] == api.calls("watch")[0].params["resourceVersion"]
+    assert reflector.relists == 1
+
+
+async def test_a_malformed_object_or_a_failing_handler_does_not_stop_the_watch(api: MemApi, kube: KubeClient) -> None:
+    def project(obj: Obj) -> str:
+        labels = obj["metadata"].get("labels") or {}
+        if labels.get("bad"):
+            raise ValueError("malformed")
+        return str(labels.get("v", ""))
+
+    def broken(key: str, old: Any, new: Any) -> None:
+        raise RuntimeError("handler bug")
+
+    changes = Changes()
+    reflector: Reflector[str] = Reflector(kube, PODS, project, [broken, changes])
+    async with running(reflector):
+        await watching(api, reflector)
+        api.create(PODS, pod("a", v="1"))
+        api.patch(f"{PODS}/a", {"metadata": {"labels": {"bad": "yes"}}})
+        api.patch(f"{PODS}/a", {"metadata": {"labels": {"bad": None, "v": "2"}}})
+        await until(lambda: reflector.store.get("ns/a") == "2", "the good copy")
+    assert changes.seen == [("add", "ns/a"), ("update", "ns/a")]
+    assert reflector.resource_version == str(api.store.rv)
