@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from devheal.launch.child import ChildProcess, ChildStartError, exit_code_of, reap_orphans
+from tests.shell.waiting import until
+from tests.unit.launch.children import handling_sigterm
 
 PY = sys.executable
 
@@ -37,19 +39,19 @@ async def test_environment_is_passed() -> None:
     assert await child.wait() == 0
 
 
-async def test_stop_with_sigterm_handled_politely() -> None:
-    code = "import signal,sys,time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); time.sleep(60)"
-    child = await ChildProcess.start([PY, "-c", code], os.environ)
-    await asyncio.sleep(0.5)
+async def test_stop_with_sigterm_handled_politely(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    child = await ChildProcess.start([PY, "-c", handling_sigterm("lambda *a: sys.exit(7)", ready)], os.environ)
+    await until(ready.exists, "the child's SIGTERM handler")
     started = time.monotonic()
     assert await child.stop(grace=5) == 7
     assert time.monotonic() - started < 3
 
 
-async def test_stop_escalates_to_sigkill_after_the_grace_period() -> None:
-    code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
-    child = await ChildProcess.start([PY, "-c", code], os.environ)
-    await asyncio.sleep(0.5)
+async def test_stop_escalates_to_sigkill_after_the_grace_period(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    child = await ChildProcess.start([PY, "-c", handling_sigterm("signal.SIG_IGN", ready)], os.environ)
+    await until(ready.exists, "the child to ignore SIGTERM")
     started = time.monotonic()
     assert await child.stop(grace=0.5) == 128 + 9
     assert 0.4 < time.monotonic() - started < 3

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +11,8 @@ import pytest
 
 from devheal.launch.launcher import Launcher, LaunchOptions, device_error_message
 from devheal.launch.restarts import PodView
+from tests.shell.waiting import until
+from tests.unit.launch.children import handling_sigterm
 
 SELF = "rank-0"
 
@@ -96,14 +97,6 @@ def starts(tmp_path: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def stop(launcher: Launcher, run: asyncio.Task[int]) -> int:
     launcher.terminate()
     return await asyncio.wait_for(run, 10)
@@ -174,18 +167,20 @@ async def test_an_unwritable_termination_log_is_skipped(tmp_path: Path) -> None:
 
 
 async def test_terminate_forwards_to_the_child_and_exits_with_its_code(tmp_path: Path) -> None:
-    code = "import signal,sys,time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(42)); time.sleep(60)"
+    ready = tmp_path / "ready"
+    code = handling_sigterm("lambda *a: sys.exit(42)", ready)
     launcher = Launcher(LaunchOptions(command=(sys.executable, "-c", code), grace=2.0), FakeGang())
     run = asyncio.ensure_future(launcher.run())
-    await asyncio.sleep(0.5)
+    await until(ready.exists, "the child's SIGTERM handler")
     assert await stop(launcher, run) == 42
 
 
 async def test_terminate_kills_a_child_that_ignores_sigterm_after_the_grace(tmp_path: Path) -> None:
-    code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    ready = tmp_path / "ready"
+    code = handling_sigterm("signal.SIG_IGN", ready)
     launcher = Launcher(LaunchOptions(command=(sys.executable, "-c", code), grace=0.5), FakeGang())
     run = asyncio.ensure_future(launcher.run())
-    await asyncio.sleep(0.5)
+    await until(ready.exists, "the child to ignore SIGTERM")
     assert await stop(launcher, run) == 137
 
 
