@@ -9,6 +9,7 @@ Besides the protocol, it has knobs a test turns to make the server misbehave:
 
 - ``fail_next``: answer the next matching request(s) with an error status (429, 500, 504...);
 - ``slow_next``: answer the next matching request(s) only after a delay (a hung server);
+- ``meanwhile``: make a change just before serving the next matching request (a race lost);
 - ``gone_next_watch``: the next watch answers 410 Gone (an ERROR event, as the server does);
 - ``compact``: forget the event history, so watches and list continuations from older
   versions are answered 410 Gone;
@@ -60,6 +61,8 @@ class Fault:
     reason: str
     message: str
     delay: float = 0.0
+    meanwhile: Callable[[], object] | None = None
+    """Run just before the request is served (another client's change that races it)."""
 
     def matches(self, verb: str, path: str) -> bool:
         return self.times > 0 and (not self.verb or self.verb == verb) and path.startswith(self.path)
@@ -186,6 +189,10 @@ class MemApi:
         """Answer the next ``times`` requests of ``verb`` under ``path`` only after ``seconds`` (a hung server)."""
         self.faults.append(Fault(0, verb, path, times, "", "", delay=seconds))
 
+    def meanwhile(self, change: Callable[[], object], *, verb: str = "", path: str = "", times: int = 1) -> None:
+        """Just before serving the next matching request, make ``change`` (another client's write racing it)."""
+        self.faults.append(Fault(0, verb, path, times, "", "", meanwhile=change))
+
     def gone_next_watch(self, times: int = 1) -> None:
         self._gone_watches += times
 
@@ -258,6 +265,8 @@ class MemApi:
                 fault.times -= 1
                 if fault.delay:
                     await self._sleep(fault.delay)
+                if fault.meanwhile is not None:
+                    fault.meanwhile()
                 if fault.status:
                     error = ApiError(fault.status, fault.reason, fault.message)
                     return self._answer(error.status(), fault.status)
