@@ -316,6 +316,8 @@ class MemApi:
             return s.replace(ref, body), 200
         if verb == "patch":
             if ctype == store_module.APPLY_PATCH and ref.key not in s.objects and not ref.subresource:
+                if not isinstance(body, dict):
+                    raise ApiError(400, "BadRequest", "an apply patch is an object")
                 collection = Ref(ref.prefix, ref.plural, ref.namespace)
                 return s.create(collection, {**body, "metadata": {**body.get("metadata", {}), "name": ref.name}}), 201
             return s.patch(ref, body, ctype), 200

@@ -12,6 +12,8 @@ finalizers (a delete sets ``deletionTimestamp`` until the last one is removed).
 
 Differences from a real API server, chosen for seeding tests: a create keeps the
 ``status`` it is given, and a pod's delete takes effect at once (there is no kubelet).
+Server-side apply is a merge patch (no field managers), and strategic merge patch knows
+only the merge keys in ``tests.shell.patches``.
 """
 
 from __future__ import annotations

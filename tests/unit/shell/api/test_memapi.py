@@ -364,3 +364,13 @@ async def test_a_slow_answer_runs_into_the_clients_timeout(api: MemApi, kube: Ku
     api.slow_next(3, verb="get")
     assert (await kube.get(f"{PODS}/a"))["metadata"]["name"] == "a"
     assert loop.time() - started == pytest.approx(8)
+
+
+async def test_server_side_apply_creates_then_merges(kube: KubeClient) -> None:
+    path = api_path("devheal.io/v1alpha1", "nodedevices", name="n1")
+    body = {"apiVersion": "devheal.io/v1alpha1", "kind": "NodeDevices", "metadata": {"name": "n1"}, "spec": {"a": 1}}
+    created = await kube.apply(path, body)
+    assert created["metadata"]["generation"] == 1
+    applied = await kube.apply(path, {**body, "spec": {"b": 2}})
+    assert applied["spec"] == {"a": 1, "b": 2}  # a merge, not field ownership: close enough for tests
+    assert applied["metadata"]["generation"] == 2
