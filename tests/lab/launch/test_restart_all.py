@@ -142,6 +142,14 @@ class Gang:
             counts, lambda c: c == expected, timeout=timeout, what=f"trainer starts {expected}\n{self.logs()}"
         )
 
+    async def wait_stops(self, expected: dict[str, int], timeout: float = 60) -> None:
+        async def counts() -> dict[str, int]:
+            return {name: len(self.stops(name)) for name in expected}
+
+        await wait_until(
+            counts, lambda c: c == expected, timeout=timeout, what=f"trainer stops {expected}\n{self.logs()}"
+        )
+
     def logs(self) -> str:
         return "\n".join(
             f"--- {p.name} ---\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(self.tmp.glob("*.log"))
@@ -211,11 +219,10 @@ async def test_the_barrier_holds_every_rank_until_the_last_one_stopped(gang: Gan
     for name in early:
         await gang.bump(name, 1)
     await gang.wait_acks(dict.fromkeys(early, 1))
-    await asyncio.sleep(3)
-    # The early ranks stopped training and wait in their barrier init container.
+    # The early ranks stop training and wait in their barrier init container.
+    await gang.wait_stops(dict.fromkeys(early, 1))
     for name in early:
         assert len(gang.starts(name)) == 1
-        assert len(gang.stops(name)) == 1
     await gang.bump(late, 1)
     await gang.wait_starts(dict.fromkeys(RANKS, 2))
     late_stop = gang.stops(late)[0]
