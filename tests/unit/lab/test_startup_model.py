@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from devheal.lab.nodesim import (
+from devheal.lab.nodesim.pods import PodView
+from devheal.lab.nodesim.startup import (
     IMAGE_PULL_SECONDS_ANNOTATION,
     START_JITTER_SECONDS_ANNOTATION,
     START_SECONDS_ANNOTATION,
     STOP_JITTER_SECONDS_ANNOTATION,
     STOP_SECONDS_ANNOTATION,
     NodeImages,
-    PodView,
     jitter,
 )
 

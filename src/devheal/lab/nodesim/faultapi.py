@@ -1,0 +1,127 @@
+"""The simulator's loopback HTTP API: inject faults, read device state, check readiness.
+
+Tests, the demo and the benchmarks break GPUs on purpose (``devheal.lab.faults`` is the
+client). A fault changes the node's devices, then everything a real node would show for
+it: the Node's allocatable, the device health in the holding pods' status, the node's
+readiness (through kwok's not-ready stage). Bad input is answered 400 with what was
+expected, an unknown node 404, a refused API write 502.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, api_path
+from devheal.lab.nodesim.kubelet import Kubelet
+from devheal.lab.nodesim.nodes import NOT_READY_LABEL, node_name
+from devheal.lab.nodesim.nodestatus import NodeStatus
+from devheal.lab.nodesim.store import NodeStore
+
+FAULT_KINDS = ("xid", "degrade", "recover", "plugin-restart", "node-notready", "node-ready")
+
+
+@dataclass
+class FaultAPI:
+    client: KubeClient
+    store: NodeStore
+    node_status: NodeStatus
+    kubelet: Kubelet
+
+    async def inject(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Apply one fault; raises KeyError (unknown node) or ValueError (bad input)."""
+        nodes = self.store.nodes
+        if node not in nodes:
+            raise KeyError(f"no simulated node named {node!r}; nodes are {node_name(0)}..{node_name(len(nodes) - 1)}")
+        nd = nodes[node]
+        kind = body.get("kind")
+        now = time.time()
+
+        def gpu_index() -> int:
+            value = body.get("gpu")
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"fault {kind!r} needs 'gpu': a GPU index (integer), got {value!r}")
+            nd.device(value)  # raises IndexError with the valid range
+            return value
+
+        changed: set[str] = set()
+        if kind == "xid":
+            code = body.get("code")
+            if not isinstance(code, int) or isinstance(code, bool) or code <= 0:
+                raise ValueError(f"fault 'xid' needs 'code': a positive XID number, got {code!r}")
+            index = gpu_index()
+            if nd.inject_xid(index, code, now):
+                changed.add(nd.devices[index].uuid)
+        elif kind == "degrade":
+            slowdown = body.get("slowdown")
+            if not isinstance(slowdown, int | float) or isinstance(slowdown, bool):
+                raise ValueError(f"fault 'degrade' needs 'slowdown': a number >= 1.0, got {slowdown!r}")
+            index = gpu_index()
+            nd.degrade(index, float(slowdown))
+        elif kind == "recover":
+            index = gpu_index()
+            if nd.recover(index):
+                changed.add(nd.devices[index].uuid)
+        elif kind == "plugin-restart":
+            seconds = body.get("seconds", 5)
+            if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
+                raise ValueError(f"fault 'plugin-restart' needs 'seconds' >= 0, got {seconds!r}")
+            nd.restart_plugin(now, float(seconds))
+        elif kind in ("node-notready", "node-ready"):
+            value = "true" if kind == "node-notready" else None
+            await self.client.patch(
+                api_path("v1", "nodes", name=node), {"metadata": {"labels": {NOT_READY_LABEL: value}}}
+            )
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}; expected one of {', '.join(FAULT_KINDS)}")
+        self.store.schedule_save()
+        await self.node_status.reconcile(node)
+        if nd.plugin_down_until > now:
+            self.node_status.publish_after(node, nd.plugin_down_until - now)
+        if changed:
+            await self.kubelet.republish_holders(node, changed)
+        return nd.to_json(time.time())
+
+    def http_app(self) -> web.Application:
+        app = web.Application()
+
+        async def healthz(_: web.Request) -> web.Response:
+            pods = self.kubelet.pods
+            synced = pods is not None and pods.synced.is_set()
+            return web.json_response({"ok": synced, "nodes": len(self.store.nodes)}, status=200 if synced else 503)
+
+        async def list_nodes(_: web.Request) -> web.Response:
+            return web.json_response(self.store.snapshot())
+
+        async def get_node(request: web.Request) -> web.Response:
+            nd = self.store.nodes.get(request.match_info["node"])
+            if nd is None:
+                return web.json_response({"error": f"no simulated node {request.match_info['node']!r}"}, status=404)
+            return web.json_response(nd.to_json(time.time()))
+
+        async def post_fault(request: web.Request) -> web.Response:
+            try:
+                body = await request.json()
+            except ValueError:
+                return web.json_response({"error": "body must be a JSON object"}, status=400)
+            if not isinstance(body, dict):
+                return web.json_response({"error": "body must be a JSON object"}, status=400)
+            try:
+                result = await self.inject(request.match_info["node"], body)
+            except KeyError as exc:
+                return web.json_response({"error": str(exc.args[0])}, status=404)
+            except (ValueError, IndexError) as exc:
+                return web.json_response({"error": str(exc)}, status=400)
+            except errors.KubeError as exc:
+                return web.json_response({"error": f"API server refused the update: {exc}"}, status=502)
+            return web.json_response(result)
+
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/v1/nodes", list_nodes)
+        app.router.add_get("/v1/nodes/{node}", get_node)
+        app.router.add_post("/v1/nodes/{node}/faults", post_fault)
+        return app

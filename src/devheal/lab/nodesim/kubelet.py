@@ -1,0 +1,217 @@
+"""The pod lifecycle of the simulated kubelets: admit, start, run, stop, and free devices.
+
+kwok keeps the lab's nodes alive but runs no pods; devheal needs pods that hold GPUs and
+whose status says so. For every pod bound to a simulated node this does what kubelet's
+device manager and pod workers would: allocate healthy devices at admission (or fail the
+pod with ``UnexpectedAdmissionError``), move it through Pending/ContainerCreating to
+Running on the start-up cost model, end it after its run time, stop it within its grace
+period once deleted, and free its devices when it ends or goes away.
+
+Level-triggered: the pod informer only enqueues keys; ``reconcile_pod`` reads the latest
+pod and converges, and returns when to look again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.kube.informer import Reflector
+from devheal.kube.workqueue import WorkQueue
+from devheal.lab import devices as devmod
+from devheal.lab.devices import AdmissionError, Holder, NodeDevices
+from devheal.lab.nodesim import status
+from devheal.lab.nodesim.nodestatus import NodeStatus
+from devheal.lab.nodesim.pods import PodView, RunningPod
+from devheal.lab.nodesim.startup import NodeImages
+from devheal.lab.nodesim.store import NodeStore
+from devheal.model.cluster import GPU_RESOURCE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Kubelet:
+    """The pod workers of every simulated node."""
+
+    client: KubeClient
+    store: NodeStore
+    node_status: NodeStatus
+    running: dict[str, RunningPod] = field(default_factory=dict)  # pod uid -> record
+    queue: WorkQueue = field(default_factory=WorkQueue)
+    pods: Reflector[PodView] | None = None
+
+    def watch(self) -> Reflector[PodView]:
+        """The pod informer, feeding this kubelet's queue; the caller runs it."""
+        self.pods = Reflector(self.client, api_path("v1", "pods"), PodView.from_obj, handlers=[self.on_pod])
+        return self.pods
+
+    def on_pod(self, key: str, old: PodView | None, new: PodView | None) -> None:
+        pod = new or old
+        if (pod is not None and pod.node in self.store.nodes) or (new is None and old is not None):
+            self.queue.add(key)
+
+    # ---- status writes -----------------------------------------------------------------------
+
+    def _started_body(self, pod: PodView, record: RunningPod, ended: bool) -> Obj:
+        host = status.host_ip(self.store.index(pod.node))
+        return status.started_body(pod, record, self.store.nodes[pod.node], host, ended)
+
+    def _live_body(self, pod: PodView, record: RunningPod) -> Obj:
+        host = status.host_ip(self.store.index(pod.node))
+        return status.live_body(pod, record, self.store.nodes[pod.node], host)
+
+    async def _patch_status(self, pod: PodView, body: Obj) -> None:
+        await status.patch_status(self.client, pod, body)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def reconcile_pod(self, key: str) -> float | None:
+        assert self.pods is not None
+        pod = self.pods.store.get(key)
+        if pod is None:
+            # Gone from the API: free whatever a pod of that name held.
+            for uid, record in list(self.running.items()):
+                if record.view.key == key:
+                    self._forget(uid, record.view.node)
+            return None
+        # A pod recreated under the same name (StatefulSet) shares the key: whatever an earlier
+        # incarnation held is free again, as kubelet frees the devices of a removed pod.
+        for uid, record in list(self.running.items()):
+            if record.view.key == key and uid != pod.uid:
+                self._forget(uid, record.view.node)
+        if pod.node not in self.store.nodes:
+            return None
+        nd = self.store.nodes[pod.node]
+        if pod.deleting:
+            return await self._stop(pod, nd)
+        if pod.phase in ("Succeeded", "Failed"):
+            self._forget(pod.uid, pod.node)
+            return None
+        running = self.running.get(pod.uid)
+        if running is None:
+            return await self._admit(pod, nd)
+        record = running
+        if not record.running:
+            wait = record.starts_at - time.time()
+            if wait > 0:
+                return wait
+            async with record.lock:
+                await self._patch_status(pod, self._started_body(pod, record, ended=False))
+                record.running = True
+        if pod.run_seconds is not None:
+            remaining = record.starts_at + pod.run_seconds - time.time()
+            if remaining > 0:
+                return remaining
+            async with record.lock:
+                record.ended = True
+                await self._patch_status(pod, self._started_body(pod, record, ended=True))
+            self._forget(pod.uid, pod.node)
+        return None
+
+    async def _stop(self, pod: PodView, nd: NodeDevices) -> float | None:
+        """A deleted pod: stop its containers within the grace period, then remove it."""
+        ending = self.running.get(pod.uid)
+        if ending is not None and pod.phase not in ("Succeeded", "Failed"):
+            now = time.time()
+            if ending.stops_at is None:
+                # Started containers get SIGTERM and take their stop time, at most the grace
+                # period (then SIGKILL); a pod still starting has nothing running to stop.
+                stuck = any(
+                    d.holder is not None and d.holder.uid == pod.uid and d.health is devmod.Health.UNHEALTHY
+                    for d in nd.devices
+                )
+                ending.stops_at = now + (pod.stop_delay(stuck) if now >= ending.starts_at else 0.0)
+            if ending.stops_at > now:
+                return ending.stops_at - now
+            # Like kubelet: a deleted pod reaches a terminal phase before it goes away, so a
+            # Job's podFailurePolicy can judge it.
+            killed = replace(pod, exit_code=137)
+            async with ending.lock:
+                ending.ended = True
+                await self._patch_status(pod, self._started_body(killed, ending, ended=True))
+        self._forget(pod.uid, pod.node)
+        path = api_path("v1", "pods", namespace=pod.namespace, name=pod.name)
+        with contextlib.suppress(errors.NotFound, errors.Conflict):
+            await self.client.delete(path, {"gracePeriodSeconds": 0, "preconditions": {"uid": pod.uid}})
+        return None
+
+    async def _admit(self, pod: PodView, nd: NodeDevices) -> float | None:
+        now = time.time()
+        pod_ip = status.pod_ip(pod.uid, self.store.index(pod.node))
+        if pod.phase == "Running":
+            # Written by an earlier run of the simulator: take the allocation over as it is.
+            for container, device_id in pod.has_status_devices:
+                dev = nd.by_uuid(device_id)
+                if dev is not None:
+                    dev.holder = Holder(pod.namespace, pod.name, pod.uid, container)
+            self.running[pod.uid] = RunningPod(pod, now, pod_ip, starts_at=now)
+            self.store.schedule_save()
+            return pod.run_seconds
+        try:
+            for name, _image, gpus in pod.containers:
+                if gpus < 0:
+                    raise AdmissionError(f"container {name}: {GPU_RESOURCE} must be a whole number")
+                nd.allocate(Holder(pod.namespace, pod.name, pod.uid, name), gpus, now)
+        except AdmissionError as exc:
+            nd.release(pod.uid)
+            await self._patch_status(
+                pod,
+                {
+                    "status": {
+                        "phase": "Failed",
+                        "reason": "UnexpectedAdmissionError",
+                        "message": f"Pod was rejected: {exc}",
+                        "startTime": status.rfc3339(now),
+                    }
+                },
+            )
+            log.info("rejected %s on %s: %s", pod.key, pod.node, exc)
+            return None
+        starts_at = self._starts_at(pod, now)
+        record = RunningPod(pod, now, pod_ip, starts_at=starts_at, running=starts_at <= now)
+        try:
+            await self._patch_status(pod, self._live_body(pod, record))
+        except errors.KubeError:
+            nd.release(pod.uid)
+            raise
+        self.running[pod.uid] = record
+        self.store.schedule_save()
+        if not record.running:
+            return max(starts_at - time.time(), 0.0)
+        return pod.run_seconds
+
+    def _starts_at(self, pod: PodView, now: float) -> float:
+        """When an admitted pod's containers run: at once, or after its image pulls and start time."""
+        if not pod.models_start:
+            return now
+        ready = now
+        if pod.image_pull_seconds is not None:
+            images = self.store.images.setdefault(pod.node, NodeImages())
+            known = len(images.available)
+            ready = images.ensure(pod.images, pod.image_pull_seconds, now)
+            if len(images.available) != known:
+                # Publish node.status.images once the pull is done.
+                self.node_status.publish_after(pod.node, ready - now)
+        return ready + pod.start_delay()
+
+    def _forget(self, uid: str, node: str) -> None:
+        self.running.pop(uid, None)
+        nd = self.store.nodes.get(node)
+        if nd is not None and nd.release(uid):
+            self.store.schedule_save()
+
+    async def republish_holders(self, node: str, device_ids: set[str]) -> None:
+        """Rewrite the status of pods holding these devices (their health changed)."""
+        nd = self.store.nodes[node]
+        for uid in {d.holder.uid for d in nd.devices if d.holder is not None and d.uuid in device_ids}:
+            record = self.running.get(uid)
+            if record is None:
+                continue
+            async with record.lock:
+                if not record.ended:
+                    await self._patch_status(record.view, self._live_body(record.view, record))

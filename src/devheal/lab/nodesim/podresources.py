@@ -1,0 +1,74 @@
+"""kubelet's pod-resources view of one simulated node, for the pod-resources gRPC server.
+
+devheal's agent maps GPUs to pods through kubelet's pod-resources v1 API, as on a real
+node; the lab serves that API per node on a unix socket (``devheal.kubelet.podresources``
+speaks the protocol). This is the source behind one node's socket: computed on demand from
+the devices' holders and the kubelet's admitted pods, so there is nothing to keep in sync.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from devheal.kubelet.podresources import (
+    ContainerDevices,
+    ContainerResources,
+    PodResources,
+)
+from devheal.lab.devices import NodeDevices
+from devheal.lab.nodesim.pods import RunningPod
+from devheal.model.cluster import GPU_RESOURCE
+
+
+@dataclass
+class NodePodResources:
+    """The pod-resources view of one simulated node (what kubelet's device manager answers)."""
+
+    node: str
+    devices: NodeDevices
+    running: Mapping[str, RunningPod]
+    """The kubelet's admitted pods of every node, by UID (read, never changed, here)."""
+
+    def _pods(self) -> dict[tuple[str, str], dict[str, list[str]]]:
+        grouped: dict[tuple[str, str], dict[str, list[str]]] = {}
+        for record in self.running.values():
+            if record.view.node == self.node:
+                grouped.setdefault(
+                    (record.view.namespace, record.view.name), {c[0]: [] for c in record.view.containers}
+                )
+        for dev in self.devices.devices:
+            if dev.holder is not None:
+                pod = grouped.setdefault((dev.holder.namespace, dev.holder.pod), {})
+                pod.setdefault(dev.holder.container, []).append(dev.uuid)
+        return grouped
+
+    @staticmethod
+    def _to_record(namespace: str, name: str, containers: dict[str, list[str]]) -> PodResources:
+        return PodResources(
+            namespace=namespace,
+            name=name,
+            containers=tuple(
+                ContainerResources(
+                    name=cname,
+                    devices=(ContainerDevices(GPU_RESOURCE, tuple(ids)),) if ids else (),
+                )
+                for cname, ids in containers.items()
+            ),
+        )
+
+    def list_pods(self) -> list[PodResources]:
+        return [self._to_record(ns, name, cs) for (ns, name), cs in self._pods().items()]
+
+    def allocatable(self) -> list[ContainerDevices]:
+        nd = self.devices
+        now = time.time()
+        if not nd.plugin_registered(now):
+            return []
+        ids = tuple(d.uuid for d in nd.devices if d.allocatable)
+        return [ContainerDevices(GPU_RESOURCE, ids)] if ids else []
+
+    def get_pod(self, namespace: str, name: str) -> PodResources | None:
+        containers = self._pods().get((namespace, name))
+        return None if containers is None else self._to_record(namespace, name, containers)

@@ -1,0 +1,197 @@
+"""The pod status a simulated kubelet writes, KEP-4680 ``allocatedResourcesStatus`` included.
+
+devheal's agent and controller read device health from the pod status, as they would on a
+real cluster, so what the simulator writes must look like what kubelet 1.37 writes: phases,
+conditions, container states, and one ``allocatedResourcesStatus`` entry per allocated
+device with that device's health. Building those bodies is kept apart from deciding when to
+write them (``kubelet.py``); ``patch_status`` is the one write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
+from devheal.lab import devices as devmod
+from devheal.lab.devices import NodeDevices
+from devheal.lab.nodesim.pods import PodView, RunningPod
+from devheal.model.cluster import GPU_RESOURCE
+
+
+def rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def pod_ip(uid: str, node_index: int) -> str:
+    """A stable pod IP in the node's /24 of 10.64.0.0/10, drawn from the pod UID."""
+    digest = hashlib.sha256(uid.encode()).digest()
+    return f"10.{64 + node_index // 256}.{node_index % 256}.{2 + digest[0] % 250}"
+
+
+def host_ip(node_index: int) -> str:
+    return f"10.{node_index // 256}.{node_index % 256}.1"
+
+
+def resource_health(nd: NodeDevices, device_id: str) -> Obj:
+    """One ``allocatedResourcesStatus`` resource: the device's health as kubelet reports it."""
+    dev = nd.by_uuid(device_id)
+    entry: Obj = {"resourceID": device_id, "health": devmod.kubelet_health(dev)}
+    if dev is not None and dev.health is devmod.Health.UNHEALTHY and dev.reason:
+        entry["message"] = dev.reason
+    return entry
+
+
+def container_status(
+    pod: PodView, nd: NodeDevices, name: str, image: str, started: float, ended: bool, waiting: str = ""
+) -> Obj:
+    cid = hashlib.sha256(f"{pod.uid}/{name}".encode()).hexdigest()
+    status: Obj = {
+        "name": name,
+        "image": image,
+        "imageID": "",
+        "containerID": f"containerd://{cid}",
+        "restartCount": 0,
+    }
+    if waiting:
+        # Not created yet: no container ID, as kubelet reports it.
+        del status["containerID"]
+        status |= {"ready": False, "started": False, "state": {"waiting": {"reason": waiting}}}
+    elif ended:
+        status |= {
+            "ready": False,
+            "started": False,
+            "state": {
+                "terminated": {
+                    "exitCode": pod.exit_code,
+                    "reason": "Completed" if pod.exit_code == 0 else "Error",
+                    "startedAt": rfc3339(started),
+                    "finishedAt": rfc3339(time.time()),
+                    "containerID": f"containerd://{cid}",
+                }
+            },
+        }
+    else:
+        status |= {"ready": True, "started": True, "state": {"running": {"startedAt": rfc3339(started)}}}
+    held = nd.held_by(pod.uid, name)
+    if held:
+        status["allocatedResourcesStatus"] = [
+            {
+                "name": GPU_RESOURCE,
+                "resources": [resource_health(nd, device_id) for device_id in held],
+            }
+        ]
+    return status
+
+
+def started_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str, ended: bool) -> Obj:
+    """Containers running (Running), or ended (Succeeded/Failed by ``pod.exit_code``)."""
+    now = rfc3339(time.time())
+    admitted = rfc3339(record.admitted)
+    # Containers that never started (deleted while starting) end without a start of their own.
+    container_start = min(record.starts_at, time.time())
+    start = rfc3339(container_start)
+    ready = "False" if ended else "True"
+    phase = "Running"
+    if ended:
+        phase = "Succeeded" if pod.exit_code == 0 else "Failed"
+    conditions = [
+        {"type": "PodReadyToStartContainers", "status": ready, "lastTransitionTime": start},
+        {"type": "Initialized", "status": "True", "lastTransitionTime": start},
+        {"type": "Ready", "status": ready, "lastTransitionTime": now if ended else start},
+        {"type": "ContainersReady", "status": ready, "lastTransitionTime": now if ended else start},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": admitted},
+    ]
+    status: Obj = {
+        "phase": phase,
+        "conditions": conditions,
+        "hostIP": host,
+        "hostIPs": [{"ip": host}],
+        "podIP": record.pod_ip,
+        "podIPs": [{"ip": record.pod_ip}],
+        "startTime": admitted,
+        "containerStatuses": [
+            container_status(pod, nd, name, image, container_start, ended) for name, image, _ in pod.containers
+        ],
+    }
+    if pod.init_containers:
+        status["initContainerStatuses"] = [
+            {
+                "name": name,
+                "image": image,
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "state": {
+                    "terminated": {
+                        "exitCode": 0,
+                        "reason": "Completed",
+                        "startedAt": start,
+                        "finishedAt": start,
+                    }
+                },
+            }
+            for name, image in pod.init_containers
+        ]
+    return {"status": status}
+
+
+def starting_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str) -> Obj:
+    """Admitted, devices allocated, containers not running yet (images pulling, sandbox, start).
+
+    As kubelet reports it: Pending; containers waiting with ``ContainerCreating`` (or
+    ``PodInitializing`` when the pod has init containers); not ready; no pod IP until the
+    sandbox exists (modelled as at the start)."""
+    admitted = rfc3339(record.admitted)
+    waiting = "PodInitializing" if pod.init_containers else "ContainerCreating"
+    conditions = [
+        {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": admitted},
+        {
+            "type": "Initialized",
+            "status": "False" if pod.init_containers else "True",
+            "lastTransitionTime": admitted,
+        },
+        {"type": "Ready", "status": "False", "lastTransitionTime": admitted},
+        {"type": "ContainersReady", "status": "False", "lastTransitionTime": admitted},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": admitted},
+    ]
+    status: Obj = {
+        "phase": "Pending",
+        "conditions": conditions,
+        "hostIP": host,
+        "hostIPs": [{"ip": host}],
+        "startTime": admitted,
+        "containerStatuses": [
+            container_status(pod, nd, name, image, record.starts_at, False, waiting=waiting)
+            for name, image, _ in pod.containers
+        ],
+    }
+    if pod.init_containers:
+        status["initContainerStatuses"] = [
+            {
+                "name": name,
+                "image": image,
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": waiting}},
+            }
+            for name, image in pod.init_containers
+        ]
+    return {"status": status}
+
+
+def live_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str) -> Obj:
+    """The status of an admitted pod that has not ended: starting or running."""
+    if record.running:
+        return started_body(pod, record, nd, host, ended=False)
+    return starting_body(pod, record, nd, host)
+
+
+async def patch_status(client: KubeClient, pod: PodView, body: Obj) -> None:
+    path = api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="status")
+    body = {"metadata": {"uid": pod.uid}, **body}
+    # Strategic merge, as kubelet's status manager: conditions merge by type, so conditions
+    # other controllers set (devheal.io/DeviceFailed, DisruptionTarget) survive our writes.
+    await client.patch(path, body, content_type=STRATEGIC_PATCH)
