@@ -73,10 +73,12 @@ class ControllerOptions:
 class Controller:
     """The leader's decision loop and the round's host: it turns the round's decisions into queued work."""
 
-    def __init__(self, client: KubeClient, options: ControllerOptions) -> None:
+    def __init__(self, client: KubeClient, options: ControllerOptions, clock: Callable[[], float] = time.time) -> None:
         self.client = client
         self.options = options
-        self.cache = ClusterCache(client)
+        self.clock = clock
+        """Wall-clock seconds; tests inject a fake one."""
+        self.cache = ClusterCache(client, clock=clock)
         self.rounds = DecisionRound(Pacing(retry=options.retry_after))
         self.actuators = Actuators(client, self._policies_by_name, gang_restart_timeout=options.gang_restart_timeout)
         self.leading = not options.leader_elect
@@ -97,7 +99,7 @@ class Controller:
         self._local: dict[str, InFlight] = {}
         """Decisions this process made whose records the watch has not delivered yet."""
         self._workers: asyncio.Task[None] | None = None
-        self._now = time.time()
+        self._now = clock()
 
     def _on_leadership(self, leading: bool) -> None:
         self.leading = leading
@@ -222,7 +224,7 @@ class Controller:
 
     def _publish_policy_status(self, breaker_open: bool, breaker_reason: str) -> None:
         """observedGeneration and conditions (Valid, CircuitBreakerOpen) on each policy, written on change."""
-        now = format_time(time.time())
+        now = format_time(self.clock())
         for name, obj in self.cache.policy_objects.store.items():
             meta = obj.get("metadata") or {}
             generation = int(meta.get("generation") or 0)
@@ -327,7 +329,7 @@ class Controller:
                     break
                 if self.leading:
                     self._start_workers()
-                    self.reconcile_once(time.time())
+                    self.reconcile_once(self.clock())
                 # Coalesce bursts of events into one round.
                 await asyncio.sleep(0.02)
         finally:
