@@ -27,17 +27,18 @@ from typing import Any
 
 from devheal.controller import metrics
 from devheal.controller.actuators import Actuators
-from devheal.controller.cache import GROUP_VERSION, ClusterCache
+from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
-from devheal.controller.projections import format_time
 from devheal.engine.decide import Settings
 from devheal.engine.placement import Release, place_gated
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.workqueue import WorkQueue, run_workers
+from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView
 from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase
 from devheal.model.policy import DEFAULT_POLICY, Policy
+from devheal.model.times import format_time
 
 log = logging.getLogger("devheal.controller")
 

@@ -28,7 +28,6 @@ from devheal.model.cluster import (
 )
 from devheal.model.plan import Action, Finding, FindingKind, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind
-from devheal.model.times import format_time as format_time  # re-exported for the actuators
 from devheal.model.times import parse_time
 
 Obj = dict[str, Any]

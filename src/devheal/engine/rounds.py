@@ -21,10 +21,10 @@ from typing import Protocol
 from devheal.engine.decide import Settings, decide
 from devheal.engine.findings import FindingTracker, detect
 from devheal.model.cluster import ClusterView
-from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan
+from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan, Rail
 from devheal.model.policy import ActionKind, Policy
 
-FLEET_RAILS = frozenset({"max-unhealthy-nodes", "max-unhealthy-nodes-per-pool", "circuit-breaker"})
+FLEET_RAILS = frozenset({Rail.MAX_UNHEALTHY_NODES, Rail.MAX_UNHEALTHY_NODES_PER_POOL, Rail.CIRCUIT_BREAKER})
 """Rails whose outcome depends on how many nodes the view holds: a plan they stopped over a partial
 view may pass over a wider one."""
 

@@ -49,7 +49,7 @@ from devheal.model.cluster import (
     Taint,
     Workload,
 )
-from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan
+from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan, TargetKind
 from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy
 from devheal.simulate.events import Event, EventKind
 from devheal.simulate.failures import Signal
@@ -404,7 +404,7 @@ class EngineStrategy(Strategy):
 
     def _store(self, record: InFlight) -> None:
         self.records[record.name] = record
-        if record.target_kind == "Node":  # pod and gang records are found by their target
+        if record.target_kind is TargetKind.NODE:  # pod and gang records are found by their target
             self.by_node.setdefault(record.node, set()).add(record.name)
         self.by_target.setdefault(record.target, set()).add(record.name)
         if record.active:
@@ -428,10 +428,10 @@ class EngineStrategy(Strategy):
             # (target kind Gang) stays in progress until the gang runs again; ranks failing meanwhile join it.
             unit = sim.unit_of(n)
             self._release_pod(n, action.finding.pod, action.finding.pod_uid, recreate=False)
-            if action.target_kind == "Gang" and unit is not None:
+            if action.target_kind is TargetKind.GANG and unit is not None:
                 phase = Phase.IN_PROGRESS
                 self.gang_restarts[action.name] = unit.uid
-        elif action.target_kind == "Pod":
+        elif action.target_kind is TargetKind.POD:
             if action.kind is not ActionKind.NOTIFY:
                 self._release_pod(n, action.target, action.target_uid, recreate=True)
         elif action.kind is ActionKind.TAINT:

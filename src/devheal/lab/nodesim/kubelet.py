@@ -30,6 +30,7 @@ from devheal.lab.nodesim.pods import PodView, RunningPod
 from devheal.lab.nodesim.startup import NodeImages
 from devheal.lab.nodesim.store import NodeStore
 from devheal.model.cluster import GPU_RESOURCE
+from devheal.model.times import format_time
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ class Kubelet:
                         "phase": "Failed",
                         "reason": "UnexpectedAdmissionError",
                         "message": f"Pod was rejected: {exc}",
-                        "startTime": status.rfc3339(now),
+                        "startTime": format_time(now),
                     }
                 },
             )

@@ -17,10 +17,7 @@ from devheal.lab import devices as devmod
 from devheal.lab.devices import NodeDevices
 from devheal.lab.nodesim.pods import PodView, RunningPod
 from devheal.model.cluster import GPU_RESOURCE
-
-
-def rfc3339(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+from devheal.model.times import format_time
 
 
 def pod_ip(uid: str, node_index: int) -> str:
@@ -65,14 +62,14 @@ def container_status(
                 "terminated": {
                     "exitCode": pod.exit_code,
                     "reason": "Completed" if pod.exit_code == 0 else "Error",
-                    "startedAt": rfc3339(started),
-                    "finishedAt": rfc3339(time.time()),
+                    "startedAt": format_time(started),
+                    "finishedAt": format_time(time.time()),
                     "containerID": f"containerd://{cid}",
                 }
             },
         }
     else:
-        status |= {"ready": True, "started": True, "state": {"running": {"startedAt": rfc3339(started)}}}
+        status |= {"ready": True, "started": True, "state": {"running": {"startedAt": format_time(started)}}}
     held = nd.held_by(pod.uid, name)
     if held:
         status["allocatedResourcesStatus"] = [
@@ -86,11 +83,11 @@ def container_status(
 
 def started_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str, ended: bool) -> Obj:
     """Containers running (Running), or ended (Succeeded/Failed by ``pod.exit_code``)."""
-    now = rfc3339(time.time())
-    admitted = rfc3339(record.admitted)
+    now = format_time(time.time())
+    admitted = format_time(record.admitted)
     # Containers that never started (deleted while starting) end without a start of their own.
     container_start = min(record.starts_at, time.time())
-    start = rfc3339(container_start)
+    start = format_time(container_start)
     ready = "False" if ended else "True"
     phase = "Running"
     if ended:
@@ -142,7 +139,7 @@ def starting_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str) 
     As kubelet reports it: Pending; containers waiting with ``ContainerCreating`` (or
     ``PodInitializing`` when the pod has init containers); not ready; no pod IP until the
     sandbox exists (modelled as at the start)."""
-    admitted = rfc3339(record.admitted)
+    admitted = format_time(record.admitted)
     waiting = "PodInitializing" if pod.init_containers else "ContainerCreating"
     conditions = [
         {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": admitted},
