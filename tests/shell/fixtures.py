@@ -64,13 +64,19 @@ async def api() -> AsyncIterator[MemApi]:
         yield server
 
 
-@pytest_asyncio.fixture(loop_scope="function")
-async def kube(api: MemApi, tmp_path: Path) -> AsyncIterator[KubeClient]:
+async def connect(api: MemApi, directory: Path, user: str = "") -> KubeClient:
+    """A real client of ``api`` (close it when done); with ``user``, its requests carry that user."""
     with pytest.MonkeyPatch.context() as env:
         # The client builds a TLS context even for plain http; with no CA store to read it takes 1 ms, not 100.
         env.setenv("SSL_CERT_FILE", os.devnull)
-        env.setenv("SSL_CERT_DIR", str(tmp_path / "no-certificates"))
-        client = await KubeClient.connect(str(api.kubeconfig(tmp_path / "kubeconfig")))
+        env.setenv("SSL_CERT_DIR", str(directory / "no-certificates"))
+        path = api.kubeconfig(directory / (f"kubeconfig-{user}" if user else "kubeconfig"), user)
+        return await KubeClient.connect(str(path))
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def kube(api: MemApi, tmp_path: Path) -> AsyncIterator[KubeClient]:
+    client = await connect(api, tmp_path)
     try:
         yield client
     finally:

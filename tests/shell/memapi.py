@@ -18,7 +18,10 @@ Besides the protocol, it has knobs a test turns to make the server misbehave:
 - ``close_watches``: end open watches cleanly (as their timeout would); ``bookmark``:
   send a BOOKMARK to every watch that allows them.
 
-Every request is recorded in ``requests`` with its loop time.
+Every request is recorded in ``requests`` with its loop time and its user. Several clients
+can tell themselves apart: ``kubeconfig(path, user="a")`` makes a client send the bearer
+token ``a``, and every knob takes ``user=`` to hit only that client's requests (one replica
+cut off from the API while another still reaches it).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class Call:
     params: dict[str, str]
     at: float
     """The loop's time when the request arrived."""
+    user: str = ""
+    """The bearer token the client sent (``kubeconfig(path, user=...)``), empty without one."""
 
 
 @dataclass
@@ -63,9 +68,16 @@ class Fault:
     delay: float = 0.0
     meanwhile: Callable[[], object] | None = None
     """Run just before the request is served (another client's change that races it)."""
+    user: str = ""
+    """Only requests of this user (any if empty)."""
 
-    def matches(self, verb: str, path: str) -> bool:
-        return self.times > 0 and (not self.verb or self.verb == verb) and path.startswith(self.path)
+    def matches(self, verb: str, path: str, user: str = "") -> bool:
+        return (
+            self.times > 0
+            and (not self.verb or self.verb == verb)
+            and path.startswith(self.path)
+            and (not self.user or self.user == user)
+        )
 
 
 _REASONS = {
@@ -149,12 +161,13 @@ class MemApi:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def kubeconfig(self, path: Path) -> Path:
+    def kubeconfig(self, path: Path, user: str = "") -> Path:
+        """A kubeconfig for this server; with ``user``, the client sends it as its bearer token."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "memapi", "cluster": {"server": self.url}}],
-            "users": [{"name": "memapi", "user": {}}],
+            "users": [{"name": "memapi", "user": {"token": user} if user else {}}],
             "contexts": [{"name": "memapi", "context": {"cluster": "memapi", "user": "memapi"}}],
             "current-context": "memapi",
         }
@@ -179,19 +192,30 @@ class MemApi:
     # ---- knobs --------------------------------------------------------------------------------
 
     def fail_next(
-        self, status: int, *, verb: str = "", path: str = "", times: int = 1, reason: str = "", message: str = ""
+        self,
+        status: int,
+        *,
+        verb: str = "",
+        path: str = "",
+        times: int = 1,
+        reason: str = "",
+        message: str = "",
+        user: str = "",
     ) -> None:
         """Answer the next ``times`` requests of ``verb`` (any if empty) under ``path`` with ``status``."""
         reason = reason or _REASONS.get(status, "")
-        self.faults.append(Fault(status, verb, path, times, reason, message or f"injected {status} {reason}"))
+        message = message or f"injected {status} {reason}"
+        self.faults.append(Fault(status, verb, path, times, reason, message, user=user))
 
-    def slow_next(self, seconds: float, *, verb: str = "", path: str = "", times: int = 1) -> None:
+    def slow_next(self, seconds: float, *, verb: str = "", path: str = "", times: int = 1, user: str = "") -> None:
         """Answer the next ``times`` requests of ``verb`` under ``path`` only after ``seconds`` (a hung server)."""
-        self.faults.append(Fault(0, verb, path, times, "", "", delay=seconds))
+        self.faults.append(Fault(0, verb, path, times, "", "", delay=seconds, user=user))
 
-    def meanwhile(self, change: Callable[[], object], *, verb: str = "", path: str = "", times: int = 1) -> None:
+    def meanwhile(
+        self, change: Callable[[], object], *, verb: str = "", path: str = "", times: int = 1, user: str = ""
+    ) -> None:
         """Just before serving the next matching request, make ``change`` (another client's write racing it)."""
-        self.faults.append(Fault(0, verb, path, times, "", "", meanwhile=change))
+        self.faults.append(Fault(0, verb, path, times, "", "", meanwhile=change, user=user))
 
     def gone_next_watch(self, times: int = 1) -> None:
         self._gone_watches += times
@@ -224,8 +248,12 @@ class MemApi:
         """How many watches under ``path`` are open."""
         return sum(1 for w in self.watches if w.path.startswith(path))
 
-    def calls(self, verb: str = "", path: str = "") -> list[Call]:
-        return [c for c in self.requests if (not verb or c.verb == verb) and c.path.startswith(path)]
+    def calls(self, verb: str = "", path: str = "", user: str = "") -> list[Call]:
+        return [
+            c
+            for c in self.requests
+            if (not verb or c.verb == verb) and c.path.startswith(path) and (not user or c.user == user)
+        ]
 
     # ---- the protocol -------------------------------------------------------------------------
 
@@ -259,9 +287,11 @@ class MemApi:
         verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, "get")
         if method == "GET" and not ref.name:
             verb = "watch" if params.get("watch") in ("1", "true") else "list"
-        self.requests.append(Call(verb, request.path, params, asyncio.get_running_loop().time()))
+        auth = request.headers.get("Authorization", "")
+        user = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else ""
+        self.requests.append(Call(verb, request.path, params, asyncio.get_running_loop().time(), user))
         for fault in self.faults:
-            if fault.matches(verb, request.path):
+            if fault.matches(verb, request.path, user):
                 fault.times -= 1
                 if fault.delay:
                     await self._sleep(fault.delay)

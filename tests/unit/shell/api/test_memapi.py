@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devheal.kube import errors
 from devheal.kube.client import JSON_PATCH, STRATEGIC_PATCH, KubeClient, api_path
+from tests.shell.fixtures import connect
 from tests.shell.memapi import MemApi
 from tests.shell.waiting import until
 
@@ -256,6 +258,20 @@ async def test_injected_faults_answer_once(
         await kube.get(f"{PODS}/a")
     assert raised.value.status == status
     assert (await kube.get(f"{PODS}/a"))["metadata"]["name"] == "a"
+
+
+async def test_faults_can_hit_one_client_only(api: MemApi, kube: KubeClient, tmp_path: Path) -> None:
+    await kube.create(PODS, pod("a"))
+    other = await connect(api, tmp_path, "b")
+    try:
+        api.fail_next(503, user="b", times=2)
+        assert (await kube.get(f"{PODS}/a"))["metadata"]["name"] == "a"  # another client's request
+        with pytest.raises(errors.Unavailable):
+            await other.get(f"{PODS}/a")
+        assert [c.user for c in api.calls("get")] == ["", "b"]
+        assert [c.verb for c in api.calls(user="b")] == ["get"]
+    finally:
+        await other.close()
 
 
 async def test_watch_streams_changes_after_a_version(kube: KubeClient) -> None:
