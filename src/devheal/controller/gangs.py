@@ -22,7 +22,9 @@ import logging
 from collections import Counter
 from typing import Any
 
-from devheal.controller.eviction import eviction
+from devheal.controller.actuator import Outcome, Policies, Steps
+from devheal.controller.eviction import eviction, failed_device_grace
+from devheal.controller.records import REMEDIATIONS
 from devheal.engine.inplace import InPlaceRestart, in_place_restart
 from devheal.engine.placement import Vacancy
 from devheal.engine.workloads import member_selector
@@ -34,7 +36,7 @@ from devheal.model.cluster import (
     RESTART_GENERATION_ANNOTATION,
     parse_generation,
 )
-from devheal.model.plan import Action, Phase
+from devheal.model.plan import Action, Phase, RemediationReason
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +102,11 @@ def _mechanisms(mechanisms: list[InPlaceRestart]) -> str:
 
 
 class GangRestarter:
-    def __init__(self, client: KubeClient, remediations_path: str, clock: Any, *, timeout: float = 900.0) -> None:
+    """The ``RestartGang`` actuator."""
+
+    def __init__(self, client: KubeClient, policies: Policies, clock: Any, *, timeout: float = 900.0) -> None:
         self.client = client
-        self.remediations = remediations_path
+        self.policies = policies
         self.clock = clock
         self.timeout = timeout
         """Seconds a restart may take; then it ends as Failed (reason Timeout), naming the ranks not back."""
@@ -153,6 +157,12 @@ class GangRestarter:
             {"metadata": {"uid": meta["uid"], "annotations": {GENERATION: str(generation)}}},
         )
 
+    async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
+        phase, reason, message, steps = await self.step(
+            action, record, failed_device_grace(self.policies().get(action.policy))
+        )
+        return Outcome(phase, reason, message), steps
+
     async def step(self, action: Action, record: Obj, grace: int | None = None) -> tuple[Phase, str, str, list[str]]:
         """One pass; returns (phase, reason, message, steps taken). ``grace``: seconds for evicting broken ranks."""
         members = await self._members(action)
@@ -166,7 +176,7 @@ class GangRestarter:
             started = self.clock()
             # Intent first: a controller that dies after this reuses the same generation.
             await self.client.patch(
-                f"{self.remediations}/{action.name}",
+                f"{REMEDIATIONS}/{action.name}",
                 {
                     "metadata": {
                         "annotations": {
@@ -203,7 +213,7 @@ class GangRestarter:
             elapsed = self.clock() - started
             return (
                 Phase.SUCCEEDED,
-                "Running",
+                RemediationReason.RUNNING,
                 f"gang {action.target}: all {size} ranks running again at generation {generation} after "
                 f"{elapsed:.2f}s ({how})",
                 steps,
@@ -215,14 +225,14 @@ class GangRestarter:
             missing = size - len(healthy)
             return (
                 Phase.FAILED,
-                "Timeout",
+                RemediationReason.TIMEOUT,
                 f"gang {action.target}: {len(back)}/{size} ranks back at generation {generation} after "
                 f"{elapsed:.0f}s (limit {self.timeout:.0f}s); not back: {shown or 'none'}"
                 + (f"; {missing} rank(s) missing (replacement not created or not running)" if missing > 0 else "")
                 + f" ({how})",
                 steps,
             )
-        stage = "Restarting" if broken else "WaitingForReplacement"
+        stage = RemediationReason.RESTARTING if broken else RemediationReason.WAITING_FOR_REPLACEMENT
         return (
             Phase.IN_PROGRESS,
             stage,

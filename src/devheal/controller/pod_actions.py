@@ -1,0 +1,198 @@
+"""Actions on one pod: ``Deschedule`` (evict), ``FailPod``, ``Notify``; and the placement gate.
+
+The pod acted on is the one decided about: every write carries its UID as a
+precondition, and a pod that is gone or was replaced (same name, new UID) ends the
+action as done. Before a pod is failed or evicted it gets the condition
+``devheal.io/DeviceFailed`` in a write of its own, so a Job's ``podFailurePolicy``
+(which matches only conditions present when the pod fails) can tell a device fault
+from a bug.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from devheal.controller.actuator import Outcome, Policies, StepFailed, Steps, split_key
+from devheal.controller.eviction import delete_options, eviction, failed_device_grace
+from devheal.engine.placement import Release
+from devheal.kube import errors
+from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
+from devheal.model.cluster import DEVICE_FAILED_CONDITION, PLACEMENT_GATE
+from devheal.model.plan import Action, Phase, RemediationReason
+from devheal.model.times import format_time
+
+log = logging.getLogger(__name__)
+
+
+def _gone(action: Action) -> Outcome:
+    return Outcome(Phase.SUCCEEDED, RemediationReason.POD_GONE, f"pod {action.target} is already gone")
+
+
+class PodActuator:
+    """What the pod actions share: the target pod read back by UID, and the DeviceFailed condition."""
+
+    def __init__(self, client: KubeClient, policies: Policies, clock: Any) -> None:
+        self.client = client
+        self.policies = policies
+        self.clock = clock
+
+    async def current_pod(self, action: Action) -> Obj | None:
+        """The pod decided about, or None when it is gone or was replaced."""
+        ns, name = split_key(action.target)
+        try:
+            pod = await self.client.get(api_path("v1", "pods", namespace=ns, name=name))
+        except errors.NotFound:
+            return None
+        if (pod.get("metadata") or {}).get("uid") != action.target_uid:
+            return None  # replaced: the pod we decided about is gone
+        return pod
+
+    async def mark_device_failed(self, action: Action, pod: Obj) -> bool:
+        """Set the DeviceFailed condition (before any failing or deleting); False if it was there."""
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == DEVICE_FAILED_CONDITION and cond.get("status") == "True":
+                return False
+        ns, name = split_key(action.target)
+        condition = {
+            "type": DEVICE_FAILED_CONDITION,
+            "status": "True",
+            "reason": action.finding.kind.value,
+            "message": action.finding.evidence[:1000],
+            "lastTransitionTime": format_time(self.clock()),
+        }
+        await self.client.patch(
+            api_path("v1", "pods", namespace=ns, name=name, subresource="status"),
+            {"metadata": {"uid": action.target_uid}, "status": {"conditions": [condition]}},
+            content_type=STRATEGIC_PATCH,
+        )
+        return True
+
+
+class Deschedule(PodActuator):
+    """Evict the pod through the Eviction API (PodDisruptionBudgets apply), with the policy's failed-device grace."""
+
+    async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
+        pod = await self.current_pod(action)
+        if pod is None:
+            return _gone(action), []
+        steps = []
+        if await self.mark_device_failed(action, pod):
+            steps.append("condition")
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return Outcome(
+                Phase.SUCCEEDED, RemediationReason.TERMINATING, f"pod {action.target} is already terminating"
+            ), steps
+        ns, name = split_key(action.target)
+        policy = self.policies().get(action.policy)
+        grace = failed_device_grace(policy)
+        try:
+            await self.client.create(
+                api_path("v1", "pods", namespace=ns, name=name, subresource="eviction"),
+                eviction(ns, name, action.target_uid, grace),
+            )
+        except errors.NotFound:
+            return _gone(action), steps
+        except errors.TooManyRequests as exc:
+            if policy is None or not policy.allow_delete:
+                raise StepFailed(
+                    f"eviction of {action.target} refused (PodDisruptionBudget): {exc}; retrying",
+                    retry=True,
+                    reason=RemediationReason.EVICTION_BLOCKED,
+                ) from exc
+            await self.client.delete(
+                api_path("v1", "pods", namespace=ns, name=name), delete_options(action.target_uid, grace)
+            )
+            steps.append("delete")
+            return Outcome(
+                Phase.SUCCEEDED, RemediationReason.DELETED, f"deleted {action.target} (eviction blocked, policy allows)"
+            ), steps
+        except errors.Conflict as exc:
+            return Outcome(
+                Phase.SUCCEEDED, RemediationReason.POD_GONE, f"pod {action.target} was replaced ({exc})"
+            ), steps
+        steps.append("evict")
+        return Outcome(
+            Phase.SUCCEEDED, RemediationReason.EVICTED, f"evicted {action.target} from its failed GPU"
+        ), steps
+
+
+class FailPod(PodActuator):
+    """Set the pod's phase to Failed (reason DeviceFailed), after the condition, so its Job's podFailurePolicy acts."""
+
+    async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
+        pod = await self.current_pod(action)
+        if pod is None:
+            return _gone(action), []
+        steps = []
+        # The condition first, in its own write: a Job's podFailurePolicy sees it on the failed pod.
+        if await self.mark_device_failed(action, pod):
+            steps.append("condition")
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Failed", "Succeeded"):
+            return Outcome(
+                Phase.SUCCEEDED, RemediationReason.ALREADY_ENDED, f"pod {action.target} already {phase}"
+            ), steps
+        ns, name = split_key(action.target)
+        await self.client.patch(
+            api_path("v1", "pods", namespace=ns, name=name, subresource="status"),
+            {
+                "metadata": {"uid": action.target_uid},
+                "status": {
+                    "phase": "Failed",
+                    "reason": "DeviceFailed",
+                    "message": f"devheal: {action.finding.evidence}"[:1000],
+                },
+            },
+            content_type=STRATEGIC_PATCH,
+        )
+        steps.append("fail")
+        return Outcome(
+            Phase.SUCCEEDED,
+            RemediationReason.POD_FAILED,
+            f"failed {action.target} with condition {DEVICE_FAILED_CONDITION}",
+        ), steps
+
+
+class Notify:
+    """No action by policy: the record and its Event are the whole of it."""
+
+    async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
+        return Outcome(
+            Phase.SUCCEEDED,
+            RemediationReason.NOTIFIED,
+            f"{action.finding.kind} on {action.target} (no action by policy)",
+        ), []
+
+
+async def release_gate(client: KubeClient, release: Release) -> None:
+    """Nominate ``release.node`` (when set) in the pod's status, then remove the ``devheal.io/placement`` gate.
+
+    The nomination goes first: once the gate is gone the scheduler may take the pod at once.
+    A pod that is gone or was replaced is left alone; other failures are logged, and the
+    next round releases the pod again.
+    """
+    ns, name = split_key(release.pod)
+    path = api_path("v1", "pods", namespace=ns, name=name)
+    try:
+        if release.node:
+            await client.patch(
+                f"{path}/status",
+                {"metadata": {"uid": release.uid}, "status": {"nominatedNodeName": release.node}},
+                content_type=STRATEGIC_PATCH,
+            )
+        await client.patch(
+            path,
+            {
+                "metadata": {"uid": release.uid},
+                "spec": {"schedulingGates": [{"name": PLACEMENT_GATE, "$patch": "delete"}]},
+            },
+            content_type=STRATEGIC_PATCH,
+        )
+    except (errors.NotFound, errors.Conflict):
+        return  # gone or replaced: nothing to release
+    except errors.KubeError as exc:
+        log.warning("cannot release %s from %s: %s; retrying on the next round", release.pod, PLACEMENT_GATE, exc)
+        return
+    where = f" nominated to {release.node}" if release.node else ""
+    log.info("released %s from %s%s", release.pod, PLACEMENT_GATE, where)

@@ -1,0 +1,135 @@
+"""The audit trail: a ``Remediation`` per decision, its status, and Events on what was acted on.
+
+Every decision becomes a ``Remediation`` object whose name comes from the decision itself
+(``Action.name``), so a decision is recorded once however often it is made; creating one
+that exists reads it back instead. Decisions a rail stopped are recorded too (phase
+``Blocked``, once per reason), so ``kubectl get remediations`` says why nothing happened.
+Events go on the pod, the workload of a gang, or the node; failing to record one never
+fails the action.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from devheal.controller import metrics
+from devheal.controller.actuator import split_key
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.model.api import GROUP_VERSION
+from devheal.model.plan import Action, Blocked, EventReason, Phase, TargetKind
+from devheal.model.times import format_time
+
+log = logging.getLogger(__name__)
+
+REMEDIATIONS = api_path(GROUP_VERSION, "remediations")
+
+
+def remediation_body(action: Action) -> Obj:
+    target: Obj = {"kind": action.target_kind, "name": action.target, "uid": action.target_uid, "node": action.node}
+    if TargetKind(action.target_kind).namespaced:
+        # Pods: "ns/name"; gangs: "ns/Kind/name" (the workload key), stored as namespace + "Kind/name".
+        ns, name = split_key(action.target)
+        target = {**target, "namespace": ns, "name": name}
+    body: Obj = {
+        "apiVersion": GROUP_VERSION,
+        "kind": "Remediation",
+        "metadata": {
+            "name": action.name,
+            "labels": {
+                "devheal.io/action": action.kind.value,
+                "devheal.io/target-kind": action.target_kind,
+                "devheal.io/node": action.node,
+                "devheal.io/policy": action.policy,
+                "devheal.io/epoch": str(action.epoch),
+            },
+        },
+        "spec": {
+            "action": action.kind.value,
+            "target": target,
+            "finding": {
+                "kind": action.finding.kind.value,
+                "source": action.finding.source,
+                "evidence": action.finding.evidence[:1000],
+                "deviceIDs": list(action.finding.device_ids)[:64],
+                "since": format_time(action.finding.since),
+            },
+            "policy": action.policy,
+            "dryRun": action.dry_run,
+        },
+    }
+    if action.workload is not None:
+        body["spec"]["workload"] = {
+            "kind": action.workload.kind,
+            "namespace": action.workload.namespace,
+            "name": action.workload.name,
+            "class": action.workload.cls.value,
+        }
+    return body
+
+
+class Records:
+    """Writes Remediation objects, their status, and Events."""
+
+    def __init__(self, client: KubeClient, clock: Any) -> None:
+        self.client = client
+        self.clock = clock
+
+    async def intent(self, action: Action) -> Obj:
+        """The decision's Remediation: created, or read back when it exists (a retry, a restarted controller)."""
+        try:
+            return await self.client.create(REMEDIATIONS, remediation_body(action))
+        except errors.AlreadyExists:
+            return await self.client.get(f"{REMEDIATIONS}/{action.name}")
+
+    async def set_status(self, name: str, status: Obj) -> None:
+        await self.client.patch(f"{REMEDIATIONS}/{name}/status", {"status": status})
+
+    async def event(self, action: Action, reason: str, message: str, type_: str = "Normal") -> None:
+        if action.target_kind == TargetKind.POD:
+            ns, name = split_key(action.target)
+            involved = {"kind": "Pod", "namespace": ns, "name": name, "uid": action.target_uid, "apiVersion": "v1"}
+        elif action.target_kind == TargetKind.GANG and action.workload is not None:
+            ns, name = action.workload.namespace, action.workload.name
+            involved = {"kind": action.workload.kind, "namespace": ns, "name": name}
+        else:
+            ns, name = "default", action.target
+            involved = {"kind": "Node", "name": name, "uid": action.target_uid, "apiVersion": "v1"}
+        now = format_time(self.clock())
+        body = {
+            "metadata": {"generateName": f"{name}.devheal.", "namespace": ns},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1000],
+            "type": type_,
+            "source": {"component": "devheal-controller"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.client.create(api_path("v1", "events", namespace=ns), body)
+        except errors.KubeError as exc:
+            log.warning("could not record event %s on %s: %s", reason, action.target, exc)
+
+    async def blocked(self, item: Blocked) -> None:
+        """A decision not to act: recorded (once per state) so `kubectl get remediations` says why."""
+        obj = await self.intent(item.action)
+        status = obj.get("status") or {}
+        if status.get("phase") == Phase.BLOCKED.value and status.get("message") == item.why:
+            return
+        await self.set_status(
+            item.action.name,
+            {
+                "phase": Phase.BLOCKED.value,
+                "reason": item.rail.reason,
+                "message": item.why,
+                "observedAt": format_time(self.clock()),
+            },
+        )
+        metrics.ACTIONS.labels(action=item.action.kind.value, result="blocked").inc()
+        await self.event(item.action, EventReason.BLOCKED, f"{item.action.kind} not taken: {item.why}", "Warning")
+
+
+__all__ = ["REMEDIATIONS", "Records", "remediation_body"]
