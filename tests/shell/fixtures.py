@@ -64,13 +64,16 @@ async def api() -> AsyncIterator[MemApi]:
         yield server
 
 
-async def connect(api: MemApi, directory: Path, user: str = "") -> KubeClient:
-    """A real client of ``api`` (close it when done); with ``user``, its requests carry that user."""
+async def connect(api: MemApi, directory: Path, user: str = "", *, token_file: Path | None = None) -> KubeClient:
+    """A real client of ``api`` (close it when done); with ``user``, its requests carry that user.
+
+    With ``token_file``, the client reads its token from that file (a kubeconfig's ``tokenFile``).
+    """
     with pytest.MonkeyPatch.context() as env:
         # The client builds a TLS context even for plain http; with no CA store to read it takes 1 ms, not 100.
         env.setenv("SSL_CERT_FILE", os.devnull)
         env.setenv("SSL_CERT_DIR", str(directory / "no-certificates"))
-        path = api.kubeconfig(directory / (f"kubeconfig-{user}" if user else "kubeconfig"), user)
+        path = api.kubeconfig(directory / (f"kubeconfig-{user}" if user else "kubeconfig"), user, token_file=token_file)
         return await KubeClient.connect(str(path))
 
 

@@ -161,13 +161,20 @@ class MemApi:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def kubeconfig(self, path: Path, user: str = "") -> Path:
-        """A kubeconfig for this server; with ``user``, the client sends it as its bearer token."""
+    def kubeconfig(self, path: Path, user: str = "", *, token_file: Path | None = None) -> Path:
+        """A kubeconfig for this server; with ``user``, the client sends it as its bearer token.
+
+        With ``token_file``, the user's token is read from that file (``tokenFile``), which a test
+        may rewrite (a rotated token); requests then carry the file's token as their user.
+        """
+        credentials: dict[str, str] = {"token": user} if user else {}
+        if token_file is not None:
+            credentials["tokenFile"] = str(token_file)
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "memapi", "cluster": {"server": self.url}}],
-            "users": [{"name": "memapi", "user": {"token": user} if user else {}}],
+            "users": [{"name": "memapi", "user": credentials}],
             "contexts": [{"name": "memapi", "context": {"cluster": "memapi", "user": "memapi"}}],
             "current-context": "memapi",
         }

@@ -4,13 +4,17 @@ kubernetes_asyncio loads the configuration (kubeconfig or in-cluster service
 account) and owns the TLS-configured HTTP session; we send requests ourselves so
 that objects stay plain dicts (cheap to project into our own slim records), every
 failure maps onto ``devheal.kube.errors``, and watches are streamed line by line.
+A token that lives in a file (in-cluster, or a kubeconfig's ``tokenFile``) is read
+again when the file changes (``devheal.kube.tokens``): bound tokens rotate hourly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
@@ -18,7 +22,7 @@ import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from devheal.kube import errors
+from devheal.kube import errors, tokens
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -53,30 +57,42 @@ def api_path(
 class KubeClient:
     """One connection pool to one API server. Create with ``connect``; close when done."""
 
-    def __init__(self, api: k8s_client.ApiClient) -> None:
+    def __init__(self, api: k8s_client.ApiClient, token_file: tokens.TokenFile | None = None) -> None:
         self._api = api
         cfg = api.configuration
         self._host = str(cfg.host or "").rstrip("/")
         self._session: aiohttp.ClientSession = api.rest_client.pool_manager
         self._headers: dict[str, str] = {"Accept": JSON, "User-Agent": "devheal"}
+        self.token_file = token_file
+        """Where the bearer token comes from when it rotates (in-cluster, a kubeconfig's ``tokenFile``)."""
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, *, max_connections: int = 64) -> KubeClient:
         """From a kubeconfig path; with None, the in-cluster service account, else ~/.kube/config."""
         cfg = k8s_client.Configuration()
         cfg.connection_pool_maxsize = max_connections
+        token_path: Path | None = None
         try:
             if kubeconfig is None:
                 try:
-                    k8s_config.load_incluster_config(client_configuration=cfg)
+                    k8s_config.load_incluster_config(
+                        client_configuration=cfg,
+                        token_filename=str(tokens.IN_CLUSTER_TOKEN),
+                        cert_filename=str(tokens.IN_CLUSTER_CA),
+                        try_refresh_token=False,
+                    )
+                    token_path = tokens.IN_CLUSTER_TOKEN
                 except k8s_config.ConfigException:
                     await k8s_config.load_kube_config(client_configuration=cfg)
+                    token_path = tokens.kubeconfig_token_file(tokens.kubeconfig_paths(None))
             else:
                 await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+                token_path = tokens.kubeconfig_token_file(tokens.kubeconfig_paths(kubeconfig))
+            token_file = tokens.TokenFile(token_path) if token_path is not None else None
         except (k8s_config.ConfigException, OSError) as exc:
             where = kubeconfig or "in-cluster config or ~/.kube/config"
             raise errors.PermanentError(f"cannot load Kubernetes configuration from {where}: {exc}") from exc
-        return cls(k8s_client.ApiClient(configuration=cfg))
+        return cls(k8s_client.ApiClient(configuration=cfg), token_file)
 
     async def close(self) -> None:
         await self._api.close()
@@ -88,6 +104,8 @@ class KubeClient:
         await self.close()
 
     def _auth_headers(self) -> dict[str, str]:
+        if self.token_file is not None:
+            return {"Authorization": self.token_file.authorization()}
         cfg = self._api.configuration
         token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
         if not token:
@@ -111,20 +129,24 @@ class KubeClient:
         url = self._host + path
         if params:
             url += "?" + urlencode({k: str(v) for k, v in params.items()})
-        headers = {**self._headers, **self._auth_headers()}
         data = None
         if body is not None:
-            headers["Content-Type"] = content_type
             data = json.dumps(body)
         what = f"{method} {path}"
-        try:
-            async with self._session.request(
-                method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as resp:
-                raw = await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise errors.Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+        for attempt in range(2):
+            headers = {**self._headers, **self._auth_headers()}
+            if data is not None:
+                headers["Content-Type"] = content_type
+            try:
+                async with self._session.request(
+                    method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+                ) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise errors.Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+            if attempt or not self._token_refused(status):
+                break
         try:
             decoded: Any = json.loads(raw) if raw else {}
         except ValueError:
@@ -134,6 +156,10 @@ class KubeClient:
         if not isinstance(decoded, dict):
             raise errors.PermanentError(f"{what}: expected a JSON object, got {type(decoded).__name__}")
         return decoded
+
+    def _token_refused(self, status: int) -> bool:
+        """A 401 with a token file that changed since it was read: the caller sends the request once more."""
+        return status == 401 and self.token_file is not None and self.token_file.reload()
 
     async def get(self, path: str, **params: str | int) -> Obj:
         return await self.request("GET", path, params=params or None)
@@ -171,14 +197,9 @@ class KubeClient:
             "timeoutSeconds": timeout_seconds,
         }
         url = self._host + path + "?" + urlencode({k: str(v) for k, v in query.items()})
-        headers = {**self._headers, **self._auth_headers()}
         what = f"WATCH {path}"
         try:
-            async with self._session.get(
-                url,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30),
-            ) as resp:
+            async with self._open_watch(url, timeout_seconds + 30) as resp:
                 if resp.status != 200:
                     raw = await resp.read()
                     try:
@@ -196,6 +217,18 @@ class KubeClient:
                     yield event
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise errors.Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    @contextlib.asynccontextmanager
+    async def _open_watch(self, url: str, read_timeout: float) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The watch's response (sent once more after a 401 when the token file changed meanwhile)."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout)
+        for attempt in range(2):
+            headers = {**self._headers, **self._auth_headers()}
+            async with self._session.get(url, headers=headers, timeout=timeout) as resp:
+                if attempt == 0 and self._token_refused(resp.status):
+                    continue
+                yield resp
+                return
 
     async def create(self, path: str, body: Obj) -> Obj:
         return await self.request("POST", path, body=body)

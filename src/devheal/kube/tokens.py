@@ -1,0 +1,142 @@
+"""Bearer tokens that rotate: the token file is read again when it changes.
+
+In a pod, bound service-account tokens expire (after an hour by default) and the kubelet
+rewrites the projected token file well before that; a kubeconfig user may name a
+``tokenFile`` for the same reason (the file then wins over an inline ``token``, as in
+client-go). kubernetes_asyncio reads the token once (its in-cluster refresh hook runs only
+inside its generated API classes, which we do not use), so ``KubeClient`` asks a
+``TokenFile`` for the header of every request: the file's identity (inode, size, mtime) is
+checked at most every ``check_every`` seconds and the token read again when it changed;
+after a 401 the client reloads at once and retries the request once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+IN_CLUSTER_CA = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+CHECK_EVERY = 5.0
+"""Seconds between two looks at the token file (a stat; the file is read only when it changed)."""
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class TokenFile:
+    """The bearer token in ``path``, as fresh as the file (checked at most every ``check_every`` seconds)."""
+
+    def __init__(
+        self, path: Path, *, check_every: float = CHECK_EVERY, clock: Callable[[], float] = _loop_time
+    ) -> None:
+        self.path = path
+        self.check_every = check_every
+        self._clock = clock
+        self._checked: float | None = None
+        self._stamp: tuple[int, int, int] | None = None
+        self.token = ""
+        self.reads = 0
+        """How many times the file was read (tests, logs)."""
+        if not self._read():
+            raise OSError(f"cannot read the token file {path}")
+
+    def _identity(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def _read(self) -> bool:
+        """Read the file; on failure (missing while being swapped, empty) keep the token we have."""
+        stamp = self._identity()
+        try:
+            token = self.path.read_text().strip()
+        except OSError as exc:
+            log.warning("cannot read the token file %s (%s); keeping the previous token", self.path, exc)
+            return False
+        if not token:
+            log.warning("the token file %s is empty; keeping the previous token", self.path)
+            return False
+        self.reads += 1
+        if self.token and token != self.token:
+            log.info("bearer token reloaded from %s", self.path)
+        self.token = token
+        self._stamp = stamp
+        return True
+
+    def authorization(self) -> str:
+        """The ``Authorization`` header's value for the next request."""
+        now = self._clock()
+        if self._checked is None or now - self._checked >= self.check_every:
+            self._checked = now
+            if self._identity() != self._stamp:
+                self._read()
+        return f"Bearer {self.token}"
+
+    def reload(self) -> bool:
+        """Read the file now (the server refused the token); whether the token changed."""
+        before = self.token
+        self._read()
+        return self.token != before
+
+
+def _load_yaml(path: Path) -> Mapping[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, Mapping) else {}
+
+
+def _named(entries: Any, name: str, field: str) -> Mapping[str, Any] | None:
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, Mapping) and entry.get("name") == name and isinstance(entry.get(field), Mapping):
+            found: Mapping[str, Any] = entry[field]
+            return found
+    return None
+
+
+def kubeconfig_paths(kubeconfig: str | None) -> list[Path]:
+    """The files a kubeconfig is read from: the given one, else ``$KUBECONFIG`` (a list), else ~/.kube/config."""
+    if kubeconfig is not None:
+        return [Path(kubeconfig).expanduser()]
+    env = os.environ.get("KUBECONFIG", "")
+    if env:
+        return [Path(p).expanduser() for p in env.split(os.pathsep) if p]
+    return [Path("~/.kube/config").expanduser()]
+
+
+def kubeconfig_token_file(paths: Sequence[Path]) -> Path | None:
+    """The current context's user's ``tokenFile`` (relative to the file naming it), None without one.
+
+    Several files merge as kubectl merges them: the first file that sets a value wins.
+    """
+    configs = [(path, _load_yaml(path)) for path in paths]
+    current = next((str(c["current-context"]) for _, c in configs if c.get("current-context")), "")
+    if not current:
+        return None
+    context = next((ctx for _, c in configs if (ctx := _named(c.get("contexts"), current, "context"))), None)
+    user_name = str((context or {}).get("user") or "")
+    if not user_name:
+        return None
+    for path, config in configs:
+        user = _named(config.get("users"), user_name, "user")
+        if user is None:
+            continue
+        token_file = user.get("tokenFile")
+        if not token_file:
+            return None
+        found = Path(str(token_file)).expanduser()
+        return found if found.is_absolute() else path.parent / found
+    return None
