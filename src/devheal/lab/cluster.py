@@ -6,6 +6,10 @@ another shell finds and stops everything. Components start in dependency order,
 each awaited until its health endpoint answers; a component that dies or never
 becomes healthy fails ``up`` with the tail of its log, and what was started is
 stopped again.
+
+Stopping goes the other way, one tier at a time (``STOP_ORDER``): each component gets
+SIGTERM, a bounded grace, then SIGKILL, and the next tier is signalled only once the
+previous one is gone, so kube-apiserver never drains its requests against a dead etcd.
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ FEATURE_GATES = {
 """Beta gates later issues rely on, set explicitly so a default flip never surprises us."""
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "nodesim")
+
+STOP_ORDER = (("nodesim", "kwok"), ("kube-scheduler", "kube-controller-manager"), ("kube-apiserver",), ("etcd",))
+"""Tiers in which ``down`` stops the components: those that depend on a component go before it."""
+
+STOP_GRACE = 10.0
+"""Seconds a tier has to exit after SIGTERM before it gets SIGKILL."""
+
+KILL_WAIT = 5.0
+"""Seconds a process has to be gone after SIGKILL before ``down`` reports it as left over."""
 
 ProgressFn = Callable[[str], None]
 
@@ -115,10 +128,11 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie (exited, not yet reaped by us) counts as gone.
+    # A zombie (exited, not yet reaped by its parent) counts as gone once its other threads are
+    # gone too: until then a zombie leader's threads are still exiting and may hold its sockets.
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.split(") ", 1)[1][:1] != "Z"
+        return stat.rsplit(") ", 1)[1][:1] != "Z" or len(list(Path(f"/proc/{pid}/task").iterdir())) > 1
     except OSError:
         return False
 
@@ -174,8 +188,9 @@ class Lab:
     def up(self, spec: LabSpec, progress: ProgressFn | None = None, timeout: float = 180.0) -> LabState:
         spec.validate()
         say = progress or (lambda msg: None)
+        self._reap_children()
         existing = self.state()
-        if existing is not None and any(pid_alive(pid) for pid in existing.pids.values()):
+        if existing is not None and any(self._running(pid) for pid in existing.pids.values()):
             raise LabError(
                 f"a lab is already running in {self.dir} (pids {sorted(existing.pids.values())}); "
                 "stop it with `devheal lab down` first"
@@ -217,7 +232,7 @@ class Lab:
                 self._wait(state, component, deadline, say)
             self._wait_nodes_ready(state, deadline, say)
         except BaseException:
-            self._stop_pids(state.pids)
+            self._stop(state.pids)
             self.state_path.unlink(missing_ok=True)
             raise
         state.ready_seconds = time.monotonic() - started
@@ -452,7 +467,7 @@ class Lab:
         components = {}
         for component in COMPONENTS:
             pid = state.pids.get(component)
-            alive = pid is not None and pid_alive(pid)
+            alive = pid is not None and self._running(pid)
             ok, detail = self.healthy(state, component) if alive else (False, "not running")
             components[component] = {
                 "pid": pid,
@@ -488,44 +503,80 @@ class Lab:
 
     # ---- stop --------------------------------------------------------------------------------
 
-    def down(self, timeout: float = 20.0) -> list[str]:
-        """Stop every process of the lab; return the components that were running."""
+    def down(self, grace: float = STOP_GRACE) -> list[str]:
+        """Stop every process of the lab in dependency order; return the components that were running.
+
+        Idempotent: components already gone are skipped, and without a lab there is nothing to do.
+        Works from any process: our own children are reaped, other processes are polled in /proc."""
         state = self.state()
         if state is None:
+            self._reap_children()
             return []
-        stopped = [c for c, pid in state.pids.items() if pid_alive(pid)]
-        self._stop_pids(state.pids, timeout)
-        leftover = [c for c, pid in state.pids.items() if pid_alive(pid)]
+        running = [c for c, pid in state.pids.items() if self._running(pid)]
+        leftover = self._stop(state.pids, grace)
         if leftover:
-            raise LabError(f"could not stop {', '.join(leftover)}")
+            raise LabError(
+                f"could not stop {', '.join(leftover)}: still running {KILL_WAIT:.0f}s after SIGKILL; "
+                f"see the logs in {self.dir / 'logs'}"
+            )
         self.state_path.unlink(missing_ok=True)
-        return stopped
+        return running
 
-    def _stop_pids(self, pids: dict[str, int], timeout: float = 20.0) -> None:
-        order = [c for c in reversed(COMPONENTS) if c in pids]
-        for component in order:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pids[component], signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for component in order:
-            pid = pids[component]
-            proc = self._children.get(component)
-            while pid_alive(pid) and time.monotonic() < deadline:
-                if proc is not None:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=0.1)
-                else:
-                    time.sleep(0.05)
-            if pid_alive(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
-                if proc is not None:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=5)
-        for proc in self._children.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=1)
-        self._children.clear()
+    def _stop(self, pids: dict[str, int], grace: float = STOP_GRACE) -> list[str]:
+        """Stop ``pids`` tier by tier; return 'component (pid N)' for each process that outlived SIGKILL."""
+        known = {c for tier in STOP_ORDER for c in tier}
+        tiers = [tuple(c for c in pids if c not in known), *STOP_ORDER]
+        leftover: list[str] = []
+        for tier in tiers:
+            # Ours if its command line says so; from then on the pid cannot be recycled before it is gone.
+            alive = {c: pids[c] for c in tier if c in pids and self._running(pids[c])}
+            for pid in alive.values():
+                _signal_group(pid, signal.SIGTERM)
+            alive = self._wait_gone(alive, time.monotonic() + grace)
+            for pid in alive.values():
+                _signal_group(pid, signal.SIGKILL)
+            alive = self._wait_gone(alive, time.monotonic() + KILL_WAIT)
+            leftover += [f"{c} (pid {pid})" for c, pid in alive.items()]
+        self._reap_children()
+        return leftover
+
+    def _wait_gone(self, alive: dict[str, int], deadline: float) -> dict[str, int]:
+        """Wait until every process in ``alive`` is gone or ``deadline`` passes; return those still there."""
+        alive = dict(alive)
+        while alive:
+            alive = {c: pid for c, pid in alive.items() if not self._gone(c, pid)}
+            if not alive or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        return alive
+
+    def _gone(self, component: str, pid: int) -> bool:
+        proc = self._children.get(component)
+        if proc is not None and proc.pid == pid:
+            return proc.poll() is not None  # reaps our own child
+        # Not self._running: an exiting process's command line reads empty while its threads still exit.
+        return not pid_alive(pid)
+
+    def _running(self, pid: int) -> bool:
+        """Whether ``pid`` is a live process of this lab; a recycled pid (another command line) is not."""
+        if not pid_alive(pid):
+            return False
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        # Every component's command line names a file in the lab directory.
+        return f"{self.dir}{os.sep}".encode() in cmdline
+
+    def _reap_children(self) -> None:
+        """Forget (and reap) the processes we started that have exited, whoever stopped them."""
+        self._children = {c: proc for c, proc in self._children.items() if proc.poll() is None}
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    # Each component leads its own session (start_new_session), so its group is its pid.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 def _node_ready(node: dict[str, Any]) -> bool:
