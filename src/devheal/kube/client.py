@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
@@ -52,6 +53,15 @@ def api_path(
     if subresource:
         parts.append(subresource)
     return "/".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a list."""
+
+    items: list[Obj]
+    resource_version: str
+    """The list's resourceVersion (one snapshot: the same on every page)."""
 
 
 class KubeClient:
@@ -164,22 +174,40 @@ class KubeClient:
     async def get(self, path: str, **params: str | int) -> Obj:
         return await self.request("GET", path, params=params or None)
 
-    async def list_all(
+    async def list_pages(
         self, path: str, params: Mapping[str, str | int] | None = None, *, page_size: int = 500
-    ) -> tuple[list[Obj], str]:
-        """Every item of a collection, following ``continue`` tokens; returns (items, resourceVersion)."""
-        items: list[Obj] = []
+    ) -> AsyncIterator[Page]:
+        """A collection page by page, following ``continue`` tokens, so a caller holds one page at a time.
+
+        Raises ``Gone`` when a continuation has expired (list again from the start).
+        """
         token = ""
         while True:
             query: dict[str, str | int] = {**(params or {}), "limit": page_size}
             if token:
                 query["continue"] = token
-            page = await self.request("GET", path, params=query, timeout=120.0)
-            items.extend(page.get("items") or [])
-            meta = page.get("metadata") or {}
-            token = meta.get("continue") or ""
+            answer = await self.request("GET", path, params=query, timeout=120.0)
+            meta = answer.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            page = Page(answer.get("items") or [], str(meta.get("resourceVersion") or ""))
+            del answer
+            yield page
             if not token:
-                return items, str(meta.get("resourceVersion") or "")
+                return
+
+    async def list_all(
+        self, path: str, params: Mapping[str, str | int] | None = None, *, page_size: int = 500
+    ) -> tuple[list[Obj], str]:
+        """Every item of a collection, following ``continue`` tokens; returns (items, resourceVersion).
+
+        Holds the whole collection: for a large one, project each page of ``list_pages`` instead.
+        """
+        items: list[Obj] = []
+        version = ""
+        async for page in self.list_pages(path, params, page_size=page_size):
+            items.extend(page.items)
+            version = page.resource_version
+        return items, version
 
     async def watch(
         self, path: str, resource_version: str, *, timeout_seconds: int = 300, **params: str | int

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -262,3 +263,77 @@ async def test_a_malformed_object_or_a_failing_handler_does_not_stop_the_watch(a
         await until(lambda: reflector.store.get("ns/a") == "2", "the good copy")
     assert changes.seen == [("add", "ns/a"), ("update", "ns/a")]
     assert reflector.resource_version == str(api.store.rv)
+
+
+class Raw(dict[str, Any]):
+    """A decoded object that can be watched for garbage collection (plain dicts cannot be weakly referenced)."""
+
+    __hash__ = object.__hash__  # by identity, to sit in a WeakSet
+
+
+async def test_a_relist_stores_page_by_page_and_never_holds_more_than_a_page_of_raw_objects(
+    api: MemApi, kube: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(450):
+        api.create(PODS, pod(f"p{i:04d}"))
+    request = kube.request
+    alive: weakref.WeakSet[Raw] = weakref.WeakSet()
+    held: list[int] = []
+    pages: list[int] = []
+
+    async def tracked(*args: Any, **kwargs: Any) -> Obj:
+        answer = await request(*args, **kwargs)
+        if "items" in answer:
+            answer["items"] = [Raw(item) for item in answer["items"]]
+            alive.update(answer["items"])
+            held.append(len(alive))  # this page, and whatever is left of the pages before
+        return answer
+
+    monkeypatch.setattr(kube, "request", tracked)
+
+    def project(obj: Obj) -> str:
+        assert isinstance(obj, Raw)
+        alive.add(obj)
+        held.append(len(alive))
+        pages.append(len(api.calls("list")))
+        return str(obj["metadata"]["name"])
+
+    reflector: Reflector[str] = Reflector(kube, PODS, project, page_size=100)
+    async with running(reflector):
+        await reflector.synced.wait()
+    assert len(reflector.store) == 450
+    assert pages == [1] * 100 + [2] * 100 + [3] * 100 + [4] * 100 + [5] * 50  # stored as each page arrived
+    assert max(held) <= 100
+
+
+async def test_a_relist_cut_by_410_lists_again_from_the_start_and_sees_the_deletions(
+    api: MemApi, kube: KubeClient
+) -> None:
+    for name in "abcde":
+        api.create(PODS, pod(name))
+    changes = Changes()
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw, [changes], page_size=2)
+    async with running(reflector):
+        await watching(api, reflector)
+        lists = len(api.calls("list"))
+
+        def meanwhile() -> None:
+            if len(api.calls("list")) == lists + 2:  # before the first continuation of the second list
+                api.delete(f"{PODS}/a")
+                api.delete(f"{PODS}/d")
+                api.create(PODS, pod("f"))
+                api.compact()
+
+        api.meanwhile(meanwhile, verb="list", times=2)
+        api.gone_next_watch()
+        api.close_watches()
+        await watching(api, reflector, watches=3)
+    continuations = ["continue" in c.params for c in api.calls("list")]
+    assert continuations == [False, True, True, False, True, False, True]  # the cut list started over
+    assert reflector.relists == 2
+    assert set(reflector.store) == {"ns/b", "ns/c", "ns/e", "ns/f"}
+    assert [c for c in changes.seen if c[0] != "update"][-3:] == [
+        ("add", "ns/f"),
+        ("delete", "ns/a"),
+        ("delete", "ns/d"),
+    ]
