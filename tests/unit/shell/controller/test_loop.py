@@ -273,13 +273,6 @@ async def test_a_block_lifted_lets_the_decision_go_ahead_once(api: MemApi, kube:
     assert len(events(api, "DevhealBlocked")) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a blocked decision whose record could not be written (work given up after MAX_RETRIES) is never "
-    "recorded: the round remembers it as recorded from the moment it handed it out (DecisionRound.blocked_seen, "
-    "engine/rounds.py) and Controller._give_up (controller/loop.py) does not make it forget, so the round never "
-    "hands it out again, although MAX_RETRIES says the round hands given-up work out again later",
-)
 async def test_a_block_whose_record_could_not_be_written_is_recorded_later(api: MemApi, kube: KubeClient) -> None:
     seed(api, "infer-0")
     api.fail_next(500, verb="create", path=REMEDIATIONS, times=FOREVER)
@@ -343,12 +336,6 @@ async def test_an_eviction_refused_by_a_budget_is_retried_and_done_once(api: Mem
     assert len(events(api, "DevhealDeschedule")) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an interrupted first pass is tried again one round later (20 ms), not after Pacing.retry (5 s): "
-    "DecisionRound.run starts a new action without setting next_try[action.name], so the next round's _carry_on "
-    "finds no pace for it and resumes it at once (engine/rounds.py); only the later retries are paced",
-)
 async def test_an_interrupted_first_pass_is_retried_after_the_pace(api: MemApi, kube: KubeClient) -> None:
     seed(api, "infer-0")
     api.fail_next(429, verb="create", path=f"{PODS}/infer-0/eviction", times=2)
@@ -359,14 +346,6 @@ async def test_an_interrupted_first_pass_is_retried_after_the_pace(api: MemApi, 
     assert [b - a >= 5.0 for a, b in itertools.pairwise(tries)] == [True, True]  # Pacing.retry
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Controller.__init__ builds its Actuators without its clock, so a record's startedAt is time.time() "
-    "while the rounds run on the controller's clock: on a fake clock ahead of the real one, the workload's last "
-    "disruption (decide's last_disruption, from the record's started) looks years old and "
-    "workloadDisruptionInterval never holds once the record is back by the watch (controller/loop.py; in "
-    "production both clocks are time.time)",
-)
 async def test_a_workload_is_disrupted_at_most_once_per_interval(api: MemApi, kube: KubeClient) -> None:
     seed(api, "infer-0", budgets={"workloadDisruptionInterval": "10m"})
     async with running(kube) as run:
