@@ -22,6 +22,7 @@ import yaml
 from devheal.agent.telemetry import SIGNALS
 from devheal.model import times
 from devheal.model.cluster import DeviceHealth
+from devheal.model.values import INT64_MAX, finite, show, whole_number
 
 HEALTH_RANK: Mapping[DeviceHealth, int] = {
     DeviceHealth.HEALTHY: 0,
@@ -129,8 +130,14 @@ _KIND_KEYS = tuple(kind.value for kind in RuleKind)
 
 def parse_duration(value: Any, where: str) -> float:
     """``30s``, ``5m``, ``1h30m`` (as in RemediationPolicy) or a number of seconds -> seconds."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-        return float(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = finite(value, minimum=0, maximum=times.MAX_DURATION)
+        if seconds is None:
+            raise ClassificationError(
+                f"{where}: expected a duration like 30s, 5m or 1h30m or a number of seconds "
+                f"from 0 to {times.MAX_DURATION:.0f}, got {show(value)}"
+            )
+        return seconds
     return times.parse_duration(value, where, error=ClassificationError)
 
 
@@ -139,7 +146,7 @@ def _health(value: Any, where: str) -> DeviceHealth:
     for health in allowed:
         if value == health.value:
             return health
-    raise ClassificationError(f"{where}: expected one of {', '.join(h.value for h in allowed)}, got {value!r}")
+    raise ClassificationError(f"{where}: expected one of {', '.join(h.value for h in allowed)}, got {show(value)}")
 
 
 def _remedy(value: Any, where: str) -> Remedy:
@@ -149,26 +156,35 @@ def _remedy(value: Any, where: str) -> Remedy:
     for remedy in Remedy:
         if value == remedy.value:
             return remedy
-    raise ClassificationError(f"{where}: expected one of {', '.join(r.value for r in Remedy)}, got {value!r}")
+    raise ClassificationError(f"{where}: expected one of {', '.join(r.value for r in Remedy)}, got {show(value)}")
 
 
 def _int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ClassificationError(f"{where}: expected a whole number, got {value!r}")
-    return value
+    number = whole_number(value, minimum=-INT64_MAX - 1)
+    if number is None:
+        raise ClassificationError(f"{where}: expected a whole number within int64, got {show(value)}")
+    return number
 
 
 def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ClassificationError(f"{where}: expected a number, got {value!r}")
-    return float(value)
+    number = finite(value, minimum=-INT64_MAX, maximum=INT64_MAX)
+    if number is None:
+        raise ClassificationError(f"{where}: expected a finite number within int64, got {show(value)}")
+    return number
+
+
+def _mask(value: Any, where: str) -> float:
+    mask = whole_number(value, minimum=1, maximum=2**64 - 1)
+    if mask is None:
+        raise ClassificationError(f"{where}: expected a bit mask (a whole number from 1 to 2^64-1), got {show(value)}")
+    return float(mask)
 
 
 def _text(value: Any, where: str, default: str = "") -> str:
     if value is None:
         return default
     if not isinstance(value, str):
-        raise ClassificationError(f"{where}: expected a string, got {value!r}")
+        raise ClassificationError(f"{where}: expected a string, got {show(value)}")
     return value
 
 
@@ -189,7 +205,7 @@ def _list(value: Any, where: str) -> Sequence[Any]:
 def _check_keys(entry: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
     unknown = sorted(str(k) for k in entry if k not in allowed)
     if unknown:
-        raise ClassificationError(f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
+        raise ClassificationError(f"{where}: unknown field {show(unknown[0])} (allowed: {', '.join(sorted(allowed))})")
 
 
 def _xid_rule(entry: Mapping[str, Any], where: str, code: int) -> XidRule:
@@ -205,15 +221,17 @@ def _xid_rule(entry: Mapping[str, Any], where: str, code: int) -> XidRule:
 def _counter_rule(entry: Mapping[str, Any], where: str) -> CounterRule:
     name = _text(entry.get("name"), f"{where}.name")
     signal = entry.get("signal")
-    if signal not in SIGNALS:
-        raise ClassificationError(f"{where}.signal: unknown signal {signal!r} (known: {', '.join(sorted(SIGNALS))})")
+    if not isinstance(signal, str) or signal not in SIGNALS:
+        known = ", ".join(sorted(SIGNALS))
+        raise ClassificationError(f"{where}.signal: unknown signal {show(signal)} (known: {known})")
     kinds = [k for k in _KIND_KEYS if k in entry]
     if len(kinds) != 1:
         raise ClassificationError(
             f"{where}: needs exactly one of {', '.join(_KIND_KEYS)}, got {', '.join(kinds) or 'none'}"
         )
     kind = RuleKind(kinds[0])
-    threshold = _number(entry[kind.value], f"{where}.{kind.value}")
+    read = _mask if kind is RuleKind.ANY_BIT else _number
+    threshold = read(entry[kind.value], f"{where}.{kind.value}")
     window = 0.0
     if kind is RuleKind.INCREASE:
         window = parse_duration(entry.get("window"), f"{where}.window")
@@ -238,6 +256,8 @@ def _counter_rule(entry: Mapping[str, Any], where: str) -> CounterRule:
 
 def merge_tables(base: Mapping[str, Any], override: Mapping[str, Any], where: str) -> dict[str, Any]:
     """An override applied to a raw table: xids by code, rules by name (field by field), the rest replaced."""
+    base = _mapping(base, "table")
+    override = _mapping(override, where)
     _check_keys(override, _TOP_KEYS, where)
     merged = {k: v for k, v in base.items() if k not in ("xids", "rules")}
     for key in ("quietWindow", "holdDown", "unknownXid"):
@@ -245,18 +265,20 @@ def merge_tables(base: Mapping[str, Any], override: Mapping[str, Any], where: st
             merged[key] = override[key]
     xids: dict[Any, Mapping[str, Any]] = {}
     for i, entry in enumerate(_list(base.get("xids"), "xids")):
-        xids[_mapping(entry, f"xids[{i}]").get("code")] = entry
+        xids[_int(_mapping(entry, f"xids[{i}]").get("code"), f"xids[{i}].code")] = entry
     for i, entry in enumerate(_list(override.get("xids"), f"{where}: xids")):
         entry = _mapping(entry, f"{where}: xids[{i}]")
-        xids[entry.get("code")] = entry
+        xids[_int(entry.get("code"), f"{where}: xids[{i}].code")] = entry
     rules: dict[Any, dict[str, Any]] = {}
     for i, entry in enumerate(_list(base.get("rules"), "rules")):
-        rules[_mapping(entry, f"rules[{i}]").get("name")] = dict(entry)
+        name = _mapping(entry, f"rules[{i}]").get("name")
+        # A base rule without a usable name keeps its place, for the parser to reject.
+        rules[name if isinstance(name, str) else ("unnamed", i)] = dict(entry)
     for i, entry in enumerate(_list(override.get("rules"), f"{where}: rules")):
         entry = _mapping(entry, f"{where}: rules[{i}]")
         name = entry.get("name")
         if not isinstance(name, str) or not name:
-            raise ClassificationError(f"{where}: rules[{i}].name: every rule needs a name, got {name!r}")
+            raise ClassificationError(f"{where}: rules[{i}].name: every rule needs a name, got {show(name)}")
         rule = rules.setdefault(name, {})
         if any(k in entry for k in _KIND_KEYS):
             # A new kind replaces the old one (and its window).
@@ -297,12 +319,12 @@ def _parse(data: Mapping[str, Any]) -> Classification:
         _check_keys(entry, _RULE_KEYS, where)
         enabled = entry.get("enabled", True)
         if not isinstance(enabled, bool):
-            raise ClassificationError(f"{where}.enabled: expected true or false, got {enabled!r}")
+            raise ClassificationError(f"{where}.enabled: expected true or false, got {show(enabled)}")
         rule = _counter_rule(entry, where)
         if not rule.name:
             raise ClassificationError(f"{where}.name: every rule needs a name")
         if rule.name in names:
-            raise ClassificationError(f"{where}.name: rule {rule.name!r} is defined twice")
+            raise ClassificationError(f"{where}.name: rule {show(rule.name)} is defined twice")
         names.add(rule.name)
         if enabled:
             rules.append(rule)
@@ -335,9 +357,12 @@ def load_classification(override: Path | None = None) -> Classification:
     if override is not None:
         try:
             loaded = yaml.safe_load(override.read_text())
+        except UnicodeDecodeError as exc:
+            raise ClassificationError(f"classification override {override}: not UTF-8: {exc}") from exc
         except OSError as exc:
             raise ClassificationError(f"classification override {override}: cannot read it: {exc}") from exc
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, ValueError) as exc:
+            # ValueError: PyYAML reads a number of more than 4300 digits with int(), which refuses it.
             raise ClassificationError(f"classification override {override}: not valid YAML: {exc}") from exc
         where = f"classification override {override}"
         table = merge_tables(table, _mapping(loaded or {}, where), where)

@@ -6,7 +6,10 @@
 - ``parse_time``: either form (or any RFC 3339 offset) -> seconds since the epoch; ``None``
   for anything that is not a timestamp, so a reader can fall back to another field.
 - ``parse_duration``: ``30s``, ``5m``, ``1h30m`` -> seconds, as RemediationPolicy and the
-  agent's classification table write durations.
+  agent's classification table write durations; at most ``MAX_DURATION`` (Go's longest
+  ``time.Duration``), so a duration added to a time can always be written back.
+
+Both read ASCII digits only: Python's parsers also take '٣' and '１２'.
 """
 
 from __future__ import annotations
@@ -15,11 +18,18 @@ import datetime
 import re
 from typing import Any
 
+from devheal.model.values import show
+
 _SECONDS = "%Y-%m-%dT%H:%M:%SZ"
 _MICROSECONDS = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 # ASCII digits only and full matches, exactly as the CRD's patterns (the API server's regex engine).
 _DURATION = re.compile(r"(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+(?:\.[0-9]+)?)s)?")
+_DURATION_MAX_LENGTH = 64
+"""Longer is no duration a person writes (the CRD allows 32 characters); cut off before int() reads it."""
+
+MAX_DURATION = (2**63 - 1) / 1e9
+"""Seconds in Go's longest ``time.Duration`` (2562047h47m16.854775807s)."""
 
 
 def format_time(ts: float, *, micro: bool = False) -> str:
@@ -31,7 +41,7 @@ def parse_time(text: Any) -> float | None:
     """An RFC 3339 timestamp -> seconds since the epoch; ``None`` if ``text`` is not one.
 
     A timestamp without an offset is taken as UTC (the API server always writes ``Z``)."""
-    if not text or not isinstance(text, str):
+    if not text or not isinstance(text, str) or not text.isascii():
         return None
     try:
         moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -47,8 +57,12 @@ def parse_duration(text: Any, where: str, *, error: type[ValueError] = ValueErro
 
     Callers pass their own exception class (``PolicyError``, ``ClassificationError``) so the
     error says which document and field is wrong and what was expected."""
-    match = _DURATION.fullmatch(text) if isinstance(text, str) and text else None
+    readable = isinstance(text, str) and 0 < len(text) <= _DURATION_MAX_LENGTH
+    match = _DURATION.fullmatch(text) if readable else None
     if match is None or not any(match.groups()):
-        raise error(f"{where}: expected a duration like 30s, 5m or 1h30m, got {text!r}")
+        raise error(f"{where}: expected a duration like 30s, 5m or 1h30m, got {show(text)}")
     hours, minutes, seconds = match.groups()
-    return int(hours or 0) * 3600 + int(minutes or 0) * 60 + float(seconds or 0)
+    total = int(hours or 0) * 3600 + int(minutes or 0) * 60 + float(seconds or 0)
+    if total > MAX_DURATION:
+        raise error(f"{where}: expected a duration of at most 2562047h47m16.854775807s, got {show(text)}")
+    return total

@@ -8,7 +8,6 @@ record of a pod it admitted, so a fault can rewrite that pod's status later.
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass, field
 
 from devheal.kube.client import Obj
@@ -16,8 +15,7 @@ from devheal.lab import devices as devmod
 from devheal.lab.devices import AdmissionError
 from devheal.lab.nodesim import startup
 from devheal.model.cluster import GPU_RESOURCE
-
-log = logging.getLogger(__name__)
+from devheal.model.values import INT64_MAX, finite, whole_number
 
 RUN_SECONDS_ANNOTATION = "devheal.io/sim-run-seconds"
 """Pods with this annotation complete (exit 0) that many seconds after they start."""
@@ -95,29 +93,16 @@ class PodView:
             except AdmissionError:
                 gpus = -1  # rejected at admission with a clear message
             containers.append((str(c.get("name") or ""), str(c.get("image") or ""), gpus))
-        run_seconds: float | None = None
-        if RUN_SECONDS_ANNOTATION in annotations:
-            try:
-                run_seconds = float(annotations[RUN_SECONDS_ANNOTATION])
-            except ValueError:
-                log.warning(
-                    "pod %s/%s: %s is not a number",
-                    meta.get("namespace"),
-                    meta.get("name"),
-                    RUN_SECONDS_ANNOTATION,
-                )
+        seconds = startup.seconds_annotation
         grace = meta.get("deletionGracePeriodSeconds")
-        try:
-            exit_code = int(annotations.get(EXIT_CODE_ANNOTATION, "0"))
-        except ValueError:
-            exit_code = 1
+        # A bad exit code still fails the pod: 1.
+        exit_code = whole_number(annotations.get(EXIT_CODE_ANNOTATION, "0"), maximum=255, text=True)
         devices_in_status = []
         for cs in status.get("containerStatuses") or []:
             for entry in cs.get("allocatedResourcesStatus") or []:
                 if entry.get("name") == GPU_RESOURCE:
                     for res in entry.get("resources") or []:
                         devices_in_status.append((str(cs.get("name")), str(res.get("resourceID"))))
-        seconds = startup.seconds_annotation
         return PodView(
             key=f"{meta.get('namespace')}/{meta.get('name')}",
             namespace=str(meta.get("namespace") or ""),
@@ -130,15 +115,15 @@ class PodView:
             init_containers=tuple(
                 (str(c.get("name") or ""), str(c.get("image") or "")) for c in spec.get("initContainers") or []
             ),
-            run_seconds=run_seconds,
-            exit_code=exit_code,
+            run_seconds=seconds(annotations, RUN_SECONDS_ANNOTATION, meta),
+            exit_code=1 if exit_code is None else exit_code,
             has_status_devices=tuple(devices_in_status),
             image_pull_seconds=seconds(annotations, startup.IMAGE_PULL_SECONDS_ANNOTATION, meta),
             start_seconds=seconds(annotations, startup.START_SECONDS_ANNOTATION, meta),
             start_jitter_seconds=seconds(annotations, startup.START_JITTER_SECONDS_ANNOTATION, meta),
             stop_seconds=seconds(annotations, startup.STOP_SECONDS_ANNOTATION, meta),
             stop_jitter_seconds=seconds(annotations, startup.STOP_JITTER_SECONDS_ANNOTATION, meta),
-            deletion_grace_seconds=float(grace) if isinstance(grace, int | float) else None,
+            deletion_grace_seconds=finite(grace, minimum=0, maximum=INT64_MAX),
         )
 
 

@@ -9,12 +9,14 @@ no I/O: the kubelet role (``kubelet.py``) turns its answers into pod and node st
 from __future__ import annotations
 
 import logging
-import math
 import random
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from devheal.kube.client import Obj
+from devheal.model.values import show
 
 log = logging.getLogger(__name__)
 
@@ -30,23 +32,28 @@ STOP_JITTER_SECONDS_ANNOTATION = "devheal.io/sim-stop-jitter-seconds"
 """Plus a uniform extra in [0, N) seconds, the same for the same pod UID."""
 SIM_IMAGE_SIZE_BYTES = 10 * 1024**3
 """The size published in ``node.status.images`` for a pulled image (a CUDA training image)."""
+MAX_SECONDS = 7 * 24 * 3600.0
+"""The longest a simulated step may take (a week); more is a typo, not a model."""
+
+_SECONDS = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,17})?")
+"""ASCII decimals only: ``float()`` would also take 'inf', 'nan', '1e999', '٣' and '1_0'."""
 
 
-def seconds_annotation(annotations: dict[str, Any], key: str, meta: Obj) -> float | None:
-    """A non-negative number of seconds from an annotation; None (and a warning) when absent or bad."""
+def seconds_annotation(annotations: Mapping[str, Any], key: str, meta: Obj) -> float | None:
+    """Seconds (``"20"``, ``"1.5"``, at most ``MAX_SECONDS``) from an annotation; None (and a warning) when
+    absent or bad."""
     if key not in annotations:
         return None
-    try:
-        value = float(annotations[key])
-    except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
+    text = annotations[key]
+    value = float(text) if isinstance(text, str) and _SECONDS.fullmatch(text) else None
+    if value is None or value > MAX_SECONDS:
         log.warning(
-            "pod %s/%s: %s is not a non-negative number of seconds: %r",
+            "pod %s/%s: %s is not a number of seconds from 0 to %d: %s",
             meta.get("namespace"),
             meta.get("name"),
             key,
-            annotations[key],
+            MAX_SECONDS,
+            show(text),
         )
         return None
     return value
