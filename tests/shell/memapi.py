@@ -15,6 +15,8 @@ Besides the protocol, it has knobs a test turns to make the server misbehave:
   versions are answered 410 Gone;
 - ``stall_watches`` / ``resume_watches``: open watches stop sending anything (a hung
   connection) until resumed;
+- ``stop_failing``: forget the faults not used up yet (an outage made of
+  ``fail_next(..., times=many)`` ends);
 - ``close_watches``: end open watches cleanly (as their timeout would); ``bookmark``:
   send a BOOKMARK to every watch that allows them.
 
@@ -100,6 +102,8 @@ class _Watch:
     match: Matcher
     bookmarks: bool
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    stalled: bool = False
+    """Hung by ``stall_watches(..., later=False)`` until resumed."""
 
     def translate(self, event: Event) -> tuple[str, Obj] | None:
         """The event as this watch sees it: objects moving in or out of its selectors are added or deleted."""
@@ -145,8 +149,7 @@ class MemApi:
         return self
 
     async def close(self) -> None:
-        self._stalls.clear()
-        self._resume.set()
+        self.resume_watches()
         for watch in self.watches:
             watch.queue.put_nowait(_CLOSE)
         for task in self._sleeping:
@@ -230,14 +233,27 @@ class MemApi:
     def compact(self) -> None:
         self.store.compact()
 
-    def stall_watches(self, path: str = "") -> None:
-        """Watches under ``path`` (open now or opened later) send nothing, not even their end, until resumed."""
-        self._stalls.append(path)
+    def stall_watches(self, path: str = "", *, later: bool = True) -> None:
+        """Watches under ``path`` (open now or opened later) send nothing, not even their end, until resumed.
+
+        With ``later=False`` only the watches open now hang (a dead connection): new ones work.
+        """
+        if later:
+            self._stalls.append(path)
+        for watch in self.watches:
+            if watch.path.startswith(path):
+                watch.stalled = True
         self._resume.clear()
 
     def resume_watches(self) -> None:
         self._stalls.clear()
+        for watch in self.watches:
+            watch.stalled = False
         self._resume.set()
+
+    def stop_failing(self) -> None:
+        """Forget the faults not used up yet (``fail_next(..., times=many)`` as an outage: the API is back)."""
+        self.faults.clear()
 
     def close_watches(self, path: str = "") -> None:
         for watch in self.watches:
@@ -395,7 +411,7 @@ class MemApi:
             await response.prepare(request)
             while True:
                 item = await watch.queue.get()
-                while any(watch.path.startswith(p) for p in self._stalls):
+                while watch.stalled or any(watch.path.startswith(p) for p in self._stalls):
                     await self._resume.wait()
                 if item is _CLOSE:
                     break

@@ -33,6 +33,15 @@ JSON_PATCH = "application/json-patch+json"
 Obj = dict[str, Any]
 T = TypeVar("T")
 
+WATCH_IDLE_TIMEOUT = 50.0
+"""Seconds a watch may send nothing at all before it is given up as stalled (a hung connection).
+
+A watch asks for bookmarks, and the API server sends one about every minute, so even a
+healthy watch on a quiet collection is renewed about every 50 s: one request from its
+resourceVersion, served from the server's watch cache. In exchange a stalled watch is
+noticed, and its collection caught up, within the minute.
+"""
+
 
 def api_path(
     api_version: str,
@@ -210,12 +219,19 @@ class KubeClient:
         return items, version
 
     async def watch(
-        self, path: str, resource_version: str, *, timeout_seconds: int = 300, **params: str | int
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        timeout_seconds: int = 300,
+        idle_timeout: float = WATCH_IDLE_TIMEOUT,
+        **params: str | int,
     ) -> AsyncIterator[Obj]:
         """Stream watch events ({type, object}) from ``resource_version``, bookmarks included.
 
         Ends when the server closes the watch (after ``timeout_seconds``); raises ``Gone``
-        when the version has expired, so the caller lists again.
+        when the version has expired, so the caller lists again, and ``WatchStalled`` when
+        nothing at all (no event, no bookmark) came for ``idle_timeout`` seconds.
         """
         query: dict[str, str | int] = {
             **params,
@@ -227,7 +243,7 @@ class KubeClient:
         url = self._host + path + "?" + urlencode({k: str(v) for k, v in query.items()})
         what = f"WATCH {path}"
         try:
-            async with self._open_watch(url, timeout_seconds + 30) as resp:
+            async with self._open_watch(url, idle_timeout) as resp:
                 if resp.status != 200:
                     raw = await resp.read()
                     try:
@@ -243,6 +259,10 @@ class KubeClient:
                         status = event.get("object") or {}
                         raise errors.from_status(int(status.get("code") or 500), status, what)
                     yield event
+        except aiohttp.ServerTimeoutError as exc:
+            raise errors.WatchStalled(
+                f"{what}: nothing received for {idle_timeout:g}s (no event, no bookmark): the watch is stalled"
+            ) from exc
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise errors.Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
 

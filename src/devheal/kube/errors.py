@@ -11,6 +11,7 @@
         ├── Gone                410: the watch's resourceVersion expired, list again
         ├── TooManyRequests     429 (PDB blocks an eviction, or API priority and fairness)
         └── Unavailable         5xx, timeouts, connection errors
+            └── WatchStalled    a watch sent nothing (no event, no bookmark) for too long: watch again
 
 Errors of the HTTP library underneath are translated in ``devheal.kube.client``
 and never reach callers.
@@ -71,6 +72,12 @@ class TooManyRequests(TemporaryError):
 
 class Unavailable(TemporaryError):
     pass
+
+
+class WatchStalled(Unavailable):
+    """No event and no bookmark came for the watch's idle timeout: open it again at once from its version."""
+
+    delay = 0.0
 
 
 def from_status(status: int, body: Any, what: str) -> KubeError:

@@ -3,8 +3,9 @@
 A ``Reflector`` lists a collection page by page (each page projected and stored as it
 arrives, so a large cluster is never held raw), then watches from the list's
 resourceVersion with bookmarks. An expired version (410 Gone) means "list again
-and diff", so no deletion is ever missed; other failures back off exponentially
-with jitter. Objects may be projected on arrival (keep only the fields a caller
+and diff", so no deletion is ever missed; a watch that sends nothing for 50 s (a
+hung connection) is opened again from its version; other failures back off
+exponentially with jitter, up to 4 s. Objects may be projected on arrival (keep only the fields a caller
 uses) so the store stays small; handlers get (old, new) and only enqueue work.
 """
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from devheal.kube import errors
-from devheal.kube.client import KubeClient, Obj
+from devheal.kube.client import WATCH_IDLE_TIMEOUT, KubeClient, Obj
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,11 @@ class Reflector(Generic[T]):
     relists: int = 0
     page_size: int = 500
     """Objects per list request: the most raw objects held at once while listing."""
+    max_backoff: float = 4.0
+    """The longest wait (before jitter) between two failed tries: the cache catches up within
+    5 s of the API server coming back."""
+    idle_timeout: float = WATCH_IDLE_TIMEOUT
+    """Seconds a watch may send nothing (no event, no bookmark) before it is opened again."""
 
     def _notify(self, key: str, old: T | None, new: T | None) -> None:
         for handler in self.handlers:
@@ -113,7 +119,11 @@ class Reflector(Generic[T]):
                     need_list = False
                 timeout = random.randint(240, 360)
                 async for event in self.client.watch(
-                    self.path, self.resource_version, timeout_seconds=timeout, **self.params
+                    self.path,
+                    self.resource_version,
+                    timeout_seconds=timeout,
+                    idle_timeout=self.idle_timeout,
+                    **self.params,
                 ):
                     obj = event.get("object") or {}
                     version = (obj.get("metadata") or {}).get("resourceVersion")
@@ -124,12 +134,16 @@ class Reflector(Generic[T]):
                 backoff = 0.2
             except errors.Gone:
                 need_list = True
+            except errors.WatchStalled as exc:
+                # A hung connection, or a quiet collection between two of the server's bookmarks:
+                # either way, watch again at once from the version reached.
+                log.info("%s; watching again from %s", exc, self.resource_version)
             except asyncio.CancelledError:
                 raise
             except errors.KubeError as exc:
                 log.warning("watch %s failed: %s; retrying in %.1fs", self.path, exc, backoff)
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
-                backoff = min(backoff * 2, 10.0)
+                backoff = min(backoff * 2, self.max_backoff)
                 if isinstance(exc, errors.PermanentError):
                     need_list = True
 

@@ -162,7 +162,7 @@ async def test_a_410_lists_again_at_once(api: MemApi, kube: KubeClient) -> None:
     assert reflector.relists == 2
 
 
-async def test_server_errors_back_off_exponentially_up_to_ten_seconds(api: MemApi, kube: KubeClient) -> None:
+async def test_server_errors_back_off_exponentially_up_to_four_seconds(api: MemApi, kube: KubeClient) -> None:
     reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
     async with running(reflector):
         await watching(api, reflector)
@@ -174,7 +174,7 @@ async def test_server_errors_back_off_exponentially_up_to_ten_seconds(api: MemAp
         api.close_watches()
         await watching(api, reflector, watches=11)
     watches = times(api, "watch")
-    assert gaps(watches[1:9]) == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0]
+    assert gaps(watches[1:9]) == [0.2, 0.4, 0.8, 1.6, 3.2, 4.0, 4.0]
     assert gaps(watches[9:]) == [0.2]
     assert len(api.calls("list")) == 1  # a temporary error resumes the watch from its version
     assert {c.params["resourceVersion"] for c in api.calls("watch")} == {reflector.resource_version}
@@ -215,12 +215,21 @@ async def test_bookmarks_move_the_version_and_nothing_else(api: MemApi, kube: Ku
     assert api.calls("watch")[0].params["allowWatchBookmarks"] == "true"
 
 
+async def bookmarks(api: MemApi, every: float) -> None:
+    """A bookmark to every watch every ``every`` seconds, as the API server sends them."""
+    while True:
+        await asyncio.sleep(every)
+        api.bookmark()
+
+
 async def test_a_watch_ending_at_its_timeout_resumes_from_its_version(api: MemApi, kube: KubeClient) -> None:
     reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    marker = asyncio.create_task(bookmarks(api, 40))
     async with running(reflector):
         await watching(api, reflector)
         api.create(PODS, pod("a"))
         await asyncio.sleep(300)
+    marker.cancel()
     first, second = api.calls("watch")
     assert first.params["timeoutSeconds"] == "240"
     assert round(second.at, 6) == 240.0
@@ -228,19 +237,66 @@ async def test_a_watch_ending_at_its_timeout_resumes_from_its_version(api: MemAp
     assert reflector.relists == 1
 
 
-async def test_a_hung_watch_is_given_up_after_its_read_timeout(api: MemApi, kube: KubeClient) -> None:
+async def test_a_hung_watch_is_given_up_after_its_idle_timeout(api: MemApi, kube: KubeClient) -> None:
     reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
     async with running(reflector):
         await watching(api, reflector)
         api.stall_watches(PODS)
         api.create(PODS, pod("a"))
-        await until(lambda: len(api.calls("watch")) == 2, "a second watch", timeout=600, step=1.0)
+        await until(lambda: len(api.calls("watch")) == 3, "a third watch", timeout=600, step=1.0)
         api.resume_watches()
         await until(lambda: "ns/a" in reflector.store, "the pod created during the stall")
-    second = api.calls("watch")[1]
-    assert round(second.at, 6) == 240 + 30 + 0.2  # the client's read timeout, then the backoff
-    assert second.params["resourceVersion"] == api.calls("watch")[0].params["resourceVersion"]
+    assert times(api, "watch") == [0.0, 50.0, 100.0]  # nothing for 50 s: watch again at once
+    assert {c.params["resourceVersion"] for c in api.calls("watch")} == {"0"}
     assert reflector.relists == 1
+
+
+async def test_a_stalled_watch_is_caught_up_within_a_minute(api: MemApi, kube: KubeClient) -> None:
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    async with running(reflector):
+        await watching(api, reflector)
+        await asyncio.sleep(30)
+        api.create(PODS, pod("a"))
+        await until(lambda: "ns/a" in reflector.store, "the pod before the stall")
+        api.stall_watches(PODS, later=False)  # the connection hangs; a new one would work
+        stalled = asyncio.get_running_loop().time()
+        api.create(PODS, pod("b"))
+        api.delete(f"{PODS}/a")
+        await until(lambda: set(reflector.store) == {"ns/b"}, "the changes made during the stall", timeout=60)
+        caught_up = asyncio.get_running_loop().time() - stalled
+    assert round(caught_up, 6) <= 50  # the idle timeout, counted from the last event received
+    _, second = api.calls("watch")
+    assert second.params["resourceVersion"] == "1"  # from the version reached, no list
+    assert reflector.relists == 1
+
+
+async def test_a_quiet_watch_that_receives_bookmarks_stays_open(api: MemApi, kube: KubeClient) -> None:
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    marker = asyncio.create_task(bookmarks(api, 45))
+    async with running(reflector):
+        await watching(api, reflector)
+        await asyncio.sleep(230)
+    marker.cancel()
+    assert len(api.calls("watch")) == 1
+
+
+async def test_the_cache_catches_up_within_five_seconds_of_the_api_coming_back(api: MemApi, kube: KubeClient) -> None:
+    api.create(PODS, pod("a"))
+    reflector: Reflector[Obj] = Reflector(kube, PODS, raw)
+    async with running(reflector):
+        await watching(api, reflector)
+        api.fail_next(503, times=1_000_000)  # an outage: every request fails
+        api.close_watches()
+        api.create(PODS, pod("b"))
+        api.delete(f"{PODS}/a")
+        await asyncio.sleep(120)
+        assert set(reflector.store) == {"ns/a"}
+        api.stop_failing()
+        back = asyncio.get_running_loop().time()
+        await until(lambda: set(reflector.store) == {"ns/b"}, "the changes made during the outage", timeout=5)
+        caught_up = asyncio.get_running_loop().time() - back
+    assert caught_up <= 4.0
+    assert max(gaps(times(api, "watch")[1:])) == 4.0  # the backoff's cap
 
 
 async def test_a_malformed_object_or_a_failing_handler_does_not_stop_the_watch(api: MemApi, kube: KubeClient) -> None:
