@@ -8,6 +8,7 @@ own event loop, so it works on virtual time (``tests.shell.virtual_time``).
 Besides the protocol, it has knobs a test turns to make the server misbehave:
 
 - ``fail_next``: answer the next matching request(s) with an error status (429, 500, 504...);
+  ``too_large_resource_version``: the 504 the server sends while its watch cache lags;
 - ``slow_next``: answer the next matching request(s) only after a delay (a hung server);
 - ``meanwhile``: make a change just before serving the next matching request (a race lost);
 - ``gone_next_watch``: the next watch answers 410 Gone (an ERROR event, as the server does);
@@ -72,6 +73,8 @@ class Fault:
     """Run just before the request is served (another client's change that races it)."""
     user: str = ""
     """Only requests of this user (any if empty)."""
+    details: dict[str, Any] | None = None
+    """The Status's ``details`` (causes, retryAfterSeconds), if any."""
 
     def matches(self, verb: str, path: str, user: str = "") -> bool:
         return (
@@ -211,11 +214,36 @@ class MemApi:
         reason: str = "",
         message: str = "",
         user: str = "",
+        details: dict[str, Any] | None = None,
     ) -> None:
-        """Answer the next ``times`` requests of ``verb`` (any if empty) under ``path`` with ``status``."""
+        """Answer the next ``times`` requests of ``verb`` (any if empty) under ``path`` with ``status``.
+
+        ``details`` goes into the Status as is (``causes``, ``retryAfterSeconds``); see
+        ``too_large_resource_version`` for the one the API server sends when its watch cache lags.
+        """
         reason = reason or _REASONS.get(status, "")
         message = message or f"injected {status} {reason}"
-        self.faults.append(Fault(status, verb, path, times, reason, message, user=user))
+        self.faults.append(Fault(status, verb, path, times, reason, message, user=user, details=details))
+
+    def too_large_resource_version(self, *, verb: str = "list", path: str = "", times: int = 1) -> None:
+        """Answer as the API server does while its watch cache is behind the version asked for.
+
+        Its ``storage.NewTooLargeResourceVersionError``: a 504 ``Timeout`` Status with the cause
+        ``ResourceVersionTooLarge`` and ``retryAfterSeconds`` 1.
+        """
+        wanted = self.store.rv + 1
+        self.fail_next(
+            504,
+            verb=verb,
+            path=path,
+            times=times,
+            reason="Timeout",
+            message=f"Timeout: Too large resource version: {wanted}, current: {self.store.rv}",
+            details={
+                "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                "retryAfterSeconds": 1,
+            },
+        )
 
     def slow_next(self, seconds: float, *, verb: str = "", path: str = "", times: int = 1, user: str = "") -> None:
         """Answer the next ``times`` requests of ``verb`` under ``path`` only after ``seconds`` (a hung server)."""
@@ -321,7 +349,7 @@ class MemApi:
                 if fault.meanwhile is not None:
                     fault.meanwhile()
                 if fault.status:
-                    error = ApiError(fault.status, fault.reason, fault.message)
+                    error = ApiError(fault.status, fault.reason, fault.message, fault.details)
                     return self._answer(error.status(), fault.status)
                 break
         try:

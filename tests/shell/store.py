@@ -49,22 +49,26 @@ _PATH = re.compile(r"^(?P<prefix>/api/v1|/apis/[^/]+/[^/]+)(?P<rest>(/[^/]+)*)/?
 class ApiError(Exception):
     """An answer other than success, as a Kubernetes ``Status``."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
+        self.details = details
 
     def status(self) -> Obj:
-        return {
+        status: Obj = {
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
-            "code": self.code,
         }
+        if self.details is not None:
+            status["details"] = self.details
+        status["code"] = self.code
+        return status
 
 
 def not_found(ref: Ref) -> ApiError:

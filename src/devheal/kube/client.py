@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,14 @@ MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
+log = logging.getLogger(__name__)
+
 Obj = dict[str, Any]
 T = TypeVar("T")
+
+LIST_TOO_LARGE_TRIES = 10
+"""Tries of one list request the server answers 504 "Too large resource version" (its watch
+cache is behind): each after the server's ``retryAfterSeconds`` (1 s), as client-go's ten."""
 
 WATCH_IDLE_TIMEOUT = 50.0
 """Seconds a watch may send nothing at all before it is given up as stalled (a hung connection).
@@ -195,7 +202,7 @@ class KubeClient:
             query: dict[str, str | int] = {**(params or {}), "limit": page_size}
             if token:
                 query["continue"] = token
-            answer = await self.request("GET", path, params=query, timeout=120.0)
+            answer = await self._list_page(path, query)
             meta = answer.get("metadata") or {}
             token = str(meta.get("continue") or "")
             page = Page(answer.get("items") or [], str(meta.get("resourceVersion") or ""))
@@ -203,6 +210,18 @@ class KubeClient:
             yield page
             if not token:
                 return
+
+    async def _list_page(self, path: str, query: Mapping[str, str | int]) -> Obj:
+        """One list request; sent again while the server's watch cache is behind (504, too large version)."""
+        for attempt in range(LIST_TOO_LARGE_TRIES):
+            try:
+                return await self.request("GET", path, params=query, timeout=120.0)
+            except errors.ResourceVersionTooLarge as exc:
+                if attempt == LIST_TOO_LARGE_TRIES - 1:
+                    raise
+                log.info("%s; listing again in %.1fs", exc, exc.delay)
+                await asyncio.sleep(exc.delay)
+        raise AssertionError("unreachable")
 
     async def list_all(
         self, path: str, params: Mapping[str, str | int] | None = None, *, page_size: int = 500

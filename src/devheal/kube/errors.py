@@ -11,7 +11,13 @@
         ├── Gone                410: the watch's resourceVersion expired, list again
         ├── TooManyRequests     429 (PDB blocks an eviction, or API priority and fairness)
         └── Unavailable         5xx, timeouts, connection errors
+            ├── ResourceVersionTooLarge
+            │                   504 "Too large resource version": the server's watch cache is
+            │                   behind; send the same request again after ``delay``
             └── WatchStalled    a watch sent nothing (no event, no bookmark) for too long: watch again
+
+A Status's ``details.retryAfterSeconds``, when the server gives one, becomes a temporary
+error's ``delay``.
 
 Errors of the HTTP library underneath are translated in ``devheal.kube.client``
 and never reach callers.
@@ -74,6 +80,13 @@ class Unavailable(TemporaryError):
     pass
 
 
+class ResourceVersionTooLarge(Unavailable):
+    """504, reason ``Timeout``, cause ``ResourceVersionTooLarge``: asked for a version the server's
+    watch cache has not reached yet (it lags etcd, e.g. right after a restart, or under load),
+    and it gave up waiting. Nothing is wrong with the request: send it again after ``delay``
+    (the server's ``retryAfterSeconds``), as client-go does."""
+
+
 class WatchStalled(Unavailable):
     """No event and no bookmark came for the watch's idle timeout: open it again at once from its version."""
 
@@ -84,9 +97,11 @@ def from_status(status: int, body: Any, what: str) -> KubeError:
     """Map an API server answer (a Status object, usually) to our tree."""
     reason = ""
     message = ""
+    details: Any = {}
     if isinstance(body, dict):
         reason = str(body.get("reason") or "")
         message = str(body.get("message") or "")
+        details = body.get("details") if isinstance(body.get("details"), dict) else {}
     text = f"{what}: HTTP {status}" + (f" {reason}" if reason else "") + (f": {message}" if message else "")
     cls: type[KubeError]
     if status == 404:
@@ -101,8 +116,27 @@ def from_status(status: int, body: Any, what: str) -> KubeError:
         cls = Forbidden
     elif status == 429:
         cls = TooManyRequests
+    elif status == 504 and _too_large_resource_version(message, details):
+        cls = ResourceVersionTooLarge
     elif status >= 500:
         cls = Unavailable
     else:
         cls = PermanentError
-    return cls(text, status=status, reason=reason, body=body)
+    error = cls(text, status=status, reason=reason, body=body)
+    retry_after = details.get("retryAfterSeconds")
+    if isinstance(error, TemporaryError) and isinstance(retry_after, int | float) and retry_after > 0:
+        error.delay = float(retry_after)
+    return error
+
+
+TOO_LARGE_RESOURCE_VERSION = "ResourceVersionTooLarge"
+"""The Status cause the API server gives with its 504 "Too large resource version"."""
+
+
+def _too_large_resource_version(message: str, details: Any) -> bool:
+    causes = details.get("causes") if isinstance(details, dict) else None
+    for cause in causes if isinstance(causes, list) else []:
+        if isinstance(cause, dict) and cause.get("reason") == TOO_LARGE_RESOURCE_VERSION:
+            return True
+    # Servers before the cause existed said it in the message only.
+    return "too large resource version" in message.lower()

@@ -71,3 +71,36 @@ async def test_retrying_gives_up_after_its_tries_and_never_retries_permanent_err
     with pytest.raises(errors.NotFound):
         await retrying(lambda: kube.get(f"{PODS}/p"), tries=3)
     assert len(api.calls("get")) == 4
+
+
+async def test_a_list_the_watch_cache_is_not_ready_for_is_sent_again_after_the_servers_delay(
+    api: MemApi, kube: KubeClient
+) -> None:
+    for name in "abc":
+        api.create(PODS, {"metadata": {"name": name}})
+    api.too_large_resource_version(times=2)
+    items, version = await kube.list_all(PODS)
+    assert [i["metadata"]["name"] for i in items] == ["a", "b", "c"]
+    assert version == "3"
+    assert [round(c.at, 6) for c in api.calls("list")] == [0.0, 1.0, 2.0]  # retryAfterSeconds: 1
+
+
+async def test_a_continuation_the_watch_cache_is_not_ready_for_is_sent_again(api: MemApi, kube: KubeClient) -> None:
+    for name in "abc":
+        api.create(PODS, {"metadata": {"name": name}})
+    # While the first page is served, set up the answer to the next request: the continuation.
+    api.meanwhile(api.too_large_resource_version, verb="list")
+    items, _ = await kube.list_all(PODS, page_size=2)
+    assert [i["metadata"]["name"] for i in items] == ["a", "b", "c"]
+    lists = api.calls("list")
+    assert ["continue" in c.params for c in lists] == [False, True, True]
+    assert lists[1].params["continue"] == lists[2].params["continue"]
+
+
+async def test_a_list_the_watch_cache_never_catches_up_with_fails_after_ten_tries(
+    api: MemApi, kube: KubeClient
+) -> None:
+    api.too_large_resource_version(times=100)
+    with pytest.raises(errors.ResourceVersionTooLarge, match="Too large resource version"):
+        await kube.list_all(PODS)
+    assert len(api.calls("list")) == 10

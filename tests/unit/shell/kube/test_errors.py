@@ -47,3 +47,40 @@ def test_temporary_errors_say_how_long_to_wait() -> None:
 
 def test_the_message_names_the_request_without_a_body() -> None:
     assert str(errors.from_status(500, None, "WATCH /api/v1/nodes")) == "WATCH /api/v1/nodes: HTTP 500"
+
+
+TOO_LARGE = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Failure",
+    "message": "Timeout: Too large resource version: 1234, current: 1200",
+    "reason": "Timeout",
+    "details": {
+        "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+        "retryAfterSeconds": 2,
+    },
+    "code": 504,
+}
+
+
+def test_a_watch_cache_behind_the_version_asked_for_is_its_own_temporary_error() -> None:
+    error = errors.from_status(504, TOO_LARGE, "GET /api/v1/pods")
+    assert type(error) is errors.ResourceVersionTooLarge
+    assert isinstance(error, errors.Unavailable)
+    assert error.delay == 2.0  # the server's retryAfterSeconds
+    assert "Too large resource version: 1234" in str(error)
+
+
+def test_too_large_is_told_by_its_cause_or_by_its_message() -> None:
+    by_message = {"reason": "Timeout", "message": "Timeout: Too large resource version: 9, current: 8", "code": 504}
+    assert type(errors.from_status(504, by_message, "GET x")) is errors.ResourceVersionTooLarge
+    other_timeout = {"reason": "Timeout", "message": "request did not complete within 60s", "code": 504}
+    assert type(errors.from_status(504, other_timeout, "GET x")) is errors.Unavailable
+    assert errors.from_status(504, other_timeout, "GET x").delay == 1.0
+
+
+def test_retry_after_seconds_sets_a_temporary_errors_delay() -> None:
+    body = {"reason": "TooManyRequests", "details": {"retryAfterSeconds": 7}, "code": 429}
+    assert errors.from_status(429, body, "POST x").delay == 7.0
+    assert errors.from_status(404, {"details": {"retryAfterSeconds": 7}}, "GET x").status == 404
