@@ -11,13 +11,16 @@ node condition and the log.
 
 ``run_agents`` runs many ``NodeAgent``s concurrently (the lab runs one per simulated
 node in one process); they share the API client, the metrics and, for the simulated
-backend, one feed.
+backend, one feed. Each runs supervised (``devheal.kube.supervision``): an agent whose
+loop crashes starts again after a backoff; one that keeps crashing stops the process
+with that error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -36,6 +39,7 @@ from devheal.agent.publisher import NodeDevicesPublisher
 from devheal.agent.status import DEFAULT_RESOURCE, Availability, build_status, device_view, node_condition
 from devheal.agent.telemetry import DeviceInfo, DeviceReading, Sample, TelemetryBackend, TelemetryUnavailable, XidEvent
 from devheal.kube.client import KubeClient
+from devheal.kube.supervision import LoopFailed, Supervisor
 from devheal.model.cluster import DeviceHealth
 
 log = logging.getLogger("devheal.agent")
@@ -312,6 +316,7 @@ class NodeAgent:
         finally:
             stopper.cancel()
             self.backend.set_wakeup(None)
+            self._started = False  # a run started again (after a crash) starts the backend again
             await asyncio.to_thread(self.backend.close)
             await self.pods.close()
 
@@ -320,17 +325,17 @@ class NodeAgent:
         self._wake.set()
 
 
-async def run_agents(agents: Sequence[NodeAgent], stop: asyncio.Event) -> None:
-    """Run every agent until ``stop`` is set (one task each; one failing agent does not stop the others)."""
-    tasks = [asyncio.create_task(agent.run(stop), name=f"agent-{agent.node}") for agent in agents]
-    try:
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-    finally:
-        for task in tasks:
-            task.cancel()
-    for agent, result in zip(agents, results, strict=True):
-        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-            log.error("node %s: agent stopped: %r", agent.node, result)
+async def run_agents(agents: Sequence[NodeAgent], stop: asyncio.Event, loops: Supervisor | None = None) -> None:
+    """Run every agent until ``stop`` is set, each supervised: one that crashes starts again after a backoff.
+
+    One failing agent does not stop the others; one that keeps crashing (``loops.max_crashes``
+    in a row) ends them all with ``LoopFailed``.
+    """
+    loops = loops or Supervisor("agent")
+    async with loops:
+        for agent in agents:
+            loops.start(f"node {agent.node}", functools.partial(agent.run, stop))
+        await loops.wait()
 
 
 async def serve(
@@ -353,7 +358,10 @@ async def serve(
     try:
         agents = make_agents(kube)
         log.info("agent: watching %d node(s): %s", len(agents), ", ".join(a.node for a in agents[:5]))
-        await run_agents(agents, stop)
+        try:
+            await run_agents(agents, stop)
+        except LoopFailed as exc:
+            raise SystemExit(f"devheal agent: {exc}") from exc
         if delete_on_exit:
             await asyncio.gather(*(a.publisher.delete() for a in agents), return_exceptions=True)
     finally:

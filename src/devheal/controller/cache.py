@@ -3,7 +3,8 @@
 Indexes are kept on every change: node -> pods, (node, device id) -> pod. A node's
 ``gap_since`` (allocatable GPUs below capacity since when) is carried across updates
 here, because only the cache sees the transition. Any change sets ``changed``; the
-controller's loop waits on it and reads a consistent ``view()``.
+controller's loop waits on it and reads a consistent ``view()``. Each reflector runs
+supervised (``devheal.kube.supervision``): one that crashes lists afresh after a backoff.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from devheal.controller.projections import (
 )
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import Reflector
+from devheal.kube.supervision import Supervisor
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod
 from devheal.model.plan import InFlight
@@ -55,6 +57,8 @@ class ClusterCache:
             self.policy_objects,
             self.remediations,
         ]
+        self.loops = Supervisor("cache")
+        """The reflectors' loops: ``loops.problems()`` names one that is down."""
 
     # ---- handlers ----------------------------------------------------------------------------
 
@@ -120,7 +124,14 @@ class ClusterCache:
         }
 
     async def run(self) -> None:
-        await asyncio.gather(*(r.run() for r in self.reflectors))
+        """Run every reflector, each supervised: one that crashes is started again (it lists afresh)."""
+        async with self.loops:
+            for reflector in self.reflectors:
+                self.loops.start(f"reflector {reflector.path}", reflector.run)
+            await self.loops.wait()
+
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
