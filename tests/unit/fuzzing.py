@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 FUZZ = settings(
-    max_examples=int(os.environ.get("DEVHEAL_FUZZ_EXAMPLES", "60")),
+    max_examples=int(os.environ.get("DEVHEAL_FUZZ_EXAMPLES", "40")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -110,7 +110,7 @@ def shaped(shape: Any, max_changes: int = 3) -> st.SearchStrategy[Any]:
     @st.composite
     def build(draw: st.DrawFn) -> Any:
         obj = draw(_valid(shape))
-        paths = list(_paths(shape, ()))
+        paths = list(_paths(shape, ()))[1:]  # the object itself stays an object: json_values() covers the rest
         for _ in range(draw(st.integers(0, max_changes))):
             path = draw(st.sampled_from(paths))
             obj = _put(obj, path, draw(st.one_of(st.sampled_from(NASTY), json_values(6))))

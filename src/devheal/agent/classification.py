@@ -315,7 +315,7 @@ def _parse(data: Mapping[str, Any]) -> Classification:
     names: set[str] = set()
     for i, raw in enumerate(_list(data.get("rules"), "rules")):
         entry = _mapping(raw, f"rules[{i}]")
-        where = f"rules[{i}]" + (f" ({entry['name']})" if isinstance(entry.get("name"), str) else "")
+        where = f"rules[{i}]" + (f" ({entry['name'][:60]})" if isinstance(entry.get("name"), str) else "")
         _check_keys(entry, _RULE_KEYS, where)
         enabled = entry.get("enabled", True)
         if not isinstance(enabled, bool):

@@ -53,6 +53,10 @@ TABLE_SHAPE = {
 }
 
 
+DEFAULT_TABLE = default_table()
+"""Read once: merge_tables copies what it changes."""
+
+
 def _assert_sane(table: Classification) -> None:
     durations = [table.quiet_window, table.hold_down, *(rule.window for rule in table.rules)]
     assert all(math.isfinite(d) and 0 <= d <= times.MAX_DURATION for d in durations), durations
@@ -90,7 +94,7 @@ def test_parse_classification_takes_any_table_shaped_value(data: Any) -> None:
 def test_an_override_merges_and_parses_or_is_rejected_naming_the_file(override: Any) -> None:
     where = "classification override /etc/devheal/override.yaml"
     try:
-        merged = merge_tables(default_table(), override, where)
+        merged = merge_tables(DEFAULT_TABLE, override, where)
     except ClassificationError as exc:
         assert str(exc).startswith(where), exc
     else:
