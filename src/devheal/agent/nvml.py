@@ -15,10 +15,21 @@ makes it Unhealthy) and the backend keeps serving the other devices; only when N
 itself is unusable (no library, driver not loaded) does ``TelemetryUnavailable`` reach
 the runner, which retries with backoff. The ``pynvml`` module is passed in for tests
 (a fake with the same call signatures); by default the real one is imported.
+
+**Every NVML call is time-boxed.** A driver in trouble can block a call for minutes, or
+for ever. ``start``, ``sample`` and ``close`` do their NVML work on a thread of the
+backend's own (``_CallGuard``) and wait for it while watching the call in progress: one
+that has not returned within ``call_timeout`` (``init_timeout`` for ``nvmlInit``) makes
+the backend give up with ``TelemetryUnavailable`` (reason ``NVMLUnresponsive``, the
+message naming the call and the GPU), so the agent's round goes on, its devices become
+Unknown and the node condition says NVML is unresponsive. A thread cannot be interrupted:
+the stuck one is left to its call, and the backend refuses to start again (without
+touching NVML) until that call has returned.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import importlib
 import logging
@@ -27,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from devheal.agent.telemetry import (
     DeviceInfo,
@@ -55,6 +66,106 @@ _NVLINK_COUNTERS = (
     ("crc_flit", "NVML_NVLINK_ERROR_DL_CRC_FLIT", 2),
     ("crc_data", "NVML_NVLINK_ERROR_DL_CRC_DATA", 3),
 )
+
+
+T = TypeVar("T")
+
+UNRESPONSIVE = "NVMLUnresponsive"
+"""The reason of ``TelemetryUnavailable`` (and so of the conditions) while an NVML call hangs."""
+
+
+class _Hung(Exception):
+    """An NVML call did not return in time; the message names it."""
+
+
+class _CallGuard:
+    """Runs NVML work on a thread of its own and times every NVML call made on that thread.
+
+    ``run(job)`` (from any other thread) waits for the job while watching the call in
+    progress, and raises ``_Hung`` once one has run past its limit. The guard is then
+    ``hung`` until that call returns (its thread is stuck in the driver meanwhile); the
+    job's result is dropped.
+    """
+
+    def __init__(self, timeout: float, limits: dict[str, float]) -> None:
+        self.timeout = timeout
+        self.limits = limits
+        self.hung = ""
+        """The call that did not return in time, while it has not returned."""
+        self.closed = False
+        self._current: tuple[str, float, float] | None = None
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self.thread = threading.Thread(target=self._serve, name="nvml-calls", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            work, future = job
+            try:
+                future.set_result(work())
+            except BaseException as exc:
+                future.set_exception(exc)
+            if self.hung:
+                log.warning("NVML: %s has returned at last", self.hung)
+                self.hung = ""
+
+    def timed(self, what: str, call: Callable[..., T], *args: Any) -> T:
+        """Make one NVML call, timed if on the guard's thread."""
+        if threading.current_thread() is not self.thread:
+            return call(*args)
+        self._current = (what, time.monotonic(), self.limits.get(what.split(" ", 1)[0], self.timeout))
+        try:
+            return call(*args)
+        finally:
+            self._current = None
+
+    def run(self, job: Callable[[], T]) -> T:
+        if self.hung:
+            raise _Hung(f"{self.hung} (still)")
+        if self.closed:
+            raise RuntimeError("the NVML call guard is closed")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._jobs.put((job, future))
+        while True:
+            current = self._current
+            wait = self.timeout if current is None else current[1] + current[2] - time.monotonic()
+            try:
+                return future.result(timeout=max(wait, 0.0))
+            except concurrent.futures.TimeoutError:
+                current = self._current
+                if current is not None and time.monotonic() - current[1] >= current[2]:
+                    self.hung = f"{current[0]} did not return within {current[2]:g}s"
+                    raise _Hung(self.hung) from None
+
+    def close(self) -> None:
+        """End the thread once it is idle (at once, or when its hung call returns)."""
+        self.closed = True
+        self._jobs.put(None)
+
+
+class _TimedNvml:
+    """The pynvml module as the backend sees it: every ``nvml*`` function goes through the guard's timer."""
+
+    def __init__(self, module: Any, guard: _CallGuard, describe: Callable[[tuple[Any, ...]], str]) -> None:
+        self._module = module
+        self._guard = guard
+        self._describe = describe
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        if not name.startswith("nvml") or not callable(value):
+            return value
+        guard, describe = self._guard, self._describe
+
+        def timed(*args: Any) -> Any:
+            return guard.timed(f"{name}{describe(args)}", value, *args)
+
+        return timed
 
 
 class _Lost(Exception):
@@ -102,9 +213,15 @@ class NvmlBackend:
         event_timeout_ms: int = 1000,
         slow_interval: float = 10.0,
         clock: Callable[[], float] = time.time,
+        call_timeout: float = 10.0,
+        init_timeout: float = 60.0,
     ) -> None:
         self._module = nvml
         self._nv: Any = None
+        self._call_timeout = call_timeout
+        self._init_timeout = init_timeout
+        """``nvmlInit`` loads the driver's state for every GPU: seconds without persistence mode."""
+        self._guard: _CallGuard | None = None
         self._event_timeout_ms = event_timeout_ms
         self._slow_interval = slow_interval
         self._clock = clock
@@ -123,9 +240,42 @@ class NvmlBackend:
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
+    def _describe(self, args: tuple[Any, ...]) -> str:
+        """`` on GPU-...`` for a call whose first argument is a known device handle."""
+        if not args:
+            return ""
+        try:
+            uuid = self._by_handle.get(_handle_key(args[0]))
+        except TypeError:
+            return ""
+        return f" on {uuid}" if uuid else ""
+
+    def _guarded(self, what: str, job: Callable[[], T]) -> T:
+        """``job`` on the guard's thread; a hung call becomes ``TelemetryUnavailable`` (NVMLUnresponsive)."""
+        assert self._guard is not None
+        try:
+            return self._guard.run(job)
+        except _Hung as exc:
+            log.error("NVML: %s: %s; reporting the devices Unknown", what, exc)
+            raise TelemetryUnavailable(
+                f"NVML is unresponsive: {exc} (a hung driver call; the devices are Unknown until it returns)",
+                reason=UNRESPONSIVE,
+            ) from None
+
     def start(self) -> None:
-        nv = self._module if self._module is not None else importlib.import_module("pynvml")
-        self._nv = nv
+        if self._guard is not None and self._guard.hung:
+            raise TelemetryUnavailable(
+                f"NVML is unresponsive: {self._guard.hung} and has not returned yet", reason=UNRESPONSIVE
+            )
+        module = self._module if self._module is not None else importlib.import_module("pynvml")
+        if self._guard is not None and not self._guard.closed:
+            self._guard.close()
+        self._guard = _CallGuard(self._call_timeout, {"nvmlInit": self._init_timeout})
+        self._nv = _TimedNvml(module, self._guard, self._describe)
+        self._guarded("starting", self._start)
+
+    def _start(self) -> None:
+        nv = self._nv
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
@@ -139,7 +289,7 @@ class NvmlBackend:
             count = int(nv.nvmlDeviceGetCount())
             self._devices = [self._open_device(i) for i in range(count)]
         except nv.NVMLError as exc:
-            self.close()
+            self._close()
             raise TelemetryUnavailable(f"NVML cannot list the GPUs: {exc}", reason="NVMLUnavailable") from exc
         self._start_events()
         log.info("NVML: %d GPU(s): %s", len(self._devices), ", ".join(d.info.uuid for d in self._devices))
@@ -210,6 +360,22 @@ class NvmlBackend:
         if self._thread is not None:
             self._thread.join(timeout=self._event_timeout_ms / 1000 + 2)
             self._thread = None
+        guard = self._guard
+        if guard is None or guard.closed:
+            return
+        if guard.hung:
+            if self._started:
+                log.warning("NVML: not shut down: %s", guard.hung)
+            self._started = False
+        else:
+            try:
+                guard.run(self._close)
+            except _Hung as exc:
+                log.warning("NVML: closing: %s", exc)
+                self._started = False
+        guard.close()  # a hung guard stays, so that start() waits for its call to return
+
+    def _close(self) -> None:
         nv = self._nv
         if nv is None or not self._started:
             return
@@ -231,7 +397,7 @@ class NvmlBackend:
     def driver_version(self) -> str:
         """The NVIDIA driver's version, or why it is unknown."""
         try:
-            return _text(self._nv.nvmlSystemGetDriverVersion())
+            return _text(self._guarded("reading the driver version", lambda: self._nv.nvmlSystemGetDriverVersion()))
         except Exception as exc:
             return f"unknown ({exc})"
 
@@ -293,6 +459,9 @@ class NvmlBackend:
     def sample(self, now: float) -> Sample:
         if not self._started:
             raise TelemetryUnavailable("NVML backend is not started", reason="NVMLUnavailable")
+        return self._guarded("sampling", lambda: self._sample(now))
+
+    def _sample(self, now: float) -> Sample:
         with self._ecc_lock:
             ecc_events, self._ecc_pending = self._ecc_pending, set()
         readings = tuple(self._read(dev, now, dev.info.uuid in ecc_events) for dev in self._devices)

@@ -2,7 +2,8 @@
 
 Each fake GPU holds the values NVML would report; tests change them, inject events
 (``FakeNvml.xid``) or make a GPU fall off the bus (``gpu.lost = True``: every call on it
-raises ``NVMLError(NVML_ERROR_GPU_IS_LOST)``, as the real library does).
+raises ``NVMLError(NVML_ERROR_GPU_IS_LOST)``, as the real library does). A call can hang
+as in a driver in trouble (``FakeNvml.hang(name)``: it blocks until ``FakeNvml.unhang()``).
 ``test_fake_matches_the_real_module`` checks the signatures against the installed pynvml.
 """
 
@@ -130,6 +131,11 @@ class FakeNvml:
         self.event_sets_freed = 0
         self._events: queue.Queue[EventData] = queue.Queue()
         self.wait_threads: set[str] = set()
+        self.hanging: set[str] = set()
+        """Calls that block (a hung driver) until ``unhang``."""
+        self.hung_now = 0
+        """How many calls are blocked right now."""
+        self._released = threading.Event()
 
     # ---- test controls ----------------------------------------------------------------------
 
@@ -140,8 +146,26 @@ class FakeNvml:
         kind = nvmlEventTypeDoubleBitEccError if double_bit else nvmlEventTypeSingleBitEccError
         self._events.put(EventData(gpu, kind, 0))
 
+    def hang(self, *calls: str) -> None:
+        """Make these calls block until ``unhang`` (on every GPU), as a hung driver does."""
+        self._released.clear()
+        self.hanging.update(calls)
+
+    def unhang(self) -> None:
+        self.hanging.clear()
+        self._released.set()
+
+    def _maybe_hang(self, call: str) -> None:
+        if call in self.hanging:
+            self.hung_now += 1
+            try:
+                self._released.wait()
+            finally:
+                self.hung_now -= 1
+
     def _gpu(self, handle: Any, call: str) -> FakeGpu:
         self.calls[call] += 1
+        self._maybe_hang(call)
         if not self.initialised:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         assert isinstance(handle, FakeGpu), f"{call}: not a device handle: {handle!r}"
@@ -157,6 +181,7 @@ class FakeNvml:
 
     def nvmlInit(self) -> None:
         self.calls["nvmlInit"] += 1
+        self._maybe_hang("nvmlInit")
         if self.init_error is not None:
             raise NVMLError(self.init_error)
         self.initialised = True
