@@ -29,8 +29,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import start_http_server
-
 from devheal.agent.classification import Classification, ClassificationError, load_classification
 from devheal.agent.health import DeviceAssessment, DeviceHealthTracker
 from devheal.agent.metrics import AgentMetrics
@@ -39,10 +37,15 @@ from devheal.agent.publisher import NodeDevicesPublisher
 from devheal.agent.status import DEFAULT_RESOURCE, Availability, build_status, device_view, node_condition
 from devheal.agent.telemetry import DeviceInfo, DeviceReading, Sample, TelemetryBackend, TelemetryUnavailable, XidEvent
 from devheal.kube.client import KubeClient
+from devheal.kube.probes import Heartbeat, ProbeServer, loops_check
 from devheal.kube.supervision import LoopFailed, Supervisor
 from devheal.model.cluster import DeviceHealth
 
 log = logging.getLogger("devheal.agent")
+
+ROUND_STUCK_AFTER = 120.0
+"""Seconds without a finished round after which a node's loop counts as stuck (/healthz fails): a
+round's slowest steps are bounded (NVML calls 10 s, API requests 30 s each, pod-resources 2 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +123,8 @@ class NodeAgent:
         self.health: dict[str, DeviceHealth] = {}
         self.telemetry = Availability(False, "Starting", f"{backend.name} backend not started yet")
         self.rounds = 0
+        self.heartbeat = Heartbeat(f"node {options.node}'s loop", max(ROUND_STUCK_AFTER, 10 * options.poll_interval))
+        """Beaten at every round of ``run``: /healthz fails while it is stale, /readyz until the first."""
         self._started = False
         self._retry_at = 0.0
         self._backoff = 1.0
@@ -300,6 +305,7 @@ class NodeAgent:
                 except Exception:
                     # A bug must not silence the node: log it and go on with the next round.
                     log.exception("node %s: round failed", self.node)
+                self.heartbeat.beat()
                 next_poll += self.options.poll_interval
                 mono = time.monotonic()
                 if next_poll < mono:
@@ -338,6 +344,14 @@ async def run_agents(agents: Sequence[NodeAgent], stop: asyncio.Event, loops: Su
         await loops.wait()
 
 
+def add_probes(probes: ProbeServer, agents: Sequence[NodeAgent], loops: Supervisor) -> None:
+    """/healthz: every agent's loop went round lately; /readyz: every agent went round once, none is down."""
+    for agent in agents:
+        probes.add_health(f"node/{agent.node}", agent.heartbeat.check)
+        probes.add_ready(f"node/{agent.node}", agent.heartbeat.started)
+    probes.add_ready("loops", loops_check(loops))
+
+
 async def serve(
     kubeconfig: str | None,
     make_agents: Callable[[KubeClient], Sequence[NodeAgent]],
@@ -347,22 +361,31 @@ async def serve(
     delete_on_exit: bool = False,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Connect, run the agents until SIGTERM/SIGINT (or ``stop``), then shut down cleanly."""
-    if metrics_port is not None:
-        start_http_server(metrics_port, addr=metrics_address)
+    """Connect, run the agents until SIGTERM/SIGINT (or ``stop``), then shut down cleanly.
+
+    With ``metrics_port``: /metrics, /healthz and /readyz there (``devheal.kube.probes``).
+    """
     kube = await KubeClient.connect(kubeconfig)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    probes: ProbeServer | None = None
     try:
         agents = make_agents(kube)
+        loops = Supervisor("agent")
+        if metrics_port is not None:
+            probes = ProbeServer(metrics_port, metrics_address)
+            add_probes(probes, agents, loops)
+            await probes.start()
         log.info("agent: watching %d node(s): %s", len(agents), ", ".join(a.node for a in agents[:5]))
         try:
-            await run_agents(agents, stop)
+            await run_agents(agents, stop, loops)
         except LoopFailed as exc:
             raise SystemExit(f"devheal agent: {exc}") from exc
         if delete_on_exit:
             await asyncio.gather(*(a.publisher.delete() for a in agents), return_exceptions=True)
     finally:
+        if probes is not None:
+            await probes.stop()
         await kube.close()

@@ -133,5 +133,11 @@ class ClusterCache:
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)
 
+    def readiness(self) -> str | None:
+        """A readiness check: every reflector listed once, none down (None), else what is missing."""
+        waiting = [r.path for r in self.reflectors if not r.synced.is_set()]
+        problems = ([f"not synced yet: {', '.join(waiting)}"] if waiting else []) + self.loops.problems()
+        return "; ".join(problems) if problems else None
+
     async def wait_synced(self) -> None:
         await asyncio.gather(*(r.synced.wait() for r in self.reflectors))

@@ -129,9 +129,9 @@ class Supervisor:
             await self.stop()
             raise
 
-    async def stop(self) -> None:
-        """Cancel every loop and wait for them to end."""
-        tasks = [t for t in self._tasks.values() if not t.done()]
+    async def stop(self, *names: str) -> None:
+        """Cancel the loops named (every loop if none is) and wait for them to end."""
+        tasks = [t for name, t in self._tasks.items() if not t.done() and (not names or name in names)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

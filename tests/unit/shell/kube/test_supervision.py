@@ -95,6 +95,16 @@ async def test_a_loop_that_returns_has_finished() -> None:
     assert runs == ["run", "run"]
 
 
+async def test_loops_can_be_stopped_by_name() -> None:
+    async with Supervisor("test") as loops:
+        loops.start("leader", Crashing(crashes=0))
+        loops.start("cache", Crashing(crashes=0))
+        await asyncio.sleep(0)
+        await loops.stop("leader")
+        assert (loops.loops["leader"].running, loops.loops["cache"].running) == (False, True)
+    assert not loops.loops["cache"].running
+
+
 async def test_two_loops_may_not_share_a_name() -> None:
     async with Supervisor("test") as loops:
         loops.start("worker", Crashing(crashes=0))
