@@ -28,15 +28,23 @@ Spec, with defaults::
         template: null                 # {apiVersion, kind, name, namespace}: external remediation
         holdDown: 2m                   # healthy this long before devheal lifts its taint/cordon
       budgets:
-        maxUnhealthyNodes: "10%"       # count ("3") or percent ("10%") of selected nodes
+        maxUnhealthyNodes: "10%"       # count ("3") or percent ("10%") of the selected GPU nodes
         maxUnhealthyNodesPerPool: "50%"
         poolLabel: devheal.io/pool
         maxConcurrentRemediations: 10
         workloadDisruptionInterval: 1m # at most one disruptive action per workload per interval
         gangRestartsPerHour: 3
+        stepTimeouts:                  # an active remediation older than this stops holding the
+          Deschedule: 15m              # concurrency budget (and is reported)
+          FailPod: 5m
+          RestartGang: 30m
+          Drain: 1h
+          RemediateNode: 2h
         circuitBreaker:
-          maxFaultyNodesPercent: 30    # more nodes than this faulting within the window...
-          window: 10m                  # ...stops every disruptive action
+          maxFaultyNodesPercent: 30    # more GPU nodes than this faulting within the window opens it:
+          window: 10m                  # every disruptive action stops...
+          closeAtFaultyNodesPercent: 15  # ...until at most this many (default: half the max) fault
+          coolDown: 30m                # within the window for this long, or a reset (devheal.io/reset-breaker)
       allowDelete: false               # Deschedule may delete a pod when eviction is impossible
       # failedDeviceGracePeriodSeconds: 5  # grace for pods evicted off a failed device (unset: the pod's own)
       dryRun: false
@@ -47,12 +55,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from devheal.model import times
 from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
+from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
+
+RESET_BREAKER_ANNOTATION = "devheal.io/reset-breaker"
+"""On a policy: any new value closes an open circuit breaker (the value the controller acted on is kept in
+the policy's ``status.circuitBreakerReset``)."""
+BREAKER_CONDITION = "CircuitBreakerOpen"
+"""The policy status condition that records the circuit breaker."""
+BREAKER_RESET_REASON = "Reset"
+"""The reason of a ``CircuitBreakerOpen=False`` condition that an operator's reset closed."""
 
 
 class ActionKind(StrEnum):
@@ -155,6 +172,16 @@ class NodeRules:
     hold_down: float = 120.0
 
 
+DEFAULT_STEP_TIMEOUTS: tuple[tuple[ActionKind, float], ...] = (
+    (ActionKind.DESCHEDULE, 900.0),
+    (ActionKind.FAIL_POD, 300.0),
+    (ActionKind.RESTART_GANG, 1800.0),
+    (ActionKind.DRAIN, 3600.0),
+    (ActionKind.REMEDIATE_NODE, 7200.0),
+)
+"""Per disruptive action, how long a remediation may stay active and still hold the concurrency budget."""
+
+
 @dataclass(frozen=True, slots=True)
 class Budgets:
     max_unhealthy_nodes: Quantity = Quantity(10, True)
@@ -165,6 +192,15 @@ class Budgets:
     gang_restarts_per_hour: int = 3
     breaker_max_faulty_nodes_percent: int = 30
     breaker_window: float = 600.0
+    breaker_close_percent: int = 15
+    """The open breaker closes once at most this percentage of GPU nodes faulted within the window..."""
+    breaker_cool_down: float = 1800.0
+    """...for this long (hysteresis), or on an operator's reset."""
+    step_timeouts: tuple[tuple[ActionKind, float], ...] = DEFAULT_STEP_TIMEOUTS
+
+    def step_timeout(self, kind: ActionKind) -> float | None:
+        """Seconds a remediation of ``kind`` may stay active and hold the concurrency budget (None: no limit)."""
+        return dict(self.step_timeouts).get(kind)
 
 
 DEFAULT_ACTIONS: Mapping[WorkloadClass, ActionKind] = {
@@ -173,6 +209,21 @@ DEFAULT_ACTIONS: Mapping[WorkloadClass, ActionKind] = {
     WorkloadClass.GANG: ActionKind.FAIL_POD,
     WorkloadClass.STANDALONE: ActionKind.NOTIFY,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerRecord:
+    """What the controller last published about the circuit breaker in this policy's status, so a restarted
+    controller carries the breaker on instead of closing it (``devheal.engine.decide.Breaker.restored``)."""
+
+    open_since: float | None = None
+    """``CircuitBreakerOpen`` is True: its ``lastTransitionTime``."""
+    reason: str = ""
+    """... and its message."""
+    reset_at: float | None = None
+    """``CircuitBreakerOpen`` is False with reason ``Reset``: when the reset closed it."""
+    reset_seen: str = ""
+    """``status.circuitBreakerReset``: the ``devheal.io/reset-breaker`` value already acted on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +244,10 @@ class Policy:
     replaces); None: each pod's own ``terminationGracePeriodSeconds``."""
     dry_run: bool = False
     paused: bool = False
+    breaker_reset: str = ""
+    """The value of the policy's ``devheal.io/reset-breaker`` annotation ("": none)."""
+    breaker_record: BreakerRecord = BreakerRecord()
+    """What the policy's status records of the breaker (not part of the spec)."""
 
     def selects_node(self, labels: Mapping[str, str]) -> bool:
         return self.node_selector.matches(labels)
@@ -212,6 +267,8 @@ DEFAULT_POLICY = Policy(name="devheal-default")
 # ASCII digits only and full matches, exactly as the CRD's patterns (the API server's regex engine).
 _QUANTITY = re.compile(r"([0-9]+)(%?)")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAME_MAX = 253
+"""The longest object name Kubernetes accepts (a DNS subdomain)."""
 _SPEC_FIELDS = frozenset(
     {
         "selector",
@@ -234,14 +291,17 @@ def parse_duration(text: Any, where: str) -> float:
 
 
 def parse_quantity(value: Any, where: str) -> Quantity:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return Quantity(value, False)
+    """A count (``3`` or ``"3"``) or a percentage (``"10%"``), ASCII digits within int32 as ``IntOrString``."""
+    count = whole_number(value, maximum=INT32_MAX)
+    if count is not None:
+        return Quantity(count, False)
     match = _QUANTITY.fullmatch(value) if isinstance(value, str) else None
-    if match is None:
-        raise PolicyError(f"{where}: expected a count (3) or a percentage (10%), got {value!r}")
-    number, percent = int(match.group(1)), bool(match.group(2))
+    number = whole_number(match.group(1), maximum=INT32_MAX, text=True) if match else None
+    if match is None or number is None:
+        raise PolicyError(f"{where}: expected a count (3) or a percentage (10%) up to {INT32_MAX}, got {show(value)}")
+    percent = bool(match.group(2))
     if percent and number > 100:
-        raise PolicyError(f"{where}: a percentage must be at most 100%, got {value!r}")
+        raise PolicyError(f"{where}: a percentage must be at most 100%, got {show(value)}")
     return Quantity(number, percent)
 
 
@@ -257,16 +317,17 @@ def _bool(value: Any, where: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise PolicyError(f"{where}: expected true or false, got {value!r}")
+        raise PolicyError(f"{where}: expected true or false, got {show(value)}")
     return value
 
 
 def _int(value: Any, where: str, default: int, minimum: int = 0) -> int:
     if value is None:
         return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise PolicyError(f"{where}: expected a whole number >= {minimum}, got {value!r}")
-    return value
+    number = whole_number(value, minimum=minimum)
+    if number is None:
+        raise PolicyError(f"{where}: expected a whole number from {minimum} to {INT64_MAX}, got {show(value)}")
+    return number
 
 
 MAX_GRACE_SECONDS = 3600
@@ -287,17 +348,20 @@ def _selector(value: Any, where: str) -> LabelSelector:
     labels = _mapping(spec.get("matchLabels"), f"{where}.matchLabels")
     for key, val in labels.items():
         if not isinstance(val, str):
-            raise PolicyError(f"{where}.matchLabels.{key}: expected a string, got {val!r}")
+            raise PolicyError(f"{where}.matchLabels.{key}: expected a string, got {show(val)}")
+    expressions = spec.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        raise PolicyError(f"{where}.matchExpressions: expected a list, got {type(expressions).__name__}")
     reqs = []
-    for i, expr in enumerate(spec.get("matchExpressions") or []):
+    for i, expr in enumerate(expressions):
         at = f"{where}.matchExpressions[{i}]"
         expr = _mapping(expr, at)
         op = expr.get("operator")
         if op not in _LABEL_OPS:
-            raise PolicyError(f"{at}.operator: expected one of {', '.join(_LABEL_OPS)}, got {op!r}")
+            raise PolicyError(f"{at}.operator: expected one of {', '.join(_LABEL_OPS)}, got {show(op)}")
         values = expr.get("values") or []
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise PolicyError(f"{at}.values: expected a list of strings, got {values!r}")
+            raise PolicyError(f"{at}.values: expected a list of strings, got {show(values)}")
         if op in ("In", "NotIn") and not values:
             raise PolicyError(f"{at}.values: operator {op} needs at least one value")
         if op in ("Exists", "DoesNotExist") and values:
@@ -312,7 +376,7 @@ def _pool_label(value: Any, where: str) -> str:
     if value is None:
         return Budgets().pool_label
     if not isinstance(value, str) or not value:
-        raise PolicyError(f"{where}: expected a label key, got {value!r}")
+        raise PolicyError(f"{where}: expected a label key, got {show(value)}")
     return value
 
 
@@ -329,12 +393,59 @@ def _template(value: Any, where: str) -> TemplateRef | None:
     return TemplateRef(str(spec["apiVersion"]), str(spec["kind"]), str(spec["name"]), str(spec["namespace"]))
 
 
+def _step_timeouts(value: Any, where: str) -> tuple[tuple[ActionKind, float], ...]:
+    given = _mapping(value, where)
+    allowed = [kind for kind, _ in DEFAULT_STEP_TIMEOUTS]
+    unknown = sorted(set(given) - {kind.value for kind in allowed})
+    if unknown:
+        raise PolicyError(
+            f"{where}: unknown action(s) {', '.join(unknown)}; expected some of {', '.join(k.value for k in allowed)}"
+        )
+    timeouts = []
+    for kind, default in DEFAULT_STEP_TIMEOUTS:
+        if kind.value not in given:
+            timeouts.append((kind, default))
+            continue
+        seconds = parse_duration(given[kind.value], f"{where}.{kind.value}")
+        if seconds <= 0:
+            raise PolicyError(f"{where}.{kind.value}: expected a duration above 0s, got {show(given[kind.value])}")
+        timeouts.append((kind, seconds))
+    return tuple(timeouts)
+
+
+def _breaker_record(obj: Mapping[str, Any]) -> BreakerRecord:
+    """The breaker's state as the policy's status records it. The status is the controller's own writing: what
+    is not understood is ignored (the breaker then starts from what the findings show), never an error."""
+    status = obj.get("status")
+    if not isinstance(status, Mapping):
+        return BreakerRecord()
+    seen = status.get("circuitBreakerReset")
+    record = BreakerRecord(reset_seen=seen if isinstance(seen, str) else "")
+    conditions = status.get("conditions")
+    for condition in conditions if isinstance(conditions, list) else []:
+        if not isinstance(condition, Mapping) or condition.get("type") != BREAKER_CONDITION:
+            continue
+        since = times.parse_time(condition.get("lastTransitionTime"))
+        if condition.get("status") == "True":
+            # An open breaker whose time is unreadable still counts as open, since the restart.
+            return replace(
+                record, open_since=since if since is not None else 0.0, reason=str(condition.get("message") or "")
+            )
+        if condition.get("reason") == BREAKER_RESET_REASON:
+            return replace(record, reset_at=since)
+    return record
+
+
 def parse_policy(obj: Mapping[str, Any]) -> Policy:
     """A ``RemediationPolicy`` object -> ``Policy``; raises ``PolicyError`` naming the field."""
+    obj = _mapping(obj, "a RemediationPolicy")
     meta = _mapping(obj.get("metadata"), "metadata")
-    name = str(meta.get("name") or "")
+    name = meta.get("name") or ""
+    if not isinstance(name, str) or len(name) > _NAME_MAX:
+        raise PolicyError(f"metadata.name: expected a string of at most {_NAME_MAX} characters, got {show(name)}")
     if not name:
         raise PolicyError("metadata.name: a policy needs a name")
+    generation = _int(meta.get("generation"), f"RemediationPolicy {name}: metadata.generation", 0)
     prefix = f"RemediationPolicy {name}: spec"
     spec = _mapping(obj.get("spec"), prefix)
     sel = _mapping(spec.get("selector"), f"{prefix}.selector")
@@ -345,7 +456,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         )
     namespaces = sel.get("namespaces") or []
     if not isinstance(namespaces, list) or not all(isinstance(n, str) and _DNS_LABEL.fullmatch(n) for n in namespaces):
-        raise PolicyError(f"{prefix}.selector.namespaces: expected a list of namespace names, got {namespaces!r}")
+        raise PolicyError(f"{prefix}.selector.namespaces: expected a list of namespace names, got {show(namespaces)}")
 
     actions = dict(DEFAULT_ACTIONS)
     for cls_name, value in _mapping(spec.get("actions"), f"{prefix}.actions").items():
@@ -354,25 +465,25 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
             cls = WorkloadClass(cls_name)
         except ValueError:
             raise PolicyError(
-                f"{prefix}.actions: unknown workload class {cls_name!r}; expected "
+                f"{prefix}.actions: unknown workload class {show(cls_name)}; expected "
                 + ", ".join(c.value for c in WorkloadClass)
             ) from None
         if value not in [a.value for a in POD_ACTIONS]:
-            raise PolicyError(f"{at}: expected one of {', '.join(a.value for a in POD_ACTIONS)}, got {value!r}")
+            raise PolicyError(f"{at}: expected one of {', '.join(a.value for a in POD_ACTIONS)}, got {show(value)}")
         actions[cls] = ActionKind(value)
 
     codes = spec.get("deviceErrorExitCodes") or []
     if not isinstance(codes, list) or not all(
         isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 255 for c in codes
     ):
-        raise PolicyError(f"{prefix}.deviceErrorExitCodes: expected exit codes between 1 and 255, got {codes!r}")
+        raise PolicyError(f"{prefix}.deviceErrorExitCodes: expected exit codes between 1 and 255, got {show(codes)}")
 
     node = _mapping(spec.get("node"), f"{prefix}.node")
     mode_value = node.get("remediation", RemediationMode.IDLE_ONLY.value)
     try:
         mode = RemediationMode(mode_value)
     except ValueError:
-        raise PolicyError(f"{prefix}.node.remediation: expected IdleOnly or Drain, got {mode_value!r}") from None
+        raise PolicyError(f"{prefix}.node.remediation: expected IdleOnly or Drain, got {show(mode_value)}") from None
     if mode is RemediationMode.DRAIN and node.get("template") is None:
         raise PolicyError(f"{prefix}.node.template: required when node.remediation is Drain")
     defaults = NodeRules()
@@ -396,6 +507,16 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
     )
     if breaker_pct > 100:
         raise PolicyError(f"{prefix}.budgets.circuitBreaker.maxFaultyNodesPercent: at most 100, got {breaker_pct}")
+    close_pct = _int(
+        breaker.get("closeAtFaultyNodesPercent"),
+        f"{prefix}.budgets.circuitBreaker.closeAtFaultyNodesPercent",
+        breaker_pct // 2,
+    )
+    if close_pct > breaker_pct:
+        raise PolicyError(
+            f"{prefix}.budgets.circuitBreaker.closeAtFaultyNodesPercent: at most maxFaultyNodesPercent "
+            f"({breaker_pct}), got {close_pct}"
+        )
     budgets = Budgets(
         max_unhealthy_nodes=parse_quantity(b.get("maxUnhealthyNodes", "10%"), f"{prefix}.budgets.maxUnhealthyNodes"),
         max_unhealthy_nodes_per_pool=parse_quantity(
@@ -416,10 +537,20 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         ),
         breaker_max_faulty_nodes_percent=breaker_pct,
         breaker_window=parse_duration(breaker.get("window", "10m"), f"{prefix}.budgets.circuitBreaker.window"),
+        breaker_close_percent=close_pct,
+        breaker_cool_down=parse_duration(breaker.get("coolDown", "30m"), f"{prefix}.budgets.circuitBreaker.coolDown"),
+        step_timeouts=_step_timeouts(b.get("stepTimeouts"), f"{prefix}.budgets.stepTimeouts"),
     )
+    annotations = _mapping(meta.get("annotations"), f"RemediationPolicy {name}: metadata.annotations")
+    reset = annotations.get(RESET_BREAKER_ANNOTATION)
+    if reset is not None and not isinstance(reset, str):
+        raise PolicyError(
+            f"RemediationPolicy {name}: metadata.annotations.{RESET_BREAKER_ANNOTATION}: "
+            f"expected a string, got {show(reset)}"
+        )
     return Policy(
         name=name,
-        generation=int(meta.get("generation") or 0),
+        generation=generation,
         namespaces=frozenset(namespaces),
         pod_selector=_selector(sel.get("podSelector"), f"{prefix}.selector.podSelector"),
         node_selector=_selector(sel.get("nodeSelector"), f"{prefix}.selector.nodeSelector"),
@@ -432,5 +563,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         failed_device_grace_period=_grace(spec.get("failedDeviceGracePeriodSeconds"), prefix),
         dry_run=_bool(spec.get("dryRun"), f"{prefix}.dryRun", False),
         paused=_bool(spec.get("paused"), f"{prefix}.paused", False)
-        or str((meta.get("annotations") or {}).get(PAUSE_ANNOTATION, "")).lower() == "true",
+        or str(annotations.get(PAUSE_ANNOTATION, "")).lower() == "true",
+        breaker_reset=reset or "",
+        breaker_record=_breaker_record(obj),
     )
