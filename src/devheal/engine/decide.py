@@ -5,9 +5,18 @@ decisions, and tests check its invariants directly:
 
 - no action on a pod or node outside every policy's selector;
 - never two active remediations for one target, and no decision taken twice;
-- disruptive actions stay within the budgets (unhealthy nodes cluster-wide and per
+- disruptive actions stay within the budgets (unhealthy GPU nodes cluster-wide and per
   pool, concurrent remediations, one per workload per interval), stop while the
   circuit breaker is open, and are only recorded in dry-run or while paused.
+
+Budgets in percent and the breaker count GPU nodes only (``gpu_nodes``): CPU-only nodes
+a policy selects do not widen them. The breaker is a small state (``Breaker``) that the
+decision round carries from one round to the next (``step_breaker``): it opens when
+too many GPU nodes fault within its window, and closes only after a cool-down with
+hysteresis or an operator's reset; ``Breaker.restored`` rebuilds it from what the
+policies' status records, so a restarted controller keeps it open. A remediation active
+for longer than its action's step timeout (``overdue``) no longer holds the concurrency
+budget.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from devheal.engine.findings import policy_for_node, policy_for_pod
-from devheal.model.cluster import ClusterView
+from devheal.model.cluster import ClusterView, Node
 from devheal.model.plan import (
     POD_FINDINGS,
     Action,
@@ -30,11 +39,13 @@ from devheal.model.plan import (
     Rail,
     TargetKind,
 )
-from devheal.model.policy import ActionKind, Policy, RemediationMode
+from devheal.model.policy import RESET_BREAKER_ANNOTATION, ActionKind, Budgets, Policy, RemediationMode
 from devheal.model.times import format_time
 
 NODE_TAKING = frozenset({ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN, ActionKind.REMEDIATE_NODE})
 """Actions that take a node out of service: they count against the unhealthy-node budgets."""
+DEVICE_FAULTS = POD_FINDINGS | {FindingKind.NODE_DEVICES_FAILED}
+"""Findings that say a device of their node is at fault: the circuit breaker counts their nodes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +54,151 @@ class Settings:
 
     dry_run: bool = False
     paused: bool = False
+
+
+def gpu_nodes(view: ClusterView, policies: Sequence[Policy]) -> list[Node]:
+    """The selected GPU nodes: with GPU capacity or an agent report. Budgets in percent and the breaker count
+    these, so CPU-only nodes under the same policy do not let more GPU nodes go."""
+    return [
+        n
+        for n in view.nodes.values()
+        if (n.gpu_capacity > 0 or n.name in view.reports) and policy_for_node(policies, n) is not None
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Breaker:
+    """The fault-storm circuit breaker's state, carried from one round to the next (``step_breaker``).
+
+    Open, it stops every disruptive action. It opens when more than ``maxFaultyNodesPercent`` of
+    the GPU nodes (and more than one) have faulted within the window, and closes only once at most
+    ``closeAtFaultyNodesPercent`` have for ``coolDown`` (hysteresis), or when an operator gives a
+    policy's annotation ``devheal.io/reset-breaker`` a new value; faults seen before a reset no
+    longer count."""
+
+    open_since: float | None = None
+    """When it opened; None while closed."""
+    reason: str = ""
+    """Why it opened, kept while it stays open (decisions it blocks are recorded once per reason)."""
+    calm_since: float | None = None
+    """While open: since when few enough GPU nodes have faulted within the window (the cool-down)."""
+    closed_at: float | None = None
+    """When it last closed (cooled down or reset)."""
+    reset_at: float | None = None
+    """When an operator last reset it."""
+    resets: tuple[tuple[str, str], ...] = ()
+    """(policy, value of its reset annotation) already acted on."""
+    recent: tuple[tuple[str, float], ...] = ()
+    """(node, when its latest fault began) for faults within the window, also of nodes healthy again: a node
+    that faults and recovers in waves still counts until the window has passed."""
+
+    @property
+    def open(self) -> bool:
+        return self.open_since is not None
+
+    @property
+    def closed_by_reset(self) -> bool:
+        """Closed, last by an operator's reset (not by cooling down)."""
+        return self.open_since is None and self.reset_at is not None and self.closed_at == self.reset_at
+
+    def reset_seen(self, policy: str) -> str:
+        """The value of ``policy``'s reset annotation already acted on ("": none)."""
+        return dict(self.resets).get(policy, "")
+
+    @staticmethod
+    def restored(policies: Sequence[Policy]) -> Breaker:
+        """The breaker as the policies' status records it, for a restarted controller or a new leader: open if
+        any policy records it open (since the earliest), with the resets already acted on. An open breaker's
+        cool-down starts again."""
+        records = {p.name: p.breaker_record for p in policies}
+        resets = tuple(sorted((name, r.reset_seen) for name, r in records.items() if r.reset_seen))
+        opened = sorted((r.open_since, r.reason) for r in records.values() if r.open_since is not None)
+        if opened:
+            since, reason = opened[0]
+            return Breaker(open_since=since, reason=reason, resets=resets)
+        reset_at = max((r.reset_at for r in records.values() if r.reset_at is not None), default=None)
+        return Breaker(closed_at=reset_at, reset_at=reset_at, resets=resets)
+
+
+def step_breaker(
+    prior: Breaker, view: ClusterView, findings: Iterable[Finding], policies: Sequence[Policy], now: float
+) -> Breaker:
+    """The breaker after this round: reset, opened, kept open, or closed after its cool-down. The first policy
+    by name sets it for the cluster; a new reset annotation value on any policy resets it."""
+    requested = tuple(sorted((p.name, p.breaker_reset) for p in policies if p.breaker_reset))
+    state = replace(prior, resets=requested)
+    if any(prior.reset_seen(name) != value for name, value in requested):
+        state = Breaker(closed_at=now if prior.open else prior.closed_at, reset_at=now, resets=requested)
+    if not policies:
+        return state
+    budgets = policies[0].budgets
+    limit = budgets.breaker_max_faulty_nodes_percent
+    if limit >= 100:  # no breaker
+        return replace(state, open_since=None, reason="", calm_since=None) if state.open else state
+    began = dict(prior.recent)
+    for f in findings:
+        node = view.nodes.get(f.node)
+        if f.kind in DEVICE_FAULTS and node is not None and policy_for_node(policies, node) is not None:
+            began[f.node] = max(began.get(f.node, f.since), f.since)
+    recent = {
+        name: since
+        for name, since in began.items()
+        if now - since <= budgets.breaker_window and (state.reset_at is None or since > state.reset_at)
+    }
+    state = replace(state, recent=tuple(sorted(recent.items())))
+    faulty = set(recent)
+    population = len({n.name for n in gpu_nodes(view, policies)} | faulty)
+    close = min(budgets.breaker_close_percent, limit)
+    if not state.open:
+        if len(faulty) > 1 and len(faulty) * 100 > limit * population:
+            return replace(
+                state,
+                open_since=now,
+                calm_since=None,
+                reason=f"{len(faulty)} of {population} GPU nodes faulted within {budgets.breaker_window:.0f}s "
+                f"(> {limit}%): disruptive actions stopped until at most {close}% fault within the window for "
+                f"{budgets.breaker_cool_down:.0f}s, or a reset (a new value of the annotation "
+                f"{RESET_BREAKER_ANNOTATION} on a RemediationPolicy)",
+            )
+        return state
+    if len(faulty) * 100 > close * population:
+        return replace(state, calm_since=None)
+    calm_since = state.calm_since if state.calm_since is not None else now
+    if now - calm_since >= budgets.breaker_cool_down:
+        return replace(state, open_since=None, reason="", calm_since=None, closed_at=now)
+    return replace(state, calm_since=calm_since)
+
+
+@dataclass(frozen=True, slots=True)
+class Overdue:
+    """An active disruptive remediation older than its action's step timeout: it no longer holds the
+    concurrency budget, and the host reports it (an Event and a metric in the controller)."""
+
+    record: InFlight
+    timeout: float
+    why: str
+
+
+def overdue(in_flight: Iterable[InFlight], policies: Sequence[Policy], now: float) -> list[Overdue]:
+    """Active disruptive remediations past the step timeout of their policy (the defaults when the policy is
+    gone), oldest first."""
+    by_name = {p.name: p.budgets for p in policies}
+    found = []
+    for r in in_flight:
+        if not (r.active and r.disruptive):
+            continue
+        timeout = by_name.get(r.policy, Budgets()).step_timeout(r.action)
+        if timeout is None or now - r.started <= timeout:
+            continue
+        found.append(
+            Overdue(
+                r,
+                timeout,
+                f"{r.action} on {r.target} still {r.phase} since {format_time(r.started)}, past its step timeout "
+                f"of {timeout:.0f}s: no longer counted against maxConcurrentRemediations",
+            )
+        )
+    return sorted(found, key=lambda o: (o.record.started, o.record.name))
 
 
 def _nodes_out(view: ClusterView, in_flight: Sequence[InFlight]) -> set[str]:
@@ -183,31 +339,35 @@ def decide(
     in_flight: Sequence[InFlight],
     now: float,
     settings: Settings = Settings(),
+    breaker: Breaker | None = None,
 ) -> Plan:
-    """Decide what to do now. ``policies`` must be sorted by name (the first selecting policy wins)."""
+    """Decide what to do now. ``policies`` must be sorted by name (the first selecting policy wins).
+
+    ``breaker``: the circuit breaker for this round, already stepped by the caller (``step_breaker``);
+    None: stepped from a closed breaker over this view, so this round's findings alone open it."""
     findings = list(findings)
     existing = {r.name: r for r in in_flight}
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
     candidates = _candidate_actions(view, findings, policies, in_flight, now)
 
-    # Circuit breaker: too many nodes faulting within the window stops disruptive actions.
-    breaker_open, breaker_reason = False, ""
-    selected_nodes = [n for n in view.nodes.values() if policy_for_node(policies, n) is not None]
-    if selected_nodes and policies:
-        first = policies[0]
-        window = first.budgets.breaker_window
-        faulty = {f.node for f in findings if f.kind is FindingKind.NODE_DEVICES_FAILED and now - f.since <= window}
-        limit_pct = first.budgets.breaker_max_faulty_nodes_percent
-        if limit_pct < 100 and len(faulty) * 100 > limit_pct * len(selected_nodes) and len(faulty) > 1:
-            breaker_open = True
-            breaker_reason = (
-                f"{len(faulty)} of {len(selected_nodes)} nodes faulted within {window:.0f}s "
-                f"(> {limit_pct}%): disruptive actions stopped"
-            )
+    # Circuit breaker: too many GPU nodes faulting within the window stops disruptive actions.
+    if breaker is None:
+        breaker = step_breaker(Breaker(), view, findings, policies, now)
+    breaker_open, breaker_reason = breaker.open, breaker.reason
 
-    # Budget state from what is already in flight or already taken out.
+    # Budget state from what is already in flight or already taken out; a remediation past its step
+    # timeout no longer holds the concurrency budget. The node budgets count GPU nodes, and any node
+    # already out (a GPU node whose device plugin is gone shows no GPU capacity).
     out_nodes = _nodes_out(view, in_flight)
-    concurrent = sum(1 for r in in_flight if r.active and r.disruptive)
+    selected_nodes = gpu_nodes(view, policies)
+    counted = {n.name for n in selected_nodes}
+    selected_nodes += [
+        view.nodes[name]
+        for name in sorted(out_nodes - counted)
+        if policy_for_node(policies, view.nodes[name]) is not None
+    ]
+    late = {o.record.name for o in overdue(in_flight, policies, now)}
+    concurrent = sum(1 for r in in_flight if r.active and r.disruptive and r.name not in late)
     last_disruption: dict[str, float] = {}
     gang_restarts: Counter[str] = Counter(
         r.workload
@@ -255,7 +415,7 @@ def decide(
                     Blocked(
                         action,
                         f"max unhealthy nodes {budgets.max_unhealthy_nodes} reached: {len(out_nodes)} of "
-                        f"{len(selected_nodes)} nodes already out ({', '.join(sorted(out_nodes))})",
+                        f"{len(selected_nodes)} GPU nodes already out ({', '.join(sorted(out_nodes))})",
                         Rail.MAX_UNHEALTHY_NODES,
                     )
                 )

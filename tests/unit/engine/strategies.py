@@ -11,6 +11,7 @@ from devheal.engine.findings import detect
 from devheal.model.cluster import ClusterView, ContainerState, DeviceHealth, NodeDevicesReport, Pod, WorkloadClass
 from devheal.model.plan import POD_FINDINGS, Finding, InFlight, Phase
 from devheal.model.policy import (
+    DEFAULT_STEP_TIMEOUTS,
     POD_ACTIONS,
     ActionKind,
     Budgets,
@@ -39,6 +40,8 @@ CONTAINERS = (
 )
 PHASES = (("Running", False),) * 4 + (("Pending", False), ("Succeeded", False), ("Failed", False), ("Running", True))
 """(phase, deleting) of a pod."""
+SHORT_STEP_TIMEOUTS = tuple((kind, 100.0) for kind, _ in DEFAULT_STEP_TIMEOUTS)
+"""Step timeouts some records in flight are past (see AGES)."""
 
 
 def rarely() -> st.SearchStrategy[bool]:
@@ -152,6 +155,7 @@ def policies(draw: st.DrawFn, name: str) -> Policy:
             workload_disruption_interval=draw(st.sampled_from((1.0, 60.0, 600.0))),
             breaker_max_faulty_nodes_percent=draw(st.sampled_from((0, 30, 50, 100))),
             breaker_window=draw(st.sampled_from((60.0, 600.0))),
+            step_timeouts=draw(st.sampled_from((DEFAULT_STEP_TIMEOUTS, SHORT_STEP_TIMEOUTS))),
         ),
         dry_run=draw(rarely()),
         paused=draw(rarely()),
@@ -211,6 +215,7 @@ def in_flight_for(
                     NOW - draw(st.sampled_from(AGES)),
                     action.workload.key if action.workload is not None else "",
                     action.dry_run,
+                    policy=action.policy,
                 )
             )
     node_kinds = sorted(NODE_TAKING | {ActionKind.LIFT})

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from devheal.engine.decide import decide
+from devheal.model.cluster import Node
 from devheal.model.plan import Action, InFlight, Phase
 from devheal.model.policy import ActionKind, Policy
 
-from .builders import NOW, node, node_failed, policy, view
+from .builders import NOW, gpu_id, node, node_failed, policy, report, reported, view
 
 NO_BREAKER = {"circuitBreaker": {"maxFaultyNodesPercent": 100}}
 
@@ -25,7 +26,7 @@ def test_max_unhealthy_nodes_blocks_the_second_node() -> None:
     assert targets(plan.actions) == ["n1"]
     [blocked] = plan.blocked
     assert (blocked.action.kind, blocked.action.target, blocked.rail) == (ActionKind.TAINT, "n2", "max-unhealthy-nodes")
-    assert blocked.why == "max unhealthy nodes 1 reached: 1 of 4 nodes already out (n1)"
+    assert blocked.why == "max unhealthy nodes 1 reached: 1 of 4 GPU nodes already out (n1)"
 
 
 def test_a_percentage_budget_counts_selected_nodes() -> None:
@@ -38,14 +39,14 @@ def test_a_percentage_budget_counts_selected_nodes() -> None:
     plan = decide(view(nodes), findings, [only_pool_a], [], NOW)
     assert targets(plan.actions) == ["n0", "n1"]
     assert [b.rail for b in plan.blocked] == ["max-unhealthy-nodes"] * 2
-    assert "2 of 10 nodes already out" in plan.blocked[0].why
+    assert "2 of 10 GPU nodes already out" in plan.blocked[0].why
 
 
 def test_nodes_already_out_count_against_the_budget() -> None:
     v = view([node("n1", owned=["cordon"]), node("n2"), node("n3"), node("n4")])
     plan = decide(v, [node_failed("n2")], [budgeted(maxUnhealthyNodes=1)], [], NOW)
     assert plan.actions == ()
-    assert plan.blocked[0].why.endswith("1 of 4 nodes already out (n1)")
+    assert plan.blocked[0].why.endswith("1 of 4 GPU nodes already out (n1)")
 
 
 def test_active_node_remediations_count_against_the_budget() -> None:
@@ -95,3 +96,43 @@ def test_nodes_without_the_pool_label_share_one_pool() -> None:
     plan = decide(view(nodes), [node_failed("u1"), node_failed("u2")], ps, [], NOW)
     assert targets(plan.actions) == ["u1"]
     assert "in pool (none)" in plan.blocked[0].why
+
+
+# ---- GPU nodes only: CPU-only nodes under the same policy do not widen the budgets ----------------------------
+
+
+def gpu_and_cpu_nodes(gpu: int, cpu: int, *, cpu_pool: str = "a") -> list[Node]:
+    return [node(f"gpu{i:02d}", gpus=8) for i in range(gpu)] + [
+        node(f"cpu{i:02d}", gpus=0, pool=cpu_pool) for i in range(cpu)
+    ]
+
+
+def test_ten_gpu_and_ninety_cpu_nodes_taint_one_gpu_node_at_a_time() -> None:
+    # The defect: 10% of 100 selected nodes let all 10 GPU nodes be tainted.
+    findings = [node_failed(f"gpu{i:02d}") for i in range(10)]
+    plan = decide(view(gpu_and_cpu_nodes(10, 90)), findings, [policy()], [], NOW)  # the default 10%
+    assert targets(plan.actions) == ["gpu00"]
+    assert [b.rail for b in plan.blocked] == ["max-unhealthy-nodes"] * 9
+    assert "1 of 10 GPU nodes already out (gpu00)" in plan.blocked[0].why
+
+
+def test_the_per_pool_budget_counts_the_pools_gpu_nodes() -> None:
+    nodes = gpu_and_cpu_nodes(4, 40)  # one pool: 4 GPU nodes and 40 CPU-only nodes
+    ps = [policy(budgets={"maxUnhealthyNodes": "100%", **NO_BREAKER})]  # the default 50% per pool
+    plan = decide(view(nodes), [node_failed(f"gpu{i:02d}") for i in range(4)], ps, [], NOW)
+    assert targets(plan.actions) == ["gpu00", "gpu01"]
+    assert plan.blocked[0].why == "max unhealthy nodes per pool 50% reached in pool a: 2 of 4 out"
+
+
+def test_a_node_with_an_agent_report_or_already_out_is_a_gpu_node() -> None:
+    # No GPU capacity (its device plugin is gone) but an agent report, or a devheal mark: still GPU nodes.
+    nodes = [node("reported", gpus=0), node("marked", gpus=0, owned=["taint"]), node("cpu", gpus=0)]
+    v = view(nodes, reports=[report("reported", reported(gpu_id("reported", 0)))])
+    plan = decide(v, [node_failed("reported")], [budgeted(maxUnhealthyNodes="50%")], [], NOW)
+    assert plan.actions == ()
+    assert plan.blocked[0].why.startswith("max unhealthy nodes 50% reached: 1 of 2 GPU nodes already out")
+
+
+def test_no_gpu_node_allows_no_percentage() -> None:
+    plan = decide(view(gpu_and_cpu_nodes(0, 5)), [node_failed("cpu00")], [budgeted(maxUnhealthyNodes="10%")], [], NOW)
+    assert plan.actions == ()

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 
 from devheal.engine.decide import NODE_TAKING, decide
 from devheal.engine.findings import policy_for_node, policy_for_pod
-from devheal.model.plan import Phase, Plan
-from devheal.model.policy import Policy
+from devheal.model.plan import InFlight, Phase, Plan
+from devheal.model.policy import Budgets, Policy
 
 from .builders import NOW
 from .strategies import Scenario, scenarios
@@ -52,15 +52,21 @@ def check_targets(s: Scenario, plan: Plan) -> None:
 
 
 def check_node_budgets(s: Scenario, plan: Plan) -> None:
-    """(c) Node-taking actions never take a node out beyond the cluster or pool budget."""
+    """(c) Node-taking actions never take a node out beyond the cluster or pool budget, in GPU nodes: nodes with
+    GPU capacity or an agent report, and nodes already out (CPU-only nodes do not widen the budgets)."""
     policies = by_name(s)
-    selected = [n for n in s.view.nodes.values() if policy_for_node(s.policies, n) is not None]
     out = {n.name for n in s.view.nodes.values() if n.owned}
     out |= {
         r.node
         for r in s.in_flight
         if r.active and r.target_kind == "Node" and r.action in NODE_TAKING and r.node in s.view.nodes
     }
+    selected = [
+        n
+        for n in s.view.nodes.values()
+        if policy_for_node(s.policies, n) is not None
+        and (n.gpu_capacity > 0 or n.name in s.view.reports or n.name in out)
+    ]
     for a in plan.actions:
         if a.kind not in NODE_TAKING or a.dry_run or a.node in out:
             continue
@@ -75,10 +81,17 @@ def check_node_budgets(s: Scenario, plan: Plan) -> None:
         assert pool_out <= pool_limit, f"{a.kind} on {a.node}: {pool_out} out in pool {pool!r}, budget {pool_limit}"
 
 
+def within_step_timeout(s: Scenario, r: InFlight) -> bool:
+    budgets = by_name(s)[r.policy].budgets if r.policy in by_name(s) else Budgets()
+    timeout = budgets.step_timeout(r.action)
+    return timeout is None or NOW - r.started <= timeout
+
+
 def check_concurrency(s: Scenario, plan: Plan) -> None:
-    """(d) Real disruptive actions plus active disruptive remediations stay within the concurrency budget."""
+    """(d) Real disruptive actions plus active disruptive remediations within their step timeout stay within
+    the concurrency budget."""
     policies = by_name(s)
-    concurrent = sum(1 for r in s.in_flight if r.active and r.disruptive)
+    concurrent = sum(1 for r in s.in_flight if r.active and r.disruptive and within_step_timeout(s, r))
     for a in plan.actions:
         if a.disruptive and not a.dry_run:
             concurrent += 1

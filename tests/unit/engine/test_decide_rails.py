@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from devheal.engine.decide import decide
+from dataclasses import replace
+
+from devheal.engine.decide import decide, overdue
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.plan import Finding, InFlight, Phase
 from devheal.model.policy import ActionKind
@@ -11,6 +13,8 @@ from .builders import NOW, device, gpu_id, node, node_failed, pod, pod_failed, p
 
 BAD = DeviceHealth.UNHEALTHY
 NO_NODE_BUDGETS = {"maxUnhealthyNodes": "100%", "maxUnhealthyNodesPerPool": "100%"}
+NO_BREAKER = {"circuitBreaker": {"maxFaultyNodesPercent": 100}}
+"""For tests of other rails whose few nodes all fault (pod findings count for the breaker)."""
 TEMPLATE = {"apiVersion": "v1alpha1", "kind": "SelfNodeRemediationTemplate", "name": "snr", "namespace": "m"}
 
 
@@ -37,7 +41,8 @@ def disruption(
 def test_max_concurrent_remediations() -> None:
     pods = [failing("p1", "n1", "w1"), failing("p2", "n2", "w2")]
     v = view([node("n1"), node("n2")], pods)
-    plan = decide(v, [pod_failed(p) for p in pods], [policy(budgets={"maxConcurrentRemediations": 1})], [], NOW)
+    ps = [policy(budgets={"maxConcurrentRemediations": 1, **NO_BREAKER})]
+    plan = decide(v, [pod_failed(p) for p in pods], ps, [], NOW)
     assert [a.target for a in plan.actions] == ["default/p1"]
     [blocked] = plan.blocked
     assert (blocked.action.target, blocked.rail) == ("default/p2", "max-concurrent")
@@ -69,7 +74,7 @@ def test_notify_and_taint_are_not_limited_by_concurrency() -> None:
 def test_one_disruption_per_workload_per_plan() -> None:
     pods = [failing("p1", "n1", "web"), failing("p2", "n2", "web")]
     v = view([node("n1"), node("n2")], pods)
-    plan = decide(v, [pod_failed(p) for p in pods], [policy()], [], NOW)
+    plan = decide(v, [pod_failed(p) for p in pods], [policy(budgets=NO_BREAKER)], [], NOW)
     assert [a.target for a in plan.actions] == ["default/p1"]
     [blocked] = plan.blocked
     assert (blocked.action.target, blocked.rail) == ("default/p2", "workload-interval")
@@ -87,7 +92,7 @@ def test_workload_interval_counts_from_the_last_disruption() -> None:
 
 def breaker_cluster(faulty: int, *, since: float = NOW - 400) -> tuple[ClusterView, list[Finding]]:
     nodes = [node(f"n{i}", owned=["taint"] if i < 2 else []) for i in range(10)]
-    victim = failing("victim", "n9", "web")
+    victim = failing("victim", "n0", "web")  # on a faulty node: its pod finding adds no faulty node
     findings: list[Finding] = [node_failed(f"n{i}", since=since, all_failed=True, idle=True) for i in range(faulty)]
     return view(nodes, [victim]), [*findings, pod_failed(victim)]
 
@@ -97,7 +102,7 @@ def test_circuit_breaker_stops_disruptive_actions_but_not_taints() -> None:
     ps = [policy(node={"template": TEMPLATE}, budgets=NO_NODE_BUDGETS)]
     plan = decide(v, findings, ps, [], NOW)
     assert plan.breaker_open
-    assert plan.breaker_reason.startswith("4 of 10 nodes faulted within 600s (> 30%)")
+    assert plan.breaker_reason.startswith("4 of 10 GPU nodes faulted within 600s (> 30%)")
     assert sorted((a.kind, a.target) for a in plan.actions) == [(ActionKind.TAINT, "n2"), (ActionKind.TAINT, "n3")]
     assert sorted((b.action.kind, b.action.target) for b in plan.blocked) == [
         (ActionKind.DESCHEDULE, "default/victim"),
@@ -135,3 +140,31 @@ def test_gang_restarts_per_hour() -> None:
     assert [b.rail for b in plan.blocked] == ["gang-budget"]
     # The budget is spent: the broken pod is failed instead, for the workload's own failure handling.
     assert [(a.kind, a.target_kind, a.target) for a in plan.actions] == [(ActionKind.FAIL_POD, "Pod", p.key)]
+
+
+def test_a_stuck_remediation_stops_holding_the_concurrency_budget_after_its_step_timeout() -> None:
+    p = failing("p1", "n1", "w1")
+    v, ps = view([node("n1")], [p]), [policy(budgets={"maxConcurrentRemediations": 1})]
+    # FailPod's default step timeout is 5 minutes; the record names no policy that still exists: the defaults.
+    stuck = InFlight("failpod-old", ActionKind.FAIL_POD, "Pod", "default/old", "n9", Phase.IN_PROGRESS, NOW - 300)
+    assert [b.rail for b in decide(v, [pod_failed(p)], ps, [stuck], NOW).blocked] == ["max-concurrent"]
+    assert overdue([stuck], ps, NOW) == []
+    later = NOW + 1  # 301 s in progress
+    assert [a.target for a in decide(v, [pod_failed(p)], ps, [stuck], later).actions] == ["default/p1"]
+    [item] = overdue([stuck], ps, later)
+    assert (item.record, item.timeout) == (stuck, 300)
+
+
+def test_step_timeouts_come_from_the_records_policy() -> None:
+    ps = [policy("a", budgets={"stepTimeouts": {"RestartGang": "1h"}}), policy("b")]
+    restart = InFlight("r", ActionKind.RESTART_GANG, "Gang", "default/JobSet/t", "n1", Phase.IN_PROGRESS, NOW - 2000)
+    assert overdue([replace(restart, policy="a")], ps, NOW) == []
+    assert len(overdue([replace(restart, policy="b")], ps, NOW)) == 1  # the default 30 minutes
+    # Ended, dry-run, blocked or not disruptive: nothing is overdue.
+    for record in (
+        replace(restart, phase=Phase.SUCCEEDED),
+        replace(restart, dry_run=True),
+        replace(restart, phase=Phase.BLOCKED),
+        replace(restart, action=ActionKind.TAINT),
+    ):
+        assert overdue([record], ps, NOW) == []
