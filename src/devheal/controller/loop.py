@@ -29,15 +29,21 @@ from devheal.controller import metrics
 from devheal.controller.actuators import Actuators
 from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
-from devheal.engine.decide import Settings
+from devheal.engine.decide import Breaker, Overdue, Settings
 from devheal.engine.placement import Release, place_gated
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.workqueue import WorkQueue, run_workers
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView
-from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase
-from devheal.model.policy import DEFAULT_POLICY, Policy
+from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase, Rail
+from devheal.model.policy import (
+    BREAKER_CONDITION,
+    BREAKER_RESET_REASON,
+    DEFAULT_POLICY,
+    RESET_BREAKER_ANNOTATION,
+    Policy,
+)
 from devheal.model.times import format_time
 
 log = logging.getLogger("devheal.controller")
@@ -51,6 +57,8 @@ RELEASE_TIMEOUT = 2.0
 """Seconds a stopping controller spends handing its lease over; the pod's grace period is the budget."""
 MAX_RETRIES = 8
 """Failures in a row after which one piece of work is given up (the round hands it out again later)."""
+OVERDUE_EVENT = "DevhealStepTimeout"
+"""The Event reason for a remediation still in progress past its step timeout."""
 
 
 @dataclass
@@ -81,7 +89,9 @@ class Controller:
         """Wall-clock seconds; tests inject a fake one."""
         self.cache = ClusterCache(client, clock=clock)
         self.rounds = DecisionRound(Pacing(retry=options.retry_after))
-        self.actuators = Actuators(client, self._policies_by_name, gang_restart_timeout=options.gang_restart_timeout)
+        self.actuators = Actuators(
+            client, self._policies_by_name, gang_restart_timeout=options.gang_restart_timeout, clock=clock
+        )
         self.leading = not options.leader_elect
         self.elector = LeaderElector(
             client,
@@ -104,6 +114,8 @@ class Controller:
 
     def _on_leadership(self, leading: bool) -> None:
         self.leading = leading
+        if leading:
+            self.rounds.forget_breaker()  # another leader may have opened, closed or reset it meanwhile
         metrics.LEADER.set(1 if leading else 0)
         if not leading:
             self._stop_workers()
@@ -189,6 +201,24 @@ class Controller:
         )
         self._submit(name, lambda: self.actuators.record_blocked(item))
 
+    def hold(self, record: InFlight, why: str) -> None:
+        """A pause or dry-run holds the record's next step: it stays in progress, its reason says why."""
+        log.info("holding %s: %s", record.name, why)
+        metrics.ACTIONS.labels(action=record.action.value, result="held").inc()
+        status = {"reason": Rail.PAUSED.reason, "message": why}
+        self._submit(f"hold/{record.name}", functools.partial(self.actuators.records.set_status, record.name, status))
+
+    def report_overdue(self, item: Overdue) -> None:
+        """A remediation past its step timeout: a warning Event on its target (where its record says which), a
+        metric and a log line; the engine no longer counts it against maxConcurrentRemediations."""
+        log.warning("remediation %s: %s", item.record.name, item.why)
+        metrics.ACTIONS.labels(action=item.record.action.value, result="overdue").inc()
+        if item.record.resume is not None:
+            event = functools.partial(
+                self.actuators.records.event, item.record.resume, OVERDUE_EVENT, item.why, "Warning"
+            )
+            self._submit(f"overdue/{item.record.name}", event)
+
     def wider_views(self) -> Iterable[ClusterView]:
         return ()  # the cache holds the whole cluster
 
@@ -211,8 +241,8 @@ class Controller:
             metrics.FINDINGS.labels(kind=kind.value).set(sum(1 for f in result.findings if f.kind is kind))
         for name, size in self.cache.sizes().items():
             metrics.CACHE_OBJECTS.labels(kind=name).set(size)
-        metrics.BREAKER_OPEN.set(1 if result.plan.breaker_open else 0)
-        self._publish_policy_status(result.plan.breaker_open, result.plan.breaker_reason)
+        metrics.BREAKER_OPEN.set(1 if result.breaker.open else 0)
+        self._publish_policy_status(result.breaker)
         releases, self.actuators.gangs.vacancies = place_gated(view, self.actuators.gangs.vacancies, now)
         for release in releases:
             self._release(release)
@@ -223,29 +253,50 @@ class Controller:
         if key not in self.queue:
             self._submit(key, lambda: self.actuators.release_gate(release))
 
-    def _publish_policy_status(self, breaker_open: bool, breaker_reason: str) -> None:
-        """observedGeneration and conditions (Valid, CircuitBreakerOpen) on each policy, written on change."""
+    def _publish_policy_status(self, breaker: Breaker) -> None:
+        """observedGeneration and conditions (Valid, CircuitBreakerOpen) on each policy, written on change, and
+        the breaker reset already acted on (``status.circuitBreakerReset``): a restarted controller or a new
+        leader rebuilds the breaker from these (``Breaker.restored``)."""
         now = format_time(self.clock())
+        if breaker.open:
+            breaker_condition = ("True", "FaultStorm", breaker.reason)
+            breaker_since = breaker.open_since
+        elif breaker.closed_by_reset:
+            breaker_condition = (
+                "False",
+                BREAKER_RESET_REASON,
+                f"reset by the annotation {RESET_BREAKER_ANNOTATION}: disruptive actions allowed; "
+                "faults seen before the reset no longer count",
+            )
+            breaker_since = breaker.reset_at
+        else:
+            breaker_condition, breaker_since = ("False", "Closed", "disruptive actions allowed"), breaker.closed_at
         for name, obj in self.cache.policy_objects.store.items():
             meta = obj.get("metadata") or {}
             generation = int(meta.get("generation") or 0)
             error = self.cache.policy_errors.get(name)
             wanted = {
                 "Valid": ("False", "InvalidSpec", error) if error else ("True", "Accepted", "policy is in force"),
-                "CircuitBreakerOpen": ("True", "FaultStorm", breaker_reason)
-                if breaker_open
-                else ("False", "Closed", "disruptive actions allowed"),
+                BREAKER_CONDITION: breaker_condition,
             }
             status = obj.get("status") or {}
+            reset_seen = breaker.reset_seen(name) or None
             current = {c.get("type"): c for c in status.get("conditions") or []}
-            if status.get("observedGeneration") == generation and all(
-                (current.get(t) or {}).get("status") == v[0] and (current.get(t) or {}).get("message") == v[2]
-                for t, v in wanted.items()
+            if (
+                status.get("observedGeneration") == generation
+                and status.get("circuitBreakerReset") == reset_seen
+                and all(
+                    (current.get(t) or {}).get("status") == v[0]
+                    and (current.get(t) or {}).get("reason") == v[1]
+                    and (current.get(t) or {}).get("message") == v[2]
+                    for t, v in wanted.items()
+                )
             ):
                 continue
             conditions = []
             for ctype, (cstatus, reason, message) in wanted.items():
                 old = current.get(ctype) or {}
+                since = breaker_since if ctype == BREAKER_CONDITION else None
                 conditions.append(
                     {
                         "type": ctype,
@@ -253,10 +304,18 @@ class Controller:
                         "reason": reason,
                         "message": message[:1000],
                         "observedGeneration": generation,
-                        "lastTransitionTime": old.get("lastTransitionTime") if old.get("status") == cstatus else now,
+                        "lastTransitionTime": old.get("lastTransitionTime")
+                        if old.get("status") == cstatus
+                        else (format_time(since) if since is not None else now),
                     }
                 )
-            body = {"status": {"observedGeneration": generation, "conditions": conditions}}
+            body = {
+                "status": {
+                    "observedGeneration": generation,
+                    "conditions": conditions,
+                    "circuitBreakerReset": reset_seen,
+                }
+            }
             self._submit(f"policy-status/{name}", functools.partial(self._patch_policy_status, name, body))
 
     async def _patch_policy_status(self, name: str, body: dict[str, Any]) -> None:
@@ -282,6 +341,7 @@ class Controller:
 
     def _give_up(self, key: str, error: BaseException) -> None:
         self._work.pop(key, None)
+        self.rounds.forget(key.removeprefix("hold/"))
         local = self._local.get(key)
         if local is not None and local.active:
             self._local[key] = replace(local, phase=Phase.FAILED)

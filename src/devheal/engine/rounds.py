@@ -9,7 +9,15 @@ the controller runs, and only the effects differ.
 
 The round keeps the memory a decision loop needs between rounds (the finding tracker,
 the reason each blocked decision was last recorded with, when an interrupted step may
-be tried again), pruned every round to what is still relevant.
+be tried again, the circuit breaker), pruned every round to what is still relevant.
+
+Rails hold work already in progress too: while devheal or a remediation's policy is
+paused or in dry-run, no further step of a multi-step remediation is taken (the host is
+told once per reason, and the record stays in progress); a remediation past its step
+timeout no longer holds the concurrency budget and is reported to the host once. The
+breaker's state is rebuilt from what the policies record whenever the round does not
+know it yet (a new process, a new leader: ``forget_breaker``), so a restart never
+closes an open breaker.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from collections.abc import Collection, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from devheal.engine.decide import Settings, decide
+from devheal.engine.decide import Breaker, Overdue, Settings, decide, overdue, step_breaker
 from devheal.engine.findings import FindingTracker, detect
 from devheal.model.cluster import ClusterView
 from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan, Rail
@@ -52,6 +60,16 @@ class RoundHost(Protocol):
         """Record a decision a rail stopped (called once per decision and reason)."""
         ...
 
+    def hold(self, record: InFlight, why: str) -> None:
+        """A remediation in progress whose next step a pause or dry-run holds back: it stays in progress;
+        say why (called once per remediation and reason)."""
+        ...
+
+    def report_overdue(self, item: Overdue) -> None:
+        """A remediation active past its step timeout, no longer counted against the concurrency budget
+        (called once per remediation)."""
+        ...
+
     def wider_views(self) -> Iterable[ClusterView]:
         """Wider views to decide again over while fleet-size rails stop the plan (none: the view is whole)."""
         ...
@@ -71,10 +89,29 @@ class Pacing:
 class RoundResult:
     findings: tuple[Finding, ...]
     plan: Plan
+    breaker: Breaker = field(default_factory=Breaker)
+    """The circuit breaker after this round (what the controller publishes in the policies' status)."""
+    overdue: tuple[Overdue, ...] = ()
+    """Remediations past their step timeout."""
 
 
 def stopped_by_fleet_rails(plan: Plan) -> bool:
     return plan.breaker_open or any(b.rail in FLEET_RAILS for b in plan.blocked)
+
+
+def held_because(record: InFlight, policy: Policy | None, settings: Settings) -> str:
+    """Why the next step of a remediation in progress must wait ("": it may go on): a pause or a dry-run,
+    controller-wide or of the remediation's policy."""
+    step = f"{record.action} {record.target} stays {record.phase}, its next step waits"
+    if settings.paused:
+        return f"devheal is paused: {step}"
+    if policy is not None and policy.paused:
+        return f"policy {policy.name} is paused: {step}"
+    if settings.dry_run:
+        return f"devheal runs in dry-run: {step}"
+    if policy is not None and policy.dry_run:
+        return f"policy {policy.name} is in dry-run: {step}"
+    return ""
 
 
 @dataclass
@@ -87,6 +124,26 @@ class DecisionRound:
     """Blocked decision name -> the reason it was last recorded with."""
     next_try: dict[str, float] = field(default_factory=dict)
     """Remediation name -> when its interrupted step may be carried on again."""
+    held_seen: dict[str, str] = field(default_factory=dict)
+    """Remediation name -> the reason its next step was last held with."""
+    overdue_seen: set[str] = field(default_factory=set)
+    """Remediations already reported past their step timeout."""
+    breaker: Breaker | None = None
+    """The circuit breaker as of the last round; None: not known, rebuilt from the policies' status."""
+
+    def _pace(self, kind: ActionKind) -> float:
+        return self.pacing.gang_restart if kind is ActionKind.RESTART_GANG else self.pacing.retry
+
+    def forget(self, name: str) -> None:
+        """The host could not carry out what it was handed for ``name`` (a blocked decision's record, a
+        hold): hand it out again when the next round finds it still wanted."""
+        self.blocked_seen.pop(name, None)
+        self.held_seen.pop(name, None)
+        self.next_try.pop(name, None)
+
+    def forget_breaker(self) -> None:
+        """The breaker may have changed elsewhere (another leader): rebuild it from the policies next round."""
+        self.breaker = None
 
     def run(
         self,
@@ -99,52 +156,87 @@ class DecisionRound:
     ) -> RoundResult:
         """One round. ``ignore_pods``: pod UIDs whose findings are already handled (ranks a gang
         restart just replaced, whose old pods linger until they are gone)."""
+        settings = settings or Settings()
         detected = [f for f in detect(view, policies, now) if not (f.pod_uid and f.pod_uid in ignore_pods)]
         findings = self.tracker.observe(detected, view, policies, now)
         busy = host.busy()
-        self._carry_on(host, host.in_flight(view), findings, now, busy)
+        self._carry_on(host, host.in_flight(view), findings, policies, settings, now, busy)
         in_flight = host.in_flight(view)
-        settings = settings or Settings()
-        plan = decide(view, findings, policies, in_flight, now, settings)
+        # The breaker is stepped over the view the plan is decided over: a narrower view is stricter, and
+        # only the final (widest needed) view's state is kept.
+        prior = self.breaker if self.breaker is not None else Breaker.restored(policies)
+        breaker = step_breaker(prior, view, findings, policies, now)
+        plan = decide(view, findings, policies, in_flight, now, settings, breaker)
         wider_views = iter(host.wider_views())
         while stopped_by_fleet_rails(plan):
             wider = next(wider_views, None)
             if wider is None:
                 break
-            plan = decide(wider, findings, policies, in_flight, now, settings)
+            breaker = step_breaker(prior, wider, findings, policies, now)
+            plan = decide(wider, findings, policies, in_flight, now, settings, breaker)
+        self.breaker = breaker
         for action in plan.actions:
             host.start(action, resumed=False)
+            # An interrupted first pass is carried on at the same pace as any later one.
+            self.next_try[action.name] = now + self._pace(action.kind)
         self._record_blocked(host, plan.blocked, busy)
-        return RoundResult(tuple(findings), plan)
+        late = tuple(overdue(in_flight, policies, now))
+        self._report_overdue(host, late)
+        return RoundResult(tuple(findings), plan, breaker, late)
 
     def _carry_on(
         self,
         host: RoundHost,
         in_flight: Sequence[InFlight],
         findings: Sequence[Finding],
+        policies: Sequence[Policy],
+        settings: Settings,
         now: float,
         busy: Container[str],
     ) -> None:
         """Remediations in progress: an external node remediation ends once its node is no longer
-        faulty; any other step with a recorded decision is carried on, paced."""
+        faulty; any other step with a recorded decision is carried on, paced. While devheal or the
+        remediation's policy is paused or in dry-run, neither happens: the host is told why, once."""
         faulty = {f.node for f in findings if f.kind is FindingKind.NODE_DEVICES_FAILED}
+        by_name = {p.name: p for p in policies}
         active = set()
+        held: dict[str, str] = {}
         for record in in_flight:
             if not record.active:
                 continue
             active.add(record.name)
             if record.name in busy:
+                if record.name in self.held_seen:
+                    held[record.name] = self.held_seen[record.name]
                 continue
-            if record.action is ActionKind.REMEDIATE_NODE and record.phase is Phase.IN_PROGRESS:
+            ends_outside = record.action is ActionKind.REMEDIATE_NODE and record.phase is Phase.IN_PROGRESS
+            if not ends_outside and record.resume is None:
+                continue  # nothing this round could carry on
+            why = held_because(record, by_name.get(record.policy), settings)
+            if why:
+                held[record.name] = why
+                if self.held_seen.get(record.name) != why:
+                    host.hold(record, why)
+                continue
+            if ends_outside:
                 if record.node not in faulty:
                     host.finish(record)
                 continue
             if record.resume is not None and now >= self.next_try.get(record.name, 0.0):
-                pace = self.pacing.gang_restart if record.action is ActionKind.RESTART_GANG else self.pacing.retry
-                self.next_try[record.name] = now + pace
+                self.next_try[record.name] = now + self._pace(record.action)
                 host.start(record.resume, resumed=True)
         for name in [n for n in self.next_try if n not in active]:
             del self.next_try[name]
+        self.held_seen = held
+
+    def _report_overdue(self, host: RoundHost, late: Sequence[Overdue]) -> None:
+        """Each remediation past its step timeout is reported once; ended ones are forgotten."""
+        reported = set()
+        for item in late:
+            if item.record.name not in self.overdue_seen:
+                host.report_overdue(item)
+            reported.add(item.record.name)
+        self.overdue_seen = reported
 
     def _record_blocked(self, host: RoundHost, blocked: Sequence[Blocked], busy: Container[str]) -> None:
         """Each blocked decision is recorded once per reason; reasons of decisions no longer blocked

@@ -32,6 +32,7 @@ from collections.abc import Container, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+from devheal.engine.decide import Overdue
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.engine.workloads import classify
 from devheal.model.cluster import (
@@ -352,6 +353,15 @@ class EngineStrategy(Strategy):
                 policy=item.action.policy,
             )
         )
+
+    def hold(self, record: InFlight, why: str) -> None:
+        """A pause or dry-run holds a step in progress: counted, nothing happens (the strategy's policy is fixed,
+        so a run never holds one)."""
+        self.sim.remediations["devheal:held"] += 1
+
+    def report_overdue(self, item: Overdue) -> None:
+        """A remediation past its step timeout: counted (it no longer holds the concurrency budget)."""
+        self.sim.remediations["devheal:overdue"] += 1
 
     def wider_views(self) -> Iterator[ClusterView]:
         """Percent budgets and the breaker count nodes, and a view of fewer nodes is stricter, never

@@ -5,14 +5,30 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from devheal.engine.decide import Settings
+import pytest
+
+from devheal.engine.decide import Overdue, Settings
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.model.cluster import ClusterView, DeviceHealth, WorkloadClass
-from devheal.model.plan import Action, Blocked, InFlight, Phase
+from devheal.model.plan import Action, Blocked, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind
 
-from .builders import NOW, device, gpu_id, node, node_failed, pod, policy, report, reported, view, workload
+from .builders import (
+    NOW,
+    device,
+    gpu_id,
+    node,
+    node_failed,
+    pod,
+    pod_failed,
+    policy,
+    report,
+    reported,
+    view,
+    workload,
+)
 
 
 @dataclass
@@ -24,6 +40,8 @@ class Host:
     started: list[tuple[str, bool]] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     blocked: list[Blocked] = field(default_factory=list)
+    held: list[tuple[str, str]] = field(default_factory=list)
+    overdue: list[Overdue] = field(default_factory=list)
     wider: list[ClusterView] = field(default_factory=list)
     pulled: int = 0
 
@@ -52,6 +70,12 @@ class Host:
     def record_blocked(self, item: Blocked) -> None:
         self.blocked.append(item)
 
+    def hold(self, record: InFlight, why: str) -> None:
+        self.held.append((record.name, why))
+
+    def report_overdue(self, item: Overdue) -> None:
+        self.overdue.append(item)
+
     def wider_views(self) -> Iterator[ClusterView]:
         for v in self.wider:
             self.pulled += 1
@@ -70,10 +94,9 @@ def test_a_new_decision_is_started_once_then_carried_on_at_the_pace() -> None:
     host, rounds, v, p = Host(), DecisionRound(Pacing(retry=5.0)), broken_inference_view(), [policy()]
     result = rounds.run(host, v, p, NOW)
     [name] = [a.name for a in result.plan.actions if a.kind is ActionKind.DESCHEDULE]
-    # Still in progress: carried on (resumed) at once the first time, then no sooner than the pace allows.
-    rounds.run(host, v, p, NOW + 0.5)
-    rounds.run(host, v, p, NOW + 1.0)
-    rounds.run(host, v, p, NOW + 5.5)
+    # Still in progress: carried on (resumed) no sooner than the pace allows, the first time too.
+    for t in (0.5, 1.0, 4.9, 5.5, 6.0, 10.0, 10.6):
+        rounds.run(host, v, p, NOW + t)
     assert [resumed for n, resumed in host.started if n == name] == [False, True, True]
 
 
@@ -168,3 +191,91 @@ def test_findings_of_ignored_pods_lead_to_nothing() -> None:
     result = DecisionRound().run(host, v, [policy()], NOW, ignore_pods={p.uid})
     assert not any(f.pod for f in result.findings)
     assert not [a for a in result.plan.actions if a.target_kind == "Pod"]
+
+
+# ---- rails over work in progress: a pause or dry-run holds it, a step timeout frees its budget ---------------
+
+GANG = workload("train", WorkloadClass.GANG)
+
+
+def gang_restart_in_progress(policy_name: str = "p") -> InFlight:
+    rank = pod("train-1", "n1", owner=GANG, devices=[device(gpu_id("n1", 0), DeviceHealth.UNHEALTHY)])
+    action = Action(
+        ActionKind.RESTART_GANG, TargetKind.GANG, GANG.key, "n1", pod_failed(rank), policy_name, workload=GANG
+    )
+    return InFlight(
+        action.name,
+        action.kind,
+        TargetKind.GANG,
+        GANG.key,
+        "n1",
+        Phase.IN_PROGRESS,
+        NOW - 30,
+        GANG.key,
+        policy=policy_name,
+        resume=action,
+    )
+
+
+@pytest.mark.parametrize(
+    ("settings", "spec", "why"),
+    [
+        (Settings(paused=True), {}, "devheal is paused"),
+        (Settings(), {"paused": True}, "policy p is paused"),
+        (Settings(dry_run=True), {}, "devheal runs in dry-run"),
+        (Settings(), {"dryRun": True}, "policy p is in dry-run"),
+    ],
+    ids=["--paused", "spec.paused", "--dry-run", "spec.dryRun"],
+)
+def test_a_pause_or_dry_run_holds_a_gang_restart_in_progress(settings: Settings, spec: Any, why: str) -> None:
+    record = gang_restart_in_progress()
+    host, rounds, v = Host(records={record.name: record}), DecisionRound(Pacing(gang_restart=0.0)), view([node("n1")])
+    for t in range(5):
+        rounds.run(host, v, [policy(**spec)], NOW + t, settings)
+    assert host.started == []  # no further step
+    [(name, reason)] = host.held  # said once, not every round
+    assert name == record.name
+    assert reason == f"{why}: RestartGang {GANG.key} stays InProgress, its next step waits"
+    assert host.records[record.name].phase is Phase.IN_PROGRESS
+    rounds.run(host, v, [policy()], NOW + 6)  # lifted: carried on at once
+    assert host.started == [(record.name, True)]
+    assert rounds.held_seen == {}
+
+
+def test_a_pause_holds_the_end_of_a_node_remediation() -> None:
+    action = Action(ActionKind.REMEDIATE_NODE, "Node", "n1", "n1", node_failed("n1", all_failed=True, idle=True), "p")
+    record = InFlight(action.name, action.kind, "Node", "n1", "n1", Phase.IN_PROGRESS, NOW, policy="p", resume=action)
+    host, rounds, healthy = Host(records={record.name: record}), DecisionRound(), view([node("n1")])
+    rounds.run(host, healthy, [policy()], NOW, Settings(paused=True))
+    assert (host.finished, [name for name, _ in host.held]) == ([], [record.name])
+    rounds.run(host, healthy, [policy()], NOW + 1)
+    assert host.finished == [record.name]
+
+
+def test_a_pause_of_another_policy_holds_nothing() -> None:
+    record = gang_restart_in_progress("p")
+    host, rounds = Host(records={record.name: record}), DecisionRound()
+    rounds.run(host, view([node("n1")]), [policy("other", paused=True), policy("p")], NOW)
+    assert (host.started, host.held) == ([(record.name, True)], [])
+
+
+def test_a_remediation_past_its_step_timeout_is_reported_once_and_frees_the_budget() -> None:
+    p = [policy(budgets={"maxConcurrentRemediations": 1, "stepTimeouts": {"Deschedule": "10m"}})]
+    stuck = InFlight(
+        "deschedule-stuck", ActionKind.DESCHEDULE, "Pod", "default/old", "n9", Phase.IN_PROGRESS, NOW - 500, policy="p"
+    )
+    host, rounds, v = Host(records={stuck.name: stuck}), DecisionRound(), broken_inference_view()
+    first = rounds.run(host, v, p, NOW)
+    assert [b.rail for b in first.plan.blocked] == ["max-concurrent"]
+    assert (first.overdue, host.overdue) == ((), [])
+    later = rounds.run(host, v, p, NOW + 101)  # 601 s in progress: past the 10 m step timeout
+    assert [a.kind for a in later.plan.actions] == [ActionKind.DESCHEDULE]
+    [item] = host.overdue
+    assert (item.record.name, item.timeout) == (stuck.name, 600)
+    assert item.why.startswith("Deschedule on default/old still InProgress since")
+    assert item.why.endswith("past its step timeout of 600s: no longer counted against maxConcurrentRemediations")
+    rounds.run(host, v, p, NOW + 102)
+    assert len(host.overdue) == 1  # reported once
+    host.records[stuck.name] = replace(stuck, phase=Phase.FAILED)
+    rounds.run(host, v, p, NOW + 103)
+    assert rounds.overdue_seen == set()  # ended: forgotten

@@ -8,7 +8,7 @@ import pytest
 
 from devheal.engine import decide as decide_module
 from devheal.engine import rounds
-from devheal.engine.decide import decide
+from devheal.engine.decide import Breaker, decide, step_breaker
 from devheal.model.cluster import ClusterView
 from devheal.model.plan import Finding, InFlight, Phase, Plan
 from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy
@@ -136,7 +136,8 @@ def test_budgets_bind_on_the_whole_fleet() -> None:
 
 
 class CheckedEngine(EngineStrategy):
-    """Also decides every round over every node with every record, and counts disagreements."""
+    """Also decides every round over every node with every record (and the circuit breaker the round carried
+    in), and counts disagreements."""
 
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
@@ -151,6 +152,7 @@ class CheckedEngine(EngineStrategy):
 
     def decision_round(self) -> Plan:
         findings: list[Finding] = []
+        prior = self.round.breaker if self.round.breaker is not None else Breaker.restored(self.policies)
         original = self.round.run
 
         def run_and_keep(*args: Any, **kwargs: Any) -> rounds.RoundResult:
@@ -163,7 +165,8 @@ class CheckedEngine(EngineStrategy):
         assert self.everything is not None
         view, records = self.everything
         self.checks += 1
-        self.mismatches += decide(view, findings, self.policies, records, self.sim.now) != plan
+        breaker = step_breaker(prior, view, findings, self.policies, self.sim.now)
+        self.mismatches += decide(view, findings, self.policies, records, self.sim.now, breaker=breaker) != plan
         return plan
 
 
