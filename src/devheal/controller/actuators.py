@@ -20,6 +20,7 @@ from typing import Any
 
 from devheal.controller import metrics
 from devheal.controller.actuator import Actuator, Outcome, Policies, StepFailed, Steps
+from devheal.controller.cache import ClusterCache
 from devheal.controller.gangs import GangRestarter
 from devheal.controller.node_actions import Cordon, Drain, Lift, Taint
 from devheal.controller.node_remediation import NodeRemediation
@@ -47,13 +48,16 @@ class Actuators:
         clock: Any = time.time,
         *,
         gang_restart_timeout: float = 900.0,
+        cache: ClusterCache | None = None,
     ) -> None:
+        """``cache``: the controller's cluster cache, which gang restarts read their pods from
+        (without one they list them from the API on every pass)."""
         self.client = client
         self.policies = policies
         self.clock = clock
         self.in_progress: set[str] = set()
         self.records = Records(client, clock)
-        self.gangs = GangRestarter(client, policies, clock, timeout=gang_restart_timeout)
+        self.gangs = GangRestarter(client, policies, clock, timeout=gang_restart_timeout, cache=cache)
         self.node_remediation = NodeRemediation(client, policies, self.records, clock)
         self.families: dict[ActionKind, Actuator] = {
             ActionKind.DESCHEDULE: Deschedule(client, policies, clock),

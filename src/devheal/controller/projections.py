@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from devheal.engine.inplace import in_place_restart
 from devheal.engine.workloads import classify
 from devheal.model.cluster import (
     GPU_RESOURCE,
+    LAUNCHER_GENERATION_ANNOTATION,
     OWNERSHIP_ANNOTATION,
     PLACEMENT_GATE,
+    RESTART_GENERATION_ANNOTATION,
     ContainerState,
     DeviceHealth,
     DeviceStatus,
@@ -25,6 +28,7 @@ from devheal.model.cluster import (
     Taint,
     Workload,
     WorkloadClass,
+    parse_generation,
 )
 from devheal.model.plan import Action, Finding, FindingKind, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind
@@ -69,6 +73,7 @@ def project_pod(obj: Obj) -> Pod:
         if ref.get("controller"):
             owner = OwnerRef(str(ref.get("kind")), str(ref.get("name")), str(ref.get("uid") or ""))
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    annotations = meta.get("annotations") or {}
     gpus = 0
     for c in spec.get("containers") or []:
         limits = (c.get("resources") or {}).get("limits") or {}
@@ -126,6 +131,10 @@ def project_pod(obj: Obj) -> Pod:
         deleting=bool(meta.get("deletionTimestamp")),
         gpu_request=gpus,
         gated=any(isinstance(g, dict) and g.get("name") == PLACEMENT_GATE for g in spec.get("schedulingGates") or []),
+        # Gang restarts: the generation asked for, the one acknowledged, and what restarts the pod in place.
+        restart_generation=parse_generation(annotations.get(RESTART_GENERATION_ANNOTATION)) or 0,
+        acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
+        in_place=in_place_restart(spec, annotations).value,
     )
 
 

@@ -113,6 +113,12 @@ class Pod:
     gpu_request: int = 0
     gated: bool = False
     """The pod waits for devheal at the ``devheal.io/placement`` scheduling gate."""
+    restart_generation: int = 0
+    """The restart generation devheal asked of this gang member (RESTART_GENERATION_ANNOTATION; 0 when absent)."""
+    acknowledged_generation: int = 0
+    """The generation the member's in-place agent acknowledged (LAUNCHER_GENERATION_ANNOTATION; 0 when absent)."""
+    in_place: str = "none"
+    """How the pod restarts in place when its restart generation rises (a ``devheal.engine.inplace.InPlaceRestart``)."""
 
     @property
     def key(self) -> str:

@@ -132,6 +132,7 @@ class RemediationReason(StrEnum):
     WAITING_FOR_REPLACEMENT = "WaitingForReplacement"
     RUNNING = "Running"
     TIMEOUT = "Timeout"
+    NO_WORKLOAD = "NoWorkload"
 
 
 class EventReason(StrEnum):
