@@ -33,6 +33,7 @@ from devheal.model.cluster import (
 from devheal.model.plan import Action, Finding, FindingKind, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind
 from devheal.model.times import parse_time
+from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
 
 Obj = dict[str, Any]
 
@@ -41,17 +42,53 @@ class ProjectionError(ValueError):
     pass
 
 
-def _name(obj: Obj) -> str:
-    meta = obj.get("metadata") or {}
-    ns = meta.get("namespace")
-    return f"{obj.get('kind', 'object')} {ns + '/' if ns else ''}{meta.get('name', '?')}"
+def _name(obj: Obj, kind: str) -> str:
+    """``kind ns/name`` for messages, whatever the metadata holds (list items carry no kind)."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    ns, name = meta.get("namespace"), meta.get("name")
+    name = name[:100] if isinstance(name, str) and name else "?"
+    return f"{kind} {ns[:100] + '/' if isinstance(ns, str) and ns else ''}{name}"
 
 
-def _int(value: Any, where: str) -> int:
-    try:
-        return int(str(value))
-    except ValueError as exc:
-        raise ProjectionError(f"{where}: expected a whole number, got {value!r}") from exc
+def _int(value: Any, where: str, minimum: int = 0, maximum: int = INT64_MAX) -> int:
+    """A whole number: an int or a string of ASCII digits (``int()`` would also take '٣' and '1_000')."""
+    number = whole_number(value, minimum=minimum, maximum=maximum, text=True)
+    if number is None:
+        raise ProjectionError(f"{where}: expected a whole number from {minimum} to {maximum}, got {show(value)}")
+    return number
+
+
+def _obj(value: Any, where: str) -> Obj:
+    """An object field; ``{}`` when absent."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ProjectionError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    """A list field; ``[]`` when absent."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ProjectionError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _objects(value: Any, where: str) -> list[Obj]:
+    """A list of objects; ``[]`` when absent."""
+    return [_obj(item, f"{where}[{i}]") for i, item in enumerate(_list(value, where))]
+
+
+def _labels(value: Any, where: str) -> dict[str, str]:
+    """Labels (or annotations): strings to strings."""
+    labels = _obj(value, where)
+    wrong = next((k for k, v in labels.items() if not isinstance(k, str) or not isinstance(v, str)), None)
+    if wrong is not None:
+        raise ProjectionError(f"{where}.{show(wrong, 60)}: expected a string, got {show(labels[wrong], 60)}")
+    return labels
 
 
 def _health(value: Any) -> DeviceHealth:
@@ -62,33 +99,35 @@ def _health(value: Any) -> DeviceHealth:
 
 
 def project_pod(obj: Obj) -> Pod:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    where = f"pod {meta.get('namespace')}/{meta.get('name')}"
-    if not isinstance(meta, dict) or not isinstance(spec, dict) or not isinstance(status, dict):
-        raise ProjectionError(f"{where}: metadata, spec and status must be objects")
+    where = _name(obj, "pod")
+    meta = _obj(obj.get("metadata"), f"{where}: metadata")
+    spec = _obj(obj.get("spec"), f"{where}: spec")
+    status = _obj(obj.get("status"), f"{where}: status")
     owner = None
-    for ref in meta.get("ownerReferences") or []:
+    for ref in _objects(meta.get("ownerReferences"), f"{where}: metadata.ownerReferences"):
         if ref.get("controller"):
             owner = OwnerRef(str(ref.get("kind")), str(ref.get("name")), str(ref.get("uid") or ""))
-    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-    annotations = meta.get("annotations") or {}
+    labels = _labels(meta.get("labels"), f"{where}: metadata.labels")
+    annotations = _labels(meta.get("annotations"), f"{where}: metadata.annotations")
     gpus = 0
-    for c in spec.get("containers") or []:
-        limits = (c.get("resources") or {}).get("limits") or {}
-        requests = (c.get("resources") or {}).get("requests") or {}
+    for i, c in enumerate(_objects(spec.get("containers"), f"{where}: spec.containers")):
+        at = f"{where}: spec.containers[{i}].resources"
+        resources = _obj(c.get("resources"), at)
+        limits = _obj(resources.get("limits"), f"{at}.limits")
+        requests = _obj(resources.get("requests"), f"{at}.requests")
         value = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE))
         if value is not None:
-            gpus += _int(value, f"{where}: container {c.get('name')} {GPU_RESOURCE}")
+            gpus += _int(value, f"{at}: {GPU_RESOURCE}", maximum=INT32_MAX)
+    for key in ("initContainers", "containers"):
+        for i, c in enumerate(_objects(spec.get(key), f"{where}: spec.{key}")):
+            _list(c.get("restartPolicyRules"), f"{where}: spec.{key}[{i}].restartPolicyRules")  # in_place_restart
     devices: list[DeviceStatus] = []
     containers: list[ContainerState] = []
-    for cs in status.get("containerStatuses") or []:
-        if not isinstance(cs, dict):
-            raise ProjectionError(f"{where}: status.containerStatuses must hold objects")
+    for i, cs in enumerate(_objects(status.get("containerStatuses"), f"{where}: status.containerStatuses")):
+        at = f"{where}: status.containerStatuses[{i}]"
         cname = str(cs.get("name") or "")
-        for entry in cs.get("allocatedResourcesStatus") or []:
-            for res in entry.get("resources") or []:
+        for j, entry in enumerate(_objects(cs.get("allocatedResourcesStatus"), f"{at}.allocatedResourcesStatus")):
+            for res in _objects(entry.get("resources"), f"{at}.allocatedResourcesStatus[{j}].resources"):
                 devices.append(
                     DeviceStatus(
                         cname,
@@ -98,20 +137,22 @@ def project_pod(obj: Obj) -> Pod:
                         str(res.get("message") or ""),
                     )
                 )
-        state = cs.get("state") or {}
-        last = (cs.get("lastState") or {}).get("terminated") or {}
-        terminated = state.get("terminated") or {}
+        state = _obj(cs.get("state"), f"{at}.state")
+        last = _obj(_obj(cs.get("lastState"), f"{at}.lastState").get("terminated"), f"{at}.lastState.terminated")
+        terminated = _obj(state.get("terminated"), f"{at}.state.terminated")
         exit_code = terminated.get("exitCode", last.get("exitCode"))
+        code_at = f"{at}.{'state' if 'exitCode' in terminated else 'lastState'}.terminated.exitCode"
         containers.append(
             ContainerState(
                 name=cname,
-                restart_count=_int(cs.get("restartCount") or 0, f"{where}: restartCount"),
-                waiting_reason=str((state.get("waiting") or {}).get("reason") or ""),
-                exit_code=None if exit_code is None else _int(exit_code, f"{where}: exitCode"),
+                restart_count=_int(cs.get("restartCount") or 0, f"{at}.restartCount"),
+                waiting_reason=str(_obj(state.get("waiting"), f"{at}.state.waiting").get("reason") or ""),
+                exit_code=None if exit_code is None else _int(exit_code, code_at, -INT32_MAX - 1, INT32_MAX),
             )
         )
+    conditions = _list(status.get("conditions"), f"{where}: status.conditions")
     true_conditions = frozenset(
-        str(c.get("type")) for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("status") == "True"
+        str(c.get("type")) for c in conditions if isinstance(c, dict) and c.get("status") == "True"
     )
     namespace = str(meta.get("namespace") or "")
     name = str(meta.get("name") or "")
@@ -130,7 +171,10 @@ def project_pod(obj: Obj) -> Pod:
         true_conditions=true_conditions,
         deleting=bool(meta.get("deletionTimestamp")),
         gpu_request=gpus,
-        gated=any(isinstance(g, dict) and g.get("name") == PLACEMENT_GATE for g in spec.get("schedulingGates") or []),
+        gated=any(
+            isinstance(g, dict) and g.get("name") == PLACEMENT_GATE
+            for g in _list(spec.get("schedulingGates"), f"{where}: spec.schedulingGates")
+        ),
         # Gang restarts: the generation asked for, the one acknowledged, and what restarts the pod in place.
         restart_generation=parse_generation(annotations.get(RESTART_GENERATION_ANNOTATION)) or 0,
         acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
@@ -139,51 +183,56 @@ def project_pod(obj: Obj) -> Pod:
 
 
 def project_node(obj: Obj) -> Node:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    where = f"node {meta.get('name')}"
+    where = _name(obj, "node")
+    meta = _obj(obj.get("metadata"), f"{where}: metadata")
+    spec = _obj(obj.get("spec"), f"{where}: spec")
+    status = _obj(obj.get("status"), f"{where}: status")
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
+        for c in _list(status.get("conditions"), f"{where}: status.conditions")
         if isinstance(c, dict)
     )
-    owned_text = str((meta.get("annotations") or {}).get(OWNERSHIP_ANNOTATION) or "")
+    annotations = _labels(meta.get("annotations"), f"{where}: metadata.annotations")
+    owned_text = annotations.get(OWNERSHIP_ANNOTATION) or ""
+    capacity = _obj(status.get("capacity"), f"{where}: status.capacity")
+    allocatable = _obj(status.get("allocatable"), f"{where}: status.allocatable")
     return Node(
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
-        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        labels=_labels(meta.get("labels"), f"{where}: metadata.labels"),
         ready=ready,
         unschedulable=bool(spec.get("unschedulable")),
         taints=tuple(
             Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
-            for t in spec.get("taints") or []
+            for t in _objects(spec.get("taints"), f"{where}: spec.taints")
         ),
-        gpu_capacity=_int((status.get("capacity") or {}).get(GPU_RESOURCE, 0), f"{where}: capacity"),
-        gpu_allocatable=_int((status.get("allocatable") or {}).get(GPU_RESOURCE, 0), f"{where}: allocatable"),
+        gpu_capacity=_int(capacity.get(GPU_RESOURCE, 0), f"{where}: status.capacity: {GPU_RESOURCE}", 0, INT32_MAX),
+        gpu_allocatable=_int(
+            allocatable.get(GPU_RESOURCE, 0), f"{where}: status.allocatable: {GPU_RESOURCE}", 0, INT32_MAX
+        ),
         owned=frozenset(part.strip() for part in owned_text.split(",") if part.strip()),
     )
 
 
 def project_node_devices(obj: Obj) -> NodeDevicesReport:
-    meta = obj.get("metadata") or {}
-    status = obj.get("status") or {}
-    node = str((obj.get("spec") or {}).get("nodeName") or meta.get("name") or "")
+    where = _name(obj, "NodeDevices")
+    meta = _obj(obj.get("metadata"), f"{where}: metadata")
+    status = _obj(obj.get("status"), f"{where}: status")
+    node = str(_obj(obj.get("spec"), f"{where}: spec").get("nodeName") or meta.get("name") or "")
     devices = []
-    for i, dev in enumerate(status.get("devices") or []):
-        if not isinstance(dev, dict):
-            raise ProjectionError(f"{_name(obj)}: status.devices[{i}] must be an object")
-        reasons = dev.get("reasons") or []
+    for i, dev in enumerate(_objects(status.get("devices"), f"{where}: status.devices")):
+        at = f"{where}: status.devices[{i}]"
+        reasons = _list(dev.get("reasons"), f"{at}.reasons")
         worst = reasons[-1] if reasons and isinstance(reasons[-1], dict) else {}
-        pod = dev.get("pod") or {}
+        pod = _obj(dev.get("pod"), f"{at}.pod")
         code = worst.get("code")
         devices.append(
             ReportedDevice(
                 device_id=str(dev.get("id") or ""),
-                index=_int(dev.get("index", i), f"{_name(obj)}: status.devices[{i}].index"),
+                index=_int(dev.get("index", i), f"{at}.index"),
                 health=_health(dev.get("health")),
                 reason=str(worst.get("message") or ""),
-                code=None if code is None else _int(code, f"{_name(obj)}: status.devices[{i}].reasons.code"),
+                code=None if code is None else _int(code, f"{at}.reasons[{len(reasons) - 1}].code"),
                 pod=f"{pod.get('namespace')}/{pod.get('name')}" if pod.get("name") else "",
                 since=parse_time(worst.get("firstSeen")),
             )
@@ -192,23 +241,24 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
 
 
 def project_remediation(obj: Obj) -> InFlight:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    target = spec.get("target") or {}
-    workload = spec.get("workload") or {}
+    where = _name(obj, "Remediation")
+    meta = _obj(obj.get("metadata"), f"{where}: metadata")
+    spec = _obj(obj.get("spec"), f"{where}: spec")
+    status = _obj(obj.get("status"), f"{where}: status")
+    target = _obj(spec.get("target"), f"{where}: spec.target")
+    workload = _obj(spec.get("workload"), f"{where}: spec.workload")
     try:
         action = ActionKind(str(spec.get("action")))
     except ValueError as exc:
-        raise ProjectionError(f"{_name(obj)}: spec.action {spec.get('action')!r} is not an action") from exc
+        raise ProjectionError(f"{where}: spec.action {show(spec.get('action'))} is not an action") from exc
     try:
         phase = Phase(str(status.get("phase") or "Pending"))
     except ValueError as exc:
-        raise ProjectionError(f"{_name(obj)}: status.phase {status.get('phase')!r} is not a phase") from exc
+        raise ProjectionError(f"{where}: status.phase {show(status.get('phase'))} is not a phase") from exc
     try:
         target_kind = TargetKind(str(target.get("kind")))
     except ValueError as exc:
-        raise ProjectionError(f"{_name(obj)}: spec.target.kind {target.get('kind')!r} is not a target kind") from exc
+        raise ProjectionError(f"{where}: spec.target.kind {show(target.get('kind'))} is not a target kind") from exc
     target_name = str(target.get("name") or "")
     if target_kind.namespaced:
         target_name = f"{target.get('namespace')}/{target_name}"
@@ -232,10 +282,12 @@ def project_remediation(obj: Obj) -> InFlight:
 
 def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target: str) -> Action | None:
     """Rebuild the decision a Remediation records (enough to carry it out again)."""
-    spec = obj.get("spec") or {}
-    finding = spec.get("finding") or {}
-    tgt = spec.get("target") or {}
-    wl = spec.get("workload") or {}
+    where = _name(obj, "Remediation")
+    meta = _obj(obj.get("metadata"), f"{where}: metadata")
+    spec = _obj(obj.get("spec"), f"{where}: spec")
+    finding = _obj(spec.get("finding"), f"{where}: spec.finding")
+    tgt = _obj(spec.get("target"), f"{where}: spec.target")
+    wl = _obj(spec.get("workload"), f"{where}: spec.workload")
     try:
         finding_kind = FindingKind(str(finding.get("kind")))
         workload = (
@@ -264,13 +316,16 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
             since=parse_time(finding.get("since")) or 0.0,
             pod=target if target_kind is TargetKind.POD else "",
             pod_uid=str(tgt.get("uid") or "") if target_kind is TargetKind.POD else "",
-            device_ids=tuple(str(d) for d in finding.get("deviceIDs") or []),
+            device_ids=tuple(str(d) for d in _list(finding.get("deviceIDs"), f"{where}: spec.finding.deviceIDs")),
         ),
         policy=str(spec.get("policy") or ""),
         workload=workload,
         target_uid=str(tgt.get("uid") or ""),
         dry_run=bool(spec.get("dryRun")),
-        epoch=_int(((obj.get("metadata") or {}).get("labels") or {}).get("devheal.io/epoch") or 0, "epoch label"),
+        epoch=_int(
+            _labels(meta.get("labels"), f"{where}: metadata.labels").get("devheal.io/epoch") or 0,
+            f"{where}: metadata.labels.devheal.io/epoch",
+        ),
     )
     # A record whose name does not come out of its own spec was not written by this version: do not act on it.
-    return recorded if recorded.name == (obj.get("metadata") or {}).get("name") else None
+    return recorded if recorded.name == meta.get("name") else None

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from devheal.model.values import whole_number
+
 GPU_RESOURCE = "nvidia.com/gpu"
 DEVICE_FAILED_CONDITION = "devheal.io/DeviceFailed"
 OWNED_TAINT_KEY = "devheal.io/device-failure"
@@ -44,15 +46,13 @@ class WorkloadClass(StrEnum):
 
 
 def parse_generation(value: object) -> int | None:
-    """A generation from an annotation value: absent means 0; None when the value is not a non-negative integer."""
+    """A generation from an annotation value: absent means 0; None when the value is not a non-negative integer
+    of ASCII digits within int64 (``str.isdigit`` also takes '٣' and '²')."""
     if value is None:
         return 0
     if not isinstance(value, str):
         return None
-    text = value.strip()
-    if not text.isdigit():
-        return None
-    return int(text)
+    return whole_number(value.strip(), text=True)
 
 
 @dataclass(frozen=True, slots=True)
