@@ -90,7 +90,11 @@ class Controller:
         self.cache = ClusterCache(client, clock=clock)
         self.rounds = DecisionRound(Pacing(retry=options.retry_after))
         self.actuators = Actuators(
-            client, self._policies_by_name, gang_restart_timeout=options.gang_restart_timeout, clock=clock
+            client,
+            self._policies_by_name,
+            gang_restart_timeout=options.gang_restart_timeout,
+            clock=clock,
+            cache=self.cache,
         )
         self.leading = not options.leader_elect
         self.elector = LeaderElector(
