@@ -155,19 +155,7 @@ class Controller:
     def start(self, action: Action, resumed: bool) -> None:
         if action.name in self.queue:
             return
-        self._local[action.name] = InFlight(
-            name=action.name,
-            action=action.kind,
-            target_kind=action.target_kind,
-            target=action.target,
-            node=action.node,
-            phase=Phase.IN_PROGRESS,
-            started=self._now,
-            workload=action.workload.key if action.workload else "",
-            dry_run=action.dry_run,
-            policy=action.policy,
-            resume=action,
-        )
+        self._local[action.name] = InFlight.of(action, Phase.IN_PROGRESS, self._now)
         log.log(
             logging.DEBUG if resumed else logging.INFO,
             "%s %s %s %s: %s",
@@ -193,16 +181,7 @@ class Controller:
 
     def record_blocked(self, item: Blocked) -> None:
         name = item.action.name
-        self._local[name] = InFlight(
-            name=name,
-            action=item.action.kind,
-            target_kind=item.action.target_kind,
-            target=item.action.target,
-            node=item.action.node,
-            phase=Phase.BLOCKED,
-            started=self._now,
-            policy=item.action.policy,
-        )
+        self._local[name] = InFlight.of(item.action, Phase.BLOCKED, self._now)
         self._submit(name, lambda: self.actuators.record_blocked(item))
 
     def hold(self, record: InFlight, why: str) -> None:

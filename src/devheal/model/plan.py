@@ -207,6 +207,35 @@ class InFlight:
     resume: Action | None = None
     """The recorded decision, rebuilt, so an interrupted remediation can be carried on."""
 
+    @classmethod
+    def of(cls, action: Action, phase: Phase, started: float) -> InFlight:
+        """The record ``action`` becomes. A Blocked one keeps only what names the decision: it carries
+        nothing out, so it has no workload disruption to count and nothing to resume."""
+        if phase is Phase.BLOCKED:
+            return cls(
+                action.name,
+                action.kind,
+                action.target_kind,
+                action.target,
+                action.node,
+                phase,
+                started,
+                policy=action.policy,
+            )
+        return cls(
+            action.name,
+            action.kind,
+            action.target_kind,
+            action.target,
+            action.node,
+            phase,
+            started,
+            workload=action.workload.key if action.workload else "",
+            dry_run=action.dry_run,
+            policy=action.policy,
+            resume=action,
+        )
+
     @property
     def active(self) -> bool:
         return self.phase in ACTIVE_PHASES

@@ -341,18 +341,7 @@ class EngineStrategy(Strategy):
     def record_blocked(self, item: Blocked) -> None:
         self.blocked[item.rail] += 1
         self.sim.remediations[f"devheal:blocked:{item.rail}"] += 1
-        self._store(
-            InFlight(
-                name=item.action.name,
-                action=item.action.kind,
-                target_kind=item.action.target_kind,
-                target=item.action.target,
-                node=item.action.node,
-                phase=Phase.BLOCKED,
-                started=self.sim.now,
-                policy=item.action.policy,
-            )
-        )
+        self._store(InFlight.of(item.action, Phase.BLOCKED, self.sim.now))
 
     def hold(self, record: InFlight, why: str) -> None:
         """A pause or dry-run holds a step in progress: counted, nothing happens (the strategy's policy is fixed,
@@ -458,19 +447,7 @@ class EngineStrategy(Strategy):
         elif action.kind is ActionKind.REMEDIATE_NODE:
             sim.start_repair(n, sim.costs.template_remediation, None)
             phase = Phase.IN_PROGRESS
-        record = InFlight(
-            name=action.name,
-            action=action.kind,
-            target_kind=action.target_kind,
-            target=action.target,
-            node=action.node,
-            phase=phase,
-            started=now,
-            workload=action.workload.key if action.workload else "",
-            dry_run=action.dry_run,
-            policy=action.policy,
-            resume=action,
-        )
+        record = InFlight.of(action, phase, now)
         self._store(record)
         self.recent.append((now, record.name))
 
