@@ -8,12 +8,17 @@ replaced left, when that node still has enough free healthy GPUs, and then relea
 gate. The scheduler tries a nominated node first and binds there when it fits. Pods with
 no vacancy to fill (a gang's first pods, say) are released without a nomination.
 
+A vacancy is claimed by the replacement nominated to it and stays claimed while that pod
+waits: a release that failed is retried with the same node. It is filled once the claimant
+runs; a claimant that ends or vanishes first (refused at admission, deleted) gives the
+vacancy back to the gang's next replacement.
+
 Pure: the cluster view and the vacancies in, what to release (with which node) out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from devheal.model.cluster import ClusterView
 
@@ -27,6 +32,8 @@ class Vacancy:
     """The gang's workload key."""
     node: str
     since: float
+    claimant: str = ""
+    """UID of the replacement nominated to this node, while it waits; empty when unclaimed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +54,36 @@ def free_gpus(view: ClusterView) -> dict[str, int]:
     return free
 
 
+def _settle_claims(view: ClusterView, vacancies: list[Vacancy]) -> list[Vacancy]:
+    """Vacancies whose claimant runs are filled (dropped); those whose claimant ended or is gone are free again."""
+    by_uid = {p.uid: p for p in view.pods.values()}
+    kept = []
+    for vacancy in vacancies:
+        claimant = by_uid.get(vacancy.claimant) if vacancy.claimant else None
+        if claimant is not None and claimant.phase == "Running" and claimant.node:
+            continue
+        if vacancy.claimant and (claimant is None or not claimant.active):
+            vacancy = replace(vacancy, claimant="")
+        kept.append(vacancy)
+    return kept
+
+
 def place_gated(view: ClusterView, vacancies: list[Vacancy], now: float) -> tuple[list[Release], list[Vacancy]]:
     """The gated pods to release, each with a node to nominate or none; and the vacancies left."""
-    left = [v for v in vacancies if now - v.since <= VACANCY_TTL]
+    left = _settle_claims(view, [v for v in vacancies if now - v.since <= VACANCY_TTL])
+    claimed = {v.claimant: v.node for v in left if v.claimant}
     free = free_gpus(view)
     releases = []
     for pod in sorted((p for p in view.pods.values() if p.gated and p.active), key=lambda p: p.key):
-        chosen = ""
-        for vacancy in left:
+        chosen = claimed.get(pod.uid, "")
+        if chosen:  # nominated before and still waiting: release again to the same node
+            releases.append(Release(pod.key, pod.uid, chosen))
+            continue
+        for index, vacancy in enumerate(left):
             node = view.nodes.get(vacancy.node)
             if (
-                vacancy.gang == pod.workload.key
+                not vacancy.claimant
+                and vacancy.gang == pod.workload.key
                 and node is not None
                 and node.ready
                 and not node.unschedulable
@@ -65,7 +91,7 @@ def place_gated(view: ClusterView, vacancies: list[Vacancy], now: float) -> tupl
             ):
                 chosen = vacancy.node
                 free[chosen] -= pod.gpu_request
-                left.remove(vacancy)
+                left[index] = replace(vacancy, claimant=pod.uid)
                 break
         releases.append(Release(pod.key, pod.uid, chosen))
     return releases, left

@@ -75,8 +75,11 @@ async def test_the_controller_needs_no_more_than_its_cluster_role(
 
         await harness.wait_remediation(done, "the gang restart under the deployed RBAC", timeout=60)
         pods = await pods_of(kube, namespace, "app=placed")
-        assert any(p["spec"].get("nodeName") == home and p["metadata"]["uid"] != first["metadata"]["uid"] for p in pods)
         output = controller.output()
+        placed = [(p["metadata"]["uid"], p["spec"].get("nodeName")) for p in pods]
+        assert any(node == home and uid != first["metadata"]["uid"] for uid, node in placed), (
+            f"replacement not back on {home}: {placed}\n{output[-4000:]}"
+        )
         assert "Forbidden" not in output and "403" not in output, output[-3000:]
     finally:
         for path in created:

@@ -28,7 +28,7 @@ def test_a_replacement_is_nominated_to_the_vacated_node() -> None:
     v = view([node("a", gpus=8), node("b", gpus=8)], [pod("rank-1", "a", owner=GANG, gpus=1), gated("rank-0")])
     releases, left = place_gated(v, [Vacancy(GANG.key, "a", NOW)], NOW + 1)
     assert releases == [Release("default/rank-0", "uid-default-rank-0", "a")]
-    assert left == []
+    assert left == [Vacancy(GANG.key, "a", NOW, claimant="uid-default-rank-0")], "held while the replacement waits"
 
 
 def test_no_room_on_the_vacated_node_releases_without_nomination() -> None:
@@ -59,3 +59,34 @@ def test_two_replacements_share_out_the_room_left() -> None:
 def test_pods_without_the_gate_are_left_alone() -> None:
     v = view([node("a", gpus=8)], [pod("rank-0", "", owner=GANG, gpus=1, phase="Pending")])
     assert place_gated(v, [Vacancy(GANG.key, "a", NOW)], NOW)[0] == []
+
+
+def test_a_claimed_vacancy_is_filled_once_its_replacement_runs() -> None:
+    v = view([node("a", gpus=8)], [gated("rank-0")])
+    releases, left = place_gated(v, [Vacancy(GANG.key, "a", NOW)], NOW)
+    assert [r.node for r in releases] == ["a"]
+    assert left == [Vacancy(GANG.key, "a", NOW, claimant="uid-default-rank-0")]
+    running = view([node("a", gpus=8)], [pod("rank-0", "a", owner=GANG, gpus=1)])
+    assert place_gated(running, left, NOW + 1) == ([], [])
+
+
+def test_a_replacement_still_at_the_gate_is_released_again_to_the_same_node() -> None:
+    """A release that failed (or that the cache does not show yet) is retried with its nomination."""
+    v = view([node("a", gpus=1)], [gated("rank-0")])
+    _, left = place_gated(v, [Vacancy(GANG.key, "a", NOW)], NOW)
+    # The node's room now looks taken by the claimant itself; the claim still holds.
+    releases, again = place_gated(v, left, NOW + 1)
+    assert [r.node for r in releases] == ["a"]
+    assert again == left
+
+
+def test_a_vacancy_whose_replacement_failed_goes_to_the_next_replacement() -> None:
+    """A replacement refused at admission (or deleted) before it ran gives the node back to the one after it."""
+    v = view([node("a", gpus=8)], [gated("rank-0")])
+    _, left = place_gated(v, [Vacancy(GANG.key, "a", NOW)], NOW)
+    refused = replace(pod("rank-0", "a", owner=GANG, gpus=1, phase="Failed"), uid="uid-default-rank-0")
+    second = replace(gated("rank-0"), uid="uid-second")  # same name, as a StatefulSet recreates it
+    releases, again = place_gated(view([node("a", gpus=8)], [refused]), left, NOW + 1)
+    assert releases == [] and again == [Vacancy(GANG.key, "a", NOW)]
+    releases, _ = place_gated(view([node("a", gpus=8)], [second]), left, NOW + 2)
+    assert releases == [Release("default/rank-0", "uid-second", "a")]
