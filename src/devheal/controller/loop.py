@@ -33,6 +33,8 @@ from devheal.engine.decide import Breaker, Overdue, Settings
 from devheal.engine.placement import Release, place_gated
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.kube.client import KubeClient, api_path
+from devheal.kube.probes import Heartbeat, ProbeServer, loops_check
+from devheal.kube.supervision import LoopFailed, Supervisor
 from devheal.kube.workqueue import WorkQueue, run_workers
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView
@@ -57,6 +59,8 @@ RELEASE_TIMEOUT = 2.0
 """Seconds a stopping controller spends handing its lease over; the pod's grace period is the budget."""
 MAX_RETRIES = 8
 """Failures in a row after which one piece of work is given up (the round hands it out again later)."""
+DECISION_LOOP_STUCK_AFTER = 30.0
+"""Seconds without a turn of the decision loop (and at least 10 ticks) after which /healthz fails."""
 OVERDUE_EVENT = "DevhealStepTimeout"
 """The Event reason for a remediation still in progress past its step timeout."""
 
@@ -115,6 +119,10 @@ class Controller:
         """Decisions this process made whose records the watch has not delivered yet."""
         self._workers: asyncio.Task[None] | None = None
         self._now = clock()
+        self.loops = Supervisor("controller")
+        """The cache and the leader election, supervised: one that crashes starts again; /readyz says so."""
+        self.heartbeat = Heartbeat("decision loop", max(DECISION_LOOP_STUCK_AFTER, 10 * options.tick))
+        """Beaten at every turn of the decision loop: /healthz fails while it is stale."""
 
     def _on_leadership(self, leading: bool) -> None:
         self.leading = leading
@@ -354,18 +362,23 @@ class Controller:
     # ---- main --------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        cache_task = asyncio.create_task(self.cache.run(), name="cache")
-        elector_task = asyncio.create_task(self.elector.run(), name="leader") if self.options.leader_elect else None
+        """Decide until ``stop`` is set; raises ``LoopFailed`` when the cache or the election fails for good."""
+        self.loops.start("cache", self.cache.run)
+        if self.options.leader_elect:
+            self.loops.start("leader election", self.elector.run)
+        failed = asyncio.create_task(self.loops.wait(), name="loops")  # ends only with LoopFailed
         try:
             # A stop while the API server is unreachable must not wait for the first sync.
             synced = asyncio.create_task(self.cache.wait_synced())
             stopping = asyncio.create_task(stop.wait())
-            await asyncio.wait({synced, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({synced, stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
             synced.cancel()
             stopping.cancel()
-            if not stop.is_set():
+            if not stop.is_set() and not failed.done():
                 log.info("cache synced: %s", self.cache.sizes())
             while not stop.is_set():
+                if failed.done():
+                    failed.result()  # raises the loop's LoopFailed: the process exits with it
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.cache.changed.wait(), timeout=self.options.tick)
                 self.cache.changed.clear()
@@ -374,33 +387,52 @@ class Controller:
                 if self.leading:
                     self._start_workers()
                     self.reconcile_once(self.clock())
+                self.heartbeat.beat()
                 # Coalesce bursts of events into one round.
                 await asyncio.sleep(0.02)
         finally:
             self._stop_workers()
             if self._workers is not None:
                 await asyncio.gather(self._workers, return_exceptions=True)
-            if elector_task is not None:
-                elector_task.cancel()
+            if self.options.leader_elect:
+                await self.loops.stop("leader election")
                 # Handing the lease over is a courtesy: an unreachable API must not hold the shutdown.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.elector.release(), timeout=RELEASE_TIMEOUT)
-            cache_task.cancel()
-            await asyncio.gather(cache_task, return_exceptions=True)
+            await self.loops.stop()
+            failed.cancel()
+            await asyncio.gather(failed, return_exceptions=True)
+
+
+def add_probes(probes: ProbeServer, controller: Controller) -> None:
+    """/healthz: the decision loop goes round; /readyz: the cache synced, it and the election running."""
+    probes.add_health("decision-loop", controller.heartbeat.check)
+    probes.add_ready("cache", controller.cache.readiness)
+    probes.add_ready("loops", loops_check(controller.loops))
+    probes.add_ready("decision-loop", controller.heartbeat.started)
 
 
 async def serve(kubeconfig: str | None, options: ControllerOptions, metrics_port: int | None) -> None:
-    """Run until SIGTERM/SIGINT, then shut down gracefully (release the lease)."""
-    if metrics_port is not None:
-        from prometheus_client import start_http_server
+    """Run until SIGTERM/SIGINT, then shut down gracefully (release the lease).
 
-        start_http_server(metrics_port, addr="127.0.0.1" if kubeconfig else "0.0.0.0")
+    With ``metrics_port``: /metrics, /healthz and /readyz there (``devheal.kube.probes``).
+    """
     client = await KubeClient.connect(kubeconfig)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    controller = Controller(client, options)
+    probes: ProbeServer | None = None
     try:
-        await Controller(client, options).run(stop)
+        if metrics_port is not None:
+            probes = ProbeServer(metrics_port, "127.0.0.1" if kubeconfig else "0.0.0.0")
+            add_probes(probes, controller)
+            await probes.start()
+        await controller.run(stop)
+    except LoopFailed as exc:
+        raise SystemExit(f"devheal controller: {exc}") from exc
     finally:
+        if probes is not None:
+            await probes.stop()
         await client.close()
