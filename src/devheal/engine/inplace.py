@@ -38,9 +38,14 @@ class InPlaceRestart(StrEnum):
     """Nothing in the pod reacts to a new restart generation."""
 
 
+def _items(value: object) -> list[Any]:
+    """``value`` if it is a list, else nothing: the pod spec comes from outside and may be malformed."""
+    return value if isinstance(value, list) else []
+
+
 def _containers(spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
     for key in ("initContainers", "containers"):
-        for container in spec.get(key) or []:
+        for container in _items(spec.get(key)):
             if isinstance(container, Mapping):
                 yield container
 
@@ -50,7 +55,7 @@ def rule_matches(rule: Mapping[str, Any], exit_code: int) -> bool:
     exit_codes = rule.get("exitCodes")
     if not isinstance(exit_codes, Mapping):
         return False
-    values = {v for v in exit_codes.get("values") or [] if isinstance(v, int)}
+    values = {v for v in _items(exit_codes.get("values")) if isinstance(v, int) and not isinstance(v, bool)}
     operator = exit_codes.get("operator")
     if operator == "In":
         return exit_code in values
@@ -67,7 +72,7 @@ def restart_all_triggers(spec: Mapping[str, Any], exit_code: int | None = None) 
     """
     names = []
     for container in _containers(spec):
-        rules = [r for r in container.get("restartPolicyRules") or [] if isinstance(r, Mapping)]
+        rules = [r for r in _items(container.get("restartPolicyRules")) if isinstance(r, Mapping)]
         if exit_code is None:
             if any(r.get("action") == RESTART_ALL_CONTAINERS for r in rules):
                 names.append(str(container.get("name") or ""))

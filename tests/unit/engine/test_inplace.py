@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from devheal.engine.inplace import InPlaceRestart, in_place_restart, restart_all_triggers, rule_matches
+from hypothesis import given
+
+from devheal.engine.inplace import (
+    RESTART_ALL_CONTAINERS as RESTART_ALL,
+)
+from devheal.engine.inplace import (
+    InPlaceRestart,
+    in_place_restart,
+    restart_all_triggers,
+    rule_matches,
+)
+
+from ..fuzzing import FUZZ, json_values
 
 ACK = "devheal.io/launcher-generation"
 
@@ -70,3 +82,27 @@ def test_mechanism_of_a_pod() -> None:
     assert in_place_restart(plain, {ACK: "0"}) is InPlaceRestart.LAUNCHER
     assert in_place_restart(plain, {}) is InPlaceRestart.NONE
     assert in_place_restart({}, {}) is InPlaceRestart.NONE
+
+
+@FUZZ
+@given(json_values())
+def test_a_malformed_spec_never_crashes_the_readers(value: Any) -> None:
+    """The pod spec and the launcher's rules come from outside: any JSON shape is read, never raised on."""
+
+    def one_rule(rule: Any) -> dict[str, Any]:
+        return {"containers": [{"name": "c", "restartPolicyRules": [rule]}]}
+
+    for spec in (
+        {"containers": value},
+        {"containers": [{"name": "c", "restartPolicyRules": value}]},
+        one_rule({"action": RESTART_ALL, "exitCodes": value}),
+        one_rule({"action": RESTART_ALL, "exitCodes": {"operator": "In", "values": value}}),
+    ):
+        assert isinstance(restart_all_triggers(spec, 1), tuple)
+        assert isinstance(in_place_restart(spec, {}), InPlaceRestart)
+
+
+def test_exit_code_values_of_the_wrong_type_match_nothing() -> None:
+    assert not rule_matches({"exitCodes": {"operator": "In", "values": 7}}, 7)
+    assert not rule_matches({"exitCodes": {"operator": "In", "values": [True]}}, 1), "a boolean is not an exit code"
+    assert restart_all_triggers({"containers": 5}) == ()
