@@ -45,6 +45,7 @@ from tests.shell.selectors import Matcher, SelectorError, matcher
 from tests.shell.store import ApiError, Event, Obj, Ref, Store
 
 _CLOSE = object()
+_WRITES = frozenset({"create", "update", "patch", "delete"})
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,8 @@ class MemApi:
         self._resume = asyncio.Event()
         self._resume.set()
         self._sleeping: set[asyncio.Task[Any]] = set()
+        self._cut_off: dict[str, int] = {}
+        """Per user, the writes still to land before that client is cut off (``cut_off``)."""
         self._runner: web.AppRunner | None = None
         self.url = ""
         self.store.listeners.append(self._publish)
@@ -255,6 +258,18 @@ class MemApi:
         """Just before serving the next matching request, make ``change`` (another client's write racing it)."""
         self.faults.append(Fault(0, verb, path, times, "", "", meanwhile=change, user=user))
 
+    def cut_off(self, user: str, after_writes: int) -> None:
+        """Let ``after_writes`` more writes of ``user`` land, then hold every request of theirs for good.
+
+        The last write is stored but never answered: the client looks like a process killed
+        right after the API server persisted its write (SIGKILL at that point), whatever it
+        meant to do next.
+        """
+        self._cut_off[user] = after_writes
+
+    def is_cut_off(self, user: str) -> bool:
+        return self._cut_off.get(user, 1) <= 0
+
     def gone_next_watch(self, times: int = 1) -> None:
         self._gone_watches += times
 
@@ -314,13 +329,17 @@ class MemApi:
             if seen is not None:
                 watch.queue.put_nowait(seen)
 
-    async def _sleep(self, seconds: float) -> None:
-        """Hold a request (cancelled when the server closes: a client that gave up leaves it behind)."""
+    async def _sleep(self, seconds: float | None) -> None:
+        """Hold a request for ``seconds``, or for good with None (cancelled when the server closes: a client
+        that gave up leaves it behind)."""
         task = asyncio.current_task()
         assert task is not None
         self._sleeping.add(task)
         try:
-            await asyncio.sleep(seconds)
+            if seconds is None:
+                await asyncio.Event().wait()
+            else:
+                await asyncio.sleep(seconds)
         finally:
             self._sleeping.discard(task)
 
@@ -341,6 +360,8 @@ class MemApi:
         auth = request.headers.get("Authorization", "")
         user = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else ""
         self.requests.append(Call(verb, request.path, params, asyncio.get_running_loop().time(), user))
+        if self.is_cut_off(user):
+            await self._sleep(None)
         for fault in self.faults:
             if fault.matches(verb, request.path, user):
                 fault.times -= 1
@@ -357,7 +378,12 @@ class MemApi:
             match = matcher(params.get("labelSelector", ""), params.get("fieldSelector", ""))
             if verb == "watch":
                 return await self._watch(request, ref, params, match)
-            return self._answer(*self._serve(verb, ref, params, body, request.content_type, match))
+            answer, status = self._serve(verb, ref, params, body, request.content_type, match)
+            if user in self._cut_off and verb in _WRITES:
+                self._cut_off[user] -= 1
+                if self._cut_off[user] <= 0:
+                    await self._sleep(None)  # stored, never answered
+            return self._answer(answer, status)
         except ApiError as exc:
             return self._answer(exc.status(), exc.code)
         except SelectorError as exc:

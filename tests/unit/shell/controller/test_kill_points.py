@@ -1,0 +1,260 @@
+"""Kill points: the controller killed right after each of its API writes, then started again.
+
+For every action kind, a first run does the whole remediation and counts its writes; then,
+for each k, a fresh cluster gets a controller that dies right after its k-th write lands
+(``MemApi.cut_off``: the write is stored, its answer never comes, nothing after it lands)
+and a new controller process that starts from what the API holds. Every kill point must end
+with the remediation done exactly once: one record, Succeeded, no second disruption.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devheal.controller.loop import Controller, ControllerOptions
+from devheal.kube.client import api_path
+from devheal.model.api import GROUP_VERSION
+from devheal.model.cluster import RESTART_GENERATION_ANNOTATION
+from tests.shell.fixtures import connect, unix_clock, wall_clock
+from tests.shell.memapi import MemApi
+from tests.shell.store import Event, Ref
+from tests.shell.waiting import until
+
+from .test_loop import NODES, PODS, POLICIES, gpu_node, inference_pod, remediation_policy
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+REPORTS = api_path(GROUP_VERSION, "nodedevices")
+XID_79 = {"message": "XID 79", "code": 79}
+WRITES = frozenset({"create", "update", "patch", "delete"})
+Obj = dict[str, Any]
+
+
+def records(api: MemApi) -> list[Obj]:
+    return [obj for key, obj in api.store.objects.items() if key[1] == "remediations"]
+
+
+def phase(record: Obj) -> str:
+    return str((record.get("status") or {}).get("phase") or "")
+
+
+def deletions(api: MemApi, name: str) -> list[str]:
+    """UIDs of the pods named ``name`` that were deleted, in order."""
+    return [
+        e.obj["metadata"]["uid"] for e in api.store.log if e.type == "DELETED" and e.key[1:] == ("pods", "ml", name)
+    ]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: Callable[[MemApi], None]
+    done: Callable[[MemApi], bool]
+    """The remediation ended well (its record Succeeded and its effect is there)."""
+    once: Callable[[MemApi], None]
+    """Asserts nothing was done twice."""
+
+
+def the_record_succeeded(api: MemApi, action: str) -> bool:
+    found = [r for r in records(api) if r["spec"]["action"] == action]
+    return len(found) == 1 and phase(found[0]) == "Succeeded"
+
+
+def one_record(api: MemApi) -> None:
+    assert len(records(api)) == 1, [r["metadata"]["name"] for r in records(api)]
+
+
+# ---- Deschedule: an inference pod on a failed GPU --------------------------------------------------
+
+
+def deschedule_seed(api: MemApi) -> None:
+    api.create(NODES, gpu_node())
+    api.create(POLICIES, remediation_policy())
+    api.create(PODS, inference_pod("infer-0"))
+
+
+def deschedule_once(api: MemApi) -> None:
+    one_record(api)
+    assert len(deletions(api, "infer-0")) == 1
+
+
+DESCHEDULE = Scenario(
+    deschedule_seed,
+    lambda api: the_record_succeeded(api, "Deschedule") and bool(deletions(api, "infer-0")),
+    deschedule_once,
+)
+
+
+# ---- FailPod: a Job's pod on a failed GPU ------------------------------------------------------------
+
+
+def job_pod() -> Obj:
+    pod = inference_pod("job-0")
+    pod["metadata"]["labels"] = {"batch.kubernetes.io/job-name": "job"}
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "job", "uid": "job", "controller": True}
+    ]
+    pod["spec"]["restartPolicy"] = "Never"
+    return pod
+
+
+def fail_pod_seed(api: MemApi) -> None:
+    api.create(NODES, gpu_node())
+    api.create(POLICIES, remediation_policy())
+    api.create(PODS, job_pod())
+
+
+def pod_failed(api: MemApi) -> bool:
+    return api.get(f"{PODS}/job-0")["status"].get("phase") == "Failed"
+
+
+def fail_pod_once(api: MemApi) -> None:
+    one_record(api)
+    failed = [
+        e for e in api.store.log if e.key[1:] == ("pods", "ml", "job-0") and e.obj["status"].get("phase") == "Failed"
+    ]
+    assert failed, "the pod was failed"
+    assert not deletions(api, "job-0"), "a Job's pod is failed, not deleted"
+
+
+FAIL_POD = Scenario(fail_pod_seed, lambda api: the_record_succeeded(api, "FailPod") and pod_failed(api), fail_pod_once)
+
+
+# ---- Taint: a node whose agent reports every GPU failed ----------------------------------------------
+
+
+def taint_seed(api: MemApi) -> None:
+    api.create(NODES, gpu_node(gpus=2))
+    api.create(POLICIES, remediation_policy(node={"taint": True}, budgets={"maxUnhealthyNodes": "100%"}))
+    api.create(
+        REPORTS,
+        {
+            "apiVersion": GROUP_VERSION,
+            "kind": "NodeDevices",
+            "metadata": {"name": "n1"},
+            "spec": {"nodeName": "n1"},
+            "status": {
+                "devices": [
+                    {
+                        "id": f"GPU-{i}",
+                        "index": i,
+                        "health": "Unhealthy",
+                        "reasons": [{"message": "XID 79", "code": 79}],
+                    }
+                    for i in range(2)
+                ]
+            },
+        },
+    )
+
+
+def devheal_taints(api: MemApi) -> list[Obj]:
+    return [t for t in api.get(f"{NODES}/n1")["spec"].get("taints") or [] if t["key"].startswith("devheal.io/")]
+
+
+def taint_once(api: MemApi) -> None:
+    one_record(api)
+    assert len(devheal_taints(api)) == 1
+
+
+TAINT = Scenario(taint_seed, lambda api: the_record_succeeded(api, "Taint") and bool(devheal_taints(api)), taint_once)
+
+
+# ---- RestartGang: one broken rank of three -----------------------------------------------------------
+
+
+def rank(i: int, *, unhealthy: bool = False, generation: str = "") -> Obj:
+    pod = inference_pod(f"rank-{i}", device=f"GPU-{i}", health="Unhealthy" if unhealthy else "Healthy", node=f"n{i}")
+    pod["metadata"]["labels"] = {"devheal.io/gang": "train"}
+    pod["metadata"].pop("ownerReferences")
+    if generation:
+        pod["metadata"]["annotations"] = {RESTART_GENERATION_ANNOTATION: generation}
+    return pod
+
+
+def gang_seed(api: MemApi) -> None:
+    for i in range(3):
+        api.create(NODES, gpu_node(f"n{i}"))
+    api.create(POLICIES, remediation_policy(actions={"gang": "RestartGang"}))
+    for i in range(3):
+        api.create(PODS, rank(i, unhealthy=i == 1))
+
+    def recreate(event: Event) -> None:
+        # The gang's owner (a StatefulSet, say) recreates a deleted rank: healthy, on its node.
+        if event.type == "DELETED" and event.key[1:] == ("pods", "ml", "rank-1"):
+            asyncio.get_running_loop().call_soon(api.create, PODS, rank(1))
+
+    api.store.listeners.append(recreate)
+
+
+def generations(api: MemApi) -> list[str]:
+    pods = [api.store.objects.get(Ref.parse(f"{PODS}/rank-{i}").key) for i in range(3)]
+    return [
+        ((p or {}).get("metadata", {}).get("annotations") or {}).get(RESTART_GENERATION_ANNOTATION, "") for p in pods
+    ]
+
+
+def gang_once(api: MemApi) -> None:
+    one_record(api)
+    assert len(deletions(api, "rank-1")) == 1, "only the broken rank was replaced, once"
+    assert not deletions(api, "rank-0") and not deletions(api, "rank-2")
+    assert generations(api) == ["1", "1", "1"], "one restart: every rank at generation 1"
+
+
+GANG = Scenario(gang_seed, lambda api: the_record_succeeded(api, "RestartGang"), gang_once)
+
+
+# ---- the matrix -----------------------------------------------------------------------------------------
+
+
+async def run_controller(api: MemApi, directory: Path, user: str, until_done: Callable[[], bool]) -> None:
+    """Run a controller as ``user`` until ``until_done()`` or until the API cut it off (then kill it)."""
+    client = await connect(api, directory, user)
+    options = ControllerOptions(leader_elect=False, identity=user, lease_namespace="devheal", lease_name="c")
+    controller = Controller(client, options, clock=unix_clock)
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        await until(lambda: until_done() or api.is_cut_off(user), f"{user} to finish or be cut off", timeout=600)
+        if not api.is_cut_off(user):
+            await asyncio.sleep(30)  # nothing more happens after it is done
+            stop.set()
+            await task
+    finally:
+        if not task.done():
+            task.cancel()  # SIGKILL: nothing it does from here reaches the API
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await client.close()
+
+
+def writes_of(api: MemApi, user: str) -> int:
+    return sum(1 for c in api.calls(user=user) if c.verb in WRITES)
+
+
+@pytest.mark.parametrize(
+    "scenario", [DESCHEDULE, FAIL_POD, TAINT, GANG], ids=["Deschedule", "FailPod", "Taint", "RestartGang"]
+)
+async def test_a_controller_killed_after_any_write_leaves_the_remediation_done_exactly_once(
+    scenario: Scenario, tmp_path: Path
+) -> None:
+    async with MemApi(now=wall_clock) as api:
+        scenario.seed(api)
+        await run_controller(api, tmp_path, "whole", lambda: scenario.done(api))
+        scenario.once(api)
+        total = writes_of(api, "whole")
+    assert total >= 3, "the remediation takes several writes"
+    for k in range(1, total + 1):
+        async with MemApi(now=wall_clock) as api:
+            scenario.seed(api)
+            api.cut_off("first", after_writes=k)
+            await run_controller(api, tmp_path, "first", lambda: scenario.done(api))
+            await run_controller(api, tmp_path, "second", lambda: scenario.done(api))
+            assert scenario.done(api), f"killed after write {k} of {total}: not done after the restart"
+            scenario.once(api)
