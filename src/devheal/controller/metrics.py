@@ -15,3 +15,6 @@ CACHE_OBJECTS = Gauge("devheal_cache_objects", "Objects in the controller's cach
 BREAKER_OPEN = Gauge("devheal_circuit_breaker_open", "1 while the fault-storm circuit breaker is open")
 RECONCILES = Counter("devheal_reconciles_total", "Decision rounds run")
 LEADER = Gauge("devheal_leader", "1 while this replica holds the leader lease")
+EVENTS_DROPPED = Counter(
+    "devheal_events_dropped_total", "Event writes dropped: over the involved object's rate limit", ["reason"]
+)

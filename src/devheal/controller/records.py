@@ -4,7 +4,8 @@ Every decision becomes a ``Remediation`` object whose name comes from the decisi
 (``Action.name``), so a decision is recorded once however often it is made; creating one
 that exists reads it back instead. Decisions a rail stopped are recorded too (phase
 ``Blocked``, once per reason), so ``kubectl get remediations`` says why nothing happened.
-Events go on the pod, the workload of a gang, or the node; failing to record one never
+Events go on the pod, the workload of a gang, or the node, through an ``EventRecorder``
+(repeats counted on one object, rate-limited per object); failing to record one never
 fails the action.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from devheal.controller import metrics
 from devheal.controller.actuator import split_key
+from devheal.controller.events import EventRecorder
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.api import GROUP_VERSION
@@ -75,6 +77,7 @@ class Records:
     def __init__(self, client: KubeClient, clock: Any) -> None:
         self.client = client
         self.clock = clock
+        self.events = EventRecorder(client, clock)
 
     async def intent(self, action: Action) -> Obj:
         """The decision's Remediation: created, or read back when it exists (a retry, a restarted controller)."""
@@ -87,31 +90,20 @@ class Records:
         await self.client.patch(f"{REMEDIATIONS}/{name}/status", {"status": status})
 
     async def event(self, action: Action, reason: str, message: str, type_: str = "Normal") -> None:
+        """An Event on what ``action`` acts on; repeats are counted on one object and rate-limited
+        (``devheal.controller.events``). Never raises: an Event must not fail the action."""
         if action.target_kind == TargetKind.POD:
             ns, name = split_key(action.target)
             involved = {"kind": "Pod", "namespace": ns, "name": name, "uid": action.target_uid, "apiVersion": "v1"}
         elif action.target_kind == TargetKind.GANG and action.workload is not None:
-            ns, name = action.workload.namespace, action.workload.name
-            involved = {"kind": action.workload.kind, "namespace": ns, "name": name}
+            involved = {
+                "kind": action.workload.kind,
+                "namespace": action.workload.namespace,
+                "name": action.workload.name,
+            }
         else:
-            ns, name = "default", action.target
-            involved = {"kind": "Node", "name": name, "uid": action.target_uid, "apiVersion": "v1"}
-        now = format_time(self.clock())
-        body = {
-            "metadata": {"generateName": f"{name}.devheal.", "namespace": ns},
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message[:1000],
-            "type": type_,
-            "source": {"component": "devheal-controller"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            await self.client.create(api_path("v1", "events", namespace=ns), body)
-        except errors.KubeError as exc:
-            log.warning("could not record event %s on %s: %s", reason, action.target, exc)
+            involved = {"kind": "Node", "name": action.target, "uid": action.target_uid, "apiVersion": "v1"}
+        await self.events.record(involved, reason, message, type_)
 
     async def blocked(self, item: Blocked) -> None:
         """A decision not to act: recorded (once per state) so `kubectl get remediations` says why."""
