@@ -133,6 +133,8 @@ class RemediationReason(StrEnum):
     RUNNING = "Running"
     TIMEOUT = "Timeout"
     NO_WORKLOAD = "NoWorkload"
+    DISRUPTION_BUDGET = "DisruptionBudget"
+    INVALID_GENERATION = "InvalidGeneration"
 
 
 class EventReason(StrEnum):
