@@ -31,6 +31,7 @@ from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
 from devheal.engine.decide import Breaker, Overdue, Settings
 from devheal.engine.placement import Release, place_gated
+from devheal.engine.retention import expired
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.probes import Heartbeat, ProbeServer, loops_check
@@ -63,6 +64,10 @@ DECISION_LOOP_STUCK_AFTER = 30.0
 """Seconds without a turn of the decision loop (and at least 10 ticks) after which /healthz fails."""
 OVERDUE_EVENT = "DevhealStepTimeout"
 """The Event reason for a remediation still in progress past its step timeout."""
+RETENTION_EVERY = 5.0
+"""Seconds between two looks for ended records past their policy's retention."""
+RETENTION_PER_ROUND = 100
+"""The most records one look deletes (the rest wait for the next): deletion is paced."""
 
 
 @dataclass
@@ -119,6 +124,7 @@ class Controller:
         """Decisions this process made whose records the watch has not delivered yet."""
         self._workers: asyncio.Task[None] | None = None
         self._now = clock()
+        self._next_retention = 0.0
         self.loops = Supervisor("controller")
         """The cache and the leader election, supervised: one that crashes starts again; /readyz says so."""
         self.heartbeat = Heartbeat("decision loop", max(DECISION_LOOP_STUCK_AFTER, 10 * options.tick))
@@ -234,9 +240,21 @@ class Controller:
             metrics.CACHE_OBJECTS.labels(kind=name).set(size)
         metrics.BREAKER_OPEN.set(1 if result.breaker.open else 0)
         self._publish_policy_status(result.breaker)
+        self._retain(now)
         releases, self.actuators.gangs.vacancies = place_gated(view, self.actuators.gangs.vacancies, now)
         for release in releases:
             self._release(release)
+
+    def _retain(self, now: float) -> None:
+        """Delete ended records past their policy's retention, a bounded number per look, oldest first; never one
+        being worked on (its record is re-read before the delete, and the delete is conditional on it)."""
+        if now < self._next_retention:
+            return
+        self._next_retention = now + RETENTION_EVERY
+        for record in expired(self.cache.remediations.store.values(), self._policies, now, RETENTION_PER_ROUND):
+            key = f"retain/{record.name}"
+            if record.name not in self.queue and key not in self.queue:
+                self._submit(key, functools.partial(self.actuators.records.delete_ended, record.name))
 
     def _release(self, release: Release) -> None:
         """Release a pod from devheal's placement gate (nominating a node first), once at a time per pod."""

@@ -15,6 +15,7 @@ from devheal.model.cluster import (
     GPU_RESOURCE,
     LAUNCHER_GENERATION_ANNOTATION,
     OWNERSHIP_ANNOTATION,
+    LIFTS_ANNOTATION,
     PLACEMENT_GATE,
     RESTART_GENERATION_ANNOTATION,
     ContainerState,
@@ -30,7 +31,18 @@ from devheal.model.cluster import (
     WorkloadClass,
     parse_generation,
 )
-from devheal.model.plan import Action, Finding, FindingKind, InFlight, Phase, TargetKind
+from devheal.model.plan import (
+    ACTIVE_PHASES,
+    DECISION_ANNOTATION,
+    ENDED_PHASES,
+    Action,
+    Decision,
+    Finding,
+    FindingKind,
+    InFlight,
+    Phase,
+    TargetKind,
+)
 from devheal.model.policy import ActionKind
 from devheal.model.times import parse_time
 from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
@@ -250,6 +262,8 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
     return NodeDevicesReport(node=node, devices=tuple(devices))
 
 
+        # Read like the pods' restart generations: an unreadable count is 0 (the Lift writes a readable one).
+        lifts=parse_generation(annotations.get(LIFTS_ANNOTATION)) or 0,
 def project_remediation(obj: Obj) -> InFlight:
     where = _name(obj, "Remediation")
     meta = _obj(obj.get("metadata"), f"{where}: metadata")
@@ -262,7 +276,9 @@ def project_remediation(obj: Obj) -> InFlight:
     except ValueError as exc:
         raise ProjectionError(f"{where}: spec.action {show(spec.get('action'))} is not an action") from exc
     try:
-        phase = Phase(str(status.get("phase") or "Pending"))
+        # Until the status says otherwise, the phase is what the record was created for: a record created
+        # Blocked reads Blocked, never Pending (a create ignores the status subresource).
+        phase = Phase(str(status.get("phase") or (Phase.BLOCKED if decision == Decision.BLOCKED else Phase.PENDING)))
     except ValueError as exc:
         raise ProjectionError(f"{where}: status.phase {show(status.get('phase'))} is not a phase") from exc
     try:
@@ -276,7 +292,7 @@ def project_remediation(obj: Obj) -> InFlight:
         f"{workload.get('namespace')}/{workload.get('kind')}/{workload.get('name')}" if workload.get("name") else ""
     )
     return InFlight(
-        resume=_recorded_action(obj, action, target_kind, target_name),
+        resume=_recorded_action(obj, action, target_kind, target_name) if resumable else None,
         policy=str(spec.get("policy") or ""),
         name=str(meta.get("name") or ""),
         action=action,
@@ -284,7 +300,7 @@ def project_remediation(obj: Obj) -> InFlight:
         target=target_name,
         node=str(target.get("node") or ""),
         phase=phase,
-        started=parse_time(status.get("startedAt")) or parse_time(meta.get("creationTimestamp")) or 0.0,
+        started=started,
         workload=workload_key,
         dry_run=bool(spec.get("dryRun")),
     )
@@ -295,10 +311,14 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
     where = _name(obj, "Remediation")
     meta = _obj(obj.get("metadata"), f"{where}: metadata")
     spec = _obj(obj.get("spec"), f"{where}: spec")
+    annotations = _labels(meta.get("annotations"), f"{where}: metadata.annotations")
+    decision = annotations.get(DECISION_ANNOTATION)
     finding = _obj(spec.get("finding"), f"{where}: spec.finding")
     tgt = _obj(spec.get("target"), f"{where}: spec.target")
     wl = _obj(spec.get("workload"), f"{where}: spec.workload")
     try:
+    # Only a decision to act is carried on: one without a phase is carried on only when created to act.
+    resumable = phase in ACTIVE_PHASES and (bool(status.get("phase")) or decision == Decision.ACT)
         finding_kind = FindingKind(str(finding.get("kind")))
         workload = (
             Workload(
@@ -309,6 +329,13 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
             )
             if wl.get("name")
             else None
+    started = parse_time(status.get("startedAt")) or parse_time(meta.get("creationTimestamp")) or 0.0
+    finished = None
+    if phase in ENDED_PHASES:
+        finished = parse_time(status.get("completedAt")) or (
+            parse_time(status.get("observedAt")) if phase is Phase.BLOCKED else None
+        )
+        finished = started if finished is None else finished
         )
     except ValueError:
         return None
@@ -321,11 +348,12 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
         finding=Finding(
             kind=finding_kind,
             node=node,
+        finished=finished,
             source=str(finding.get("source") or ""),
             evidence=str(finding.get("evidence") or ""),
             since=parse_time(finding.get("since")) or 0.0,
-            pod=target if target_kind is TargetKind.POD else "",
-            pod_uid=str(tgt.get("uid") or "") if target_kind is TargetKind.POD else "",
+            pod=target if target_kind is TargetKind.POD else str(finding.get("pod") or ""),
+            pod_uid=str(tgt.get("uid") or "") if target_kind is TargetKind.POD else str(finding.get("podUID") or ""),
             device_ids=tuple(str(d) for d in _list(finding.get("deviceIDs"), f"{where}: spec.finding.deviceIDs")),
         ),
         policy=str(spec.get("policy") or ""),

@@ -17,18 +17,23 @@ from typing import Any
 from devheal.controller import metrics
 from devheal.controller.actuator import split_key
 from devheal.controller.events import EventRecorder
+from devheal.controller.projections import ProjectionError, project_remediation
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.api import GROUP_VERSION
-from devheal.model.plan import Action, Blocked, EventReason, Phase, TargetKind
+from devheal.model.plan import DECISION_ANNOTATION, Action, Blocked, Decision, EventReason, Phase, TargetKind
 from devheal.model.times import format_time
+from devheal.model.values import label_value
 
 log = logging.getLogger(__name__)
 
 REMEDIATIONS = api_path(GROUP_VERSION, "remediations")
 
 
-def remediation_body(action: Action) -> Obj:
+def remediation_body(action: Action, decision: Decision = Decision.ACT) -> Obj:
+    """The Remediation for ``action``. ``decision`` goes into the create request itself (annotation
+    ``devheal.io/decision``): the status subresource is written only afterwards, and until then the
+    record must read as what it is, never as a Pending action to carry out."""
     target: Obj = {"kind": action.target_kind, "name": action.target, "uid": action.target_uid, "node": action.node}
     if TargetKind(action.target_kind).namespaced:
         # Pods: "ns/name"; gangs: "ns/Kind/name" (the workload key), stored as namespace + "Kind/name".
@@ -42,10 +47,12 @@ def remediation_body(action: Action) -> Obj:
             "labels": {
                 "devheal.io/action": action.kind.value,
                 "devheal.io/target-kind": action.target_kind,
-                "devheal.io/node": action.node,
-                "devheal.io/policy": action.policy,
+                # Names may be 253 characters, label values 63: a long one becomes a prefix and a hash.
+                "devheal.io/node": label_value(action.node),
+                "devheal.io/policy": label_value(action.policy),
                 "devheal.io/epoch": str(action.epoch),
             },
+            "annotations": {DECISION_ANNOTATION: decision.value},
         },
         "spec": {
             "action": action.kind.value,
@@ -61,6 +68,8 @@ def remediation_body(action: Action) -> Obj:
             "dryRun": action.dry_run,
         },
     }
+    if action.cause:  # part of the name: kept so the decision can be rebuilt
+        body["spec"]["finding"].update({"pod": action.finding.pod, "podUID": action.cause})
     if action.workload is not None:
         body["spec"]["workload"] = {
             "kind": action.workload.kind,
@@ -79,10 +88,10 @@ class Records:
         self.clock = clock
         self.events = EventRecorder(client, clock)
 
-    async def intent(self, action: Action) -> Obj:
+    async def intent(self, action: Action, decision: Decision = Decision.ACT) -> Obj:
         """The decision's Remediation: created, or read back when it exists (a retry, a restarted controller)."""
         try:
-            return await self.client.create(REMEDIATIONS, remediation_body(action))
+            return await self.client.create(REMEDIATIONS, remediation_body(action, decision))
         except errors.AlreadyExists:
             return await self.client.get(f"{REMEDIATIONS}/{action.name}")
 
@@ -107,7 +116,7 @@ class Records:
 
     async def blocked(self, item: Blocked) -> None:
         """A decision not to act: recorded (once per state) so `kubectl get remediations` says why."""
-        obj = await self.intent(item.action)
+        obj = await self.intent(item.action, Decision.BLOCKED)
         status = obj.get("status") or {}
         if status.get("phase") == Phase.BLOCKED.value and status.get("message") == item.why:
             return
@@ -122,6 +131,21 @@ class Records:
         )
         metrics.ACTIONS.labels(action=item.action.kind.value, result="blocked").inc()
         await self.event(item.action, EventReason.BLOCKED, f"{item.action.kind} not taken: {item.why}", "Warning")
+
+    async def delete_ended(self, name: str) -> None:
+        """Retention: delete the record if it is still ended when read back. The delete is conditional on that
+        very version, so a record a new decision took up meanwhile (a Blocked one now allowed) stays; one
+        already gone, or changed, is left alone."""
+        try:
+            obj = await self.client.get(f"{REMEDIATIONS}/{name}")
+            if project_remediation(obj).active:
+                return
+            meta = obj.get("metadata") or {}
+            preconditions = {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}
+            await self.client.delete(f"{REMEDIATIONS}/{name}", {"preconditions": preconditions})
+        except (errors.NotFound, errors.Conflict, ProjectionError):
+            return
+        log.debug("deleted ended remediation %s (retention)", name)
 
 
 __all__ = ["REMEDIATIONS", "Records", "remediation_body"]

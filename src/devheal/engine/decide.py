@@ -39,7 +39,7 @@ from devheal.model.plan import (
     Rail,
     TargetKind,
 )
-from devheal.model.policy import RESET_BREAKER_ANNOTATION, ActionKind, Budgets, Policy, RemediationMode
+from devheal.model.policy import RESET_BREAKER_ANNOTATION, ActionKind, Budgets, NodeRules, Policy, RemediationMode
 from devheal.model.times import format_time
 
 NODE_TAKING = frozenset({ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN, ActionKind.REMEDIATE_NODE})
@@ -207,9 +207,38 @@ def _nodes_out(view: ClusterView, in_flight: Sequence[InFlight]) -> set[str]:
     return {n.name for n in view.nodes.values() if n.owned or n.name in taking}
 
 
-def lift_epochs(in_flight: Sequence[InFlight]) -> Counter[str]:
-    """Per node, how many times devheal lifted its marks (completed Lift remediations)."""
-    return Counter(r.node for r in in_flight if r.action is ActionKind.LIFT and r.phase is Phase.SUCCEEDED)
+FLAP_WINDOW = 24 * 3600.0
+"""Lifts of a node within this window make its next hold-down longer (``lift_hold_down``)."""
+MAX_FLAP_HOLD_DOWN = 4 * 3600.0
+"""The longest hold-down flapping makes (a policy's own ``holdDown`` may be longer)."""
+
+
+def lift_hold_down(rules: NodeRules, node: str, in_flight: Iterable[InFlight], now: float) -> float:
+    """How long ``node`` must stay healthy before devheal lifts its marks: the policy's ``holdDown``, doubled for
+    each lift of the node within the last day, up to four hours. A GPU that keeps failing again soon after
+    a lift stays one episode (one set of records), not one per flap; a node quiet for a day is back to the
+    policy's hold-down."""
+    recent = sum(
+        1
+        for r in in_flight
+        if r.action is ActionKind.LIFT
+        and r.node == node
+        and r.phase is Phase.SUCCEEDED
+        and now - (r.finished if r.finished is not None else r.started) <= FLAP_WINDOW
+    )
+    if recent == 0:
+        return rules.hold_down
+    return max(rules.hold_down, min(rules.hold_down * 2.0 ** min(recent, 32), MAX_FLAP_HOLD_DOWN))
+
+
+def gang_epochs(view: ClusterView) -> dict[str, int]:
+    """Per gang (workload key), its highest restart generation: each restart raises it, so the next fault after
+    one is a new decision. Read from the pods, never counted from records (deleting records changes nothing)."""
+    epochs: dict[str, int] = {}
+    for pod in view.pods.values():
+        key = pod.workload.key
+        epochs[key] = max(epochs.get(key, 0), pod.restart_generation)
+    return epochs
 
 
 def _candidate_actions(
@@ -220,12 +249,7 @@ def _candidate_actions(
     now: float,
 ) -> list[tuple[Action, Policy]]:
     out: list[tuple[Action, Policy]] = []
-    epochs = lift_epochs(in_flight)
-    gang_epochs = Counter(
-        r.target
-        for r in in_flight
-        if r.action is ActionKind.RESTART_GANG and r.phase in (Phase.SUCCEEDED, Phase.FAILED)
-    )
+    generations: dict[str, int] | None = None
     for f in findings:
         node = view.nodes.get(f.node)
         if f.kind in POD_FINDINGS:
@@ -238,6 +262,8 @@ def _candidate_actions(
             kind = policy.actions[pod.workload.cls]
             if kind is ActionKind.RESTART_GANG:
                 # One remediation per gang restart: every rank that fails while it runs joins it.
+                if generations is None:
+                    generations = gang_epochs(view)
                 out.append(
                     (
                         Action(
@@ -248,7 +274,7 @@ def _candidate_actions(
                             finding=f,
                             policy=policy.name,
                             workload=pod.workload,
-                            epoch=gang_epochs[pod.workload.key],
+                            epoch=generations.get(pod.workload.key, 0),
                             reason=f"{f.kind} on rank {pod.key}: policy {policy.name} says {kind} "
                             f"(restart {pod.workload.kind}/{pod.workload.name} in place, replace only the broken pod)",
                         ),
@@ -287,7 +313,7 @@ def _candidate_actions(
             finding=f,
             policy=policy.name,
             target_uid=node.uid,
-            epoch=epochs[node.name],
+            epoch=node.lifts,
         )
         if f.kind is FindingKind.NODE_DEVICES_FAILED:
             if rules.taint and "taint" not in node.owned:
@@ -319,16 +345,18 @@ def _candidate_actions(
                         )
                     )
         elif f.kind is FindingKind.NODE_RECOVERED and node.owned and now - f.since >= rules.hold_down:
-            out.append(
-                (
-                    replace(
-                        base,
-                        kind=ActionKind.LIFT,
-                        reason=f"healthy for {now - f.since:.0f}s (hold-down {rules.hold_down:.0f}s)",
-                    ),
-                    policy,
+            hold_down = lift_hold_down(rules, node.name, in_flight, now)
+            if now - f.since >= hold_down:
+                out.append(
+                    (
+                        replace(
+                            base,
+                            kind=ActionKind.LIFT,
+                            reason=f"healthy for {now - f.since:.0f}s (hold-down {hold_down:.0f}s)",
+                        ),
+                        policy,
+                    )
                 )
-            )
     return out
 
 

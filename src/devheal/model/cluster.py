@@ -17,6 +17,9 @@ DEVICE_FAILED_CONDITION = "devheal.io/DeviceFailed"
 OWNED_TAINT_KEY = "devheal.io/device-failure"
 OWNERSHIP_ANNOTATION = "devheal.io/owns"
 """On a node: comma-separated marks of what devheal set (``taint``, ``cordon``), so only that is lifted."""
+LIFTS_ANNOTATION = "devheal.io/lifts"
+"""On a node: how many times devheal has lifted its marks (absent = 0), raised by ``Lift`` in the same write
+that removes them. It numbers the node's fault episodes, so a record's name never depends on counting records."""
 PAUSE_ANNOTATION = "devheal.io/paused"
 GANG_LABEL = "devheal.io/gang"
 RESTART_GENERATION_ANNOTATION = "devheal.io/restart-generation"
@@ -153,6 +156,8 @@ class Node:
 
     @property
     def gpu_gap(self) -> int:
+    lifts: int = 0
+    """How many times devheal lifted its marks from this node (LIFTS_ANNOTATION): the node's episode number."""
         return max(0, self.gpu_capacity - self.gpu_allocatable)
 
 

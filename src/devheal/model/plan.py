@@ -62,6 +62,19 @@ class Phase(StrEnum):
 
 
 ACTIVE_PHASES = frozenset({Phase.PENDING, Phase.IN_PROGRESS})
+ENDED_PHASES = frozenset(Phase) - ACTIVE_PHASES
+"""Phases a record keeps for good (Succeeded, Failed, Blocked, DryRun, Skipped): retention may delete it."""
+
+
+class Decision(StrEnum):
+    """What a Remediation was created for (annotation ``devheal.io/decision``, written in the create request):
+    the record's phase until its status says otherwise, since a create ignores the status subresource."""
+
+    ACT = "Act"
+    BLOCKED = "Blocked"
+
+
+DECISION_ANNOTATION = "devheal.io/decision"
 
 
 class TargetKind(StrEnum):
@@ -158,8 +171,10 @@ class Action:
     dry_run: bool = False
     reason: str = ""
     epoch: int = 0
-    """Node actions: how many times devheal has lifted its marks from this node before; a new
-    fault after a recovery is a new decision, and a restarted controller computes the same number."""
+    """Which episode of the target, read from the cluster, never from counting records (deleting old
+    records must not change a name): node actions, how many times devheal lifted the node's marks
+    (``Node.lifts``); gang restarts, the gang's highest restart generation. A new fault after a
+    recovery is a new decision, and a restarted controller computes the same number."""
 
     @property
     def disruptive(self) -> bool:
@@ -167,14 +182,29 @@ class Action:
 
     @property
     def name(self) -> str:
-        """The Remediation object's name: one per (action, target, incarnation, finding kind, epoch, dry-run).
+        """The Remediation object's name: one per (action, target, incarnation, finding kind, epoch, cause,
+        dry-run).
 
         A dry-run decision has a name of its own, so turning dry-run off lets the real action happen."""
-        return remediation_name(self.kind, self.target, self.target_uid, self.finding.kind, self.epoch, self.dry_run)
+    @property
+    def cause(self) -> str:
+        """Gang restarts: the UID of the rank whose finding started it. A restart replaces that rank, so a
+        later fault is a new decision even where the generations start again (a gang recreated whole)."""
+        return self.finding.pod_uid if self.target_kind is TargetKind.GANG else ""
+
+        return remediation_name(
+            self.kind, self.target, self.target_uid, self.finding.kind, self.epoch, self.dry_run, self.cause
+        )
 
 
 def remediation_name(
-    kind: ActionKind, target: str, uid: str, finding: FindingKind, epoch: int = 0, dry_run: bool = False
+    kind: ActionKind,
+    target: str,
+    uid: str,
+    finding: FindingKind,
+    epoch: int = 0,
+    dry_run: bool = False,
+    cause: str = "",
 ) -> str:
     mark = "|dry" if dry_run else ""
     digest = hashlib.sha256(f"{kind}|{target}|{uid}|{finding}|{epoch}{mark}".encode()).hexdigest()[:10]
@@ -182,6 +212,7 @@ def remediation_name(
     return f"{kind.lower()}-{readable}-{digest}"
 
 
+    mark += f"|{cause}" if cause else ""  # absent: the same names as before causes were named
 @dataclass(frozen=True, slots=True)
 class Blocked:
     """A decision not to act (a budget, the breaker, a pause), recorded so operators see why."""
@@ -207,7 +238,11 @@ class InFlight:
     dry_run: bool = False
     policy: str = ""
     resume: Action | None = None
-    """The recorded decision, rebuilt, so an interrupted remediation can be carried on."""
+    """The recorded decision, rebuilt, so an interrupted remediation can be carried on. Only an active record
+    whose decision to act is known has one: a Blocked decision is never carried out."""
+    finished: float | None = None
+    """When it ended (``status.completedAt``; a Blocked one: when it was recorded); None while active.
+    Retention counts its time-to-live from here."""
 
     @classmethod
     def of(cls, action: Action, phase: Phase, started: float) -> InFlight:
@@ -228,6 +263,7 @@ class InFlight:
             action.name,
             action.kind,
             action.target_kind,
+                finished=started,
             action.target,
             action.node,
             phase,

@@ -45,6 +45,9 @@ Spec, with defaults::
           window: 10m                  # every disruptive action stops...
           closeAtFaultyNodesPercent: 15  # ...until at most this many (default: half the max) fault
           coolDown: 30m                # within the window for this long, or a reset (devheal.io/reset-breaker)
+      records:                         # retention of ended Remediation records (Succeeded, Failed,
+        ttlAfterFinished: 168h         # Blocked, DryRun, Skipped): deleted this long after they ended...
+        maxEndedPerTarget: 20          # ...or beyond this many per target (oldest first); never active ones
       allowDelete: false               # Deschedule may delete a pod when eviction is impossible
       # failedDeviceGracePeriodSeconds: 5  # grace for pods evicted off a failed device (unset: the pod's own)
       dryRun: false
@@ -212,6 +215,20 @@ DEFAULT_ACTIONS: Mapping[WorkloadClass, ActionKind] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Retention:
+    """How long ended Remediation records are kept (``spec.records``; ``devheal.engine.retention``)."""
+
+    ttl_after_finished: float = 7 * 24 * 3600.0
+    """Seconds an ended record is kept after it ended."""
+    max_ended_per_target: int = 20
+    """Ended records kept per target (the newest)."""
+
+
+MAX_ENDED_PER_TARGET = 1000
+"""The most ended records per target a policy may keep (the CRD's maximum)."""
+
+
+@dataclass(frozen=True, slots=True)
 class BreakerRecord:
     """What the controller last published about the circuit breaker in this policy's status, so a restarted
     controller carries the breaker on instead of closing it (``devheal.engine.decide.Breaker.restored``)."""
@@ -238,6 +255,7 @@ class Policy:
     crash_loop_restarts: int = 3
     node: NodeRules = NodeRules()
     budgets: Budgets = Budgets()
+    retention: Retention = Retention()
     allow_delete: bool = False
     failed_device_grace_period: int | None = None
     """Seconds of grace for pods devheal evicts off a failed device (Deschedule, gang ranks it
@@ -277,6 +295,7 @@ _SPEC_FIELDS = frozenset(
         "crashLoopRestarts",
         "node",
         "budgets",
+        "records",
         "allowDelete",
         "failedDeviceGracePeriodSeconds",
         "dryRun",
@@ -411,6 +430,27 @@ def _step_timeouts(value: Any, where: str) -> tuple[tuple[ActionKind, float], ..
             raise PolicyError(f"{where}.{kind.value}: expected a duration above 0s, got {show(given[kind.value])}")
         timeouts.append((kind, seconds))
     return tuple(timeouts)
+
+
+def _retention(value: Any, where: str) -> Retention:
+    spec = _mapping(value, where)
+    unknown = sorted(set(spec) - {"ttlAfterFinished", "maxEndedPerTarget"})
+    if unknown:
+        raise PolicyError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; expected maxEndedPerTarget, ttlAfterFinished"
+        )
+    defaults = Retention()
+    ttl = defaults.ttl_after_finished
+    if spec.get("ttlAfterFinished") is not None:
+        ttl = parse_duration(spec["ttlAfterFinished"], f"{where}.ttlAfterFinished")
+        if ttl <= 0:
+            raise PolicyError(
+                f"{where}.ttlAfterFinished: expected a duration above 0s, got {show(spec['ttlAfterFinished'])}"
+            )
+    count = _int(spec.get("maxEndedPerTarget"), f"{where}.maxEndedPerTarget", defaults.max_ended_per_target, minimum=1)
+    if count > MAX_ENDED_PER_TARGET:
+        raise PolicyError(f"{where}.maxEndedPerTarget: expected at most {MAX_ENDED_PER_TARGET}, got {count}")
+    return Retention(ttl_after_finished=ttl, max_ended_per_target=count)
 
 
 def _breaker_record(obj: Mapping[str, Any]) -> BreakerRecord:
@@ -559,6 +599,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         crash_loop_restarts=_int(spec.get("crashLoopRestarts"), f"{prefix}.crashLoopRestarts", 3, minimum=1),
         node=node_rules,
         budgets=budgets,
+        retention=_retention(spec.get("records"), f"{prefix}.records"),
         allow_delete=_bool(spec.get("allowDelete"), f"{prefix}.allowDelete", False),
         failed_device_grace_period=_grace(spec.get("failedDeviceGracePeriodSeconds"), prefix),
         dry_run=_bool(spec.get("dryRun"), f"{prefix}.dryRun", False),

@@ -32,7 +32,7 @@ from collections.abc import Container, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from devheal.engine.decide import Overdue
+from devheal.engine.decide import Overdue, lift_hold_down
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.engine.workloads import classify
 from devheal.model.cluster import (
@@ -98,6 +98,8 @@ class EngineStrategy(Strategy):
         self.scheduled: set[float] = set()
         self.retry_s = RETRY_FIRST_S
         self.watched: list[int] = []
+        self.lifts: dict[int, int] = {}
+        """Per node, how many times devheal lifted its marks (the controller keeps it on the node)."""
         self.gang_restarts: dict[str, int] = {}
         """Gang-wide RestartGang records in progress -> the unit restarting."""
         self.rounds = 0
@@ -184,6 +186,7 @@ class EngineStrategy(Strategy):
             gpu_allocatable=gpus - len(failed),
             owned=frozenset(state.marks),
             gap_since=gap_since,
+            lifts=self.lifts.get(n, 0),
         )
 
     def _plain_node(self, n: int) -> Node:
@@ -266,7 +269,7 @@ class EngineStrategy(Strategy):
         costs = self.sim.costs
         slowest = max(costs.agent_detect_s, costs.pod_status_detect_s, costs.device_plugin_detect_s)
         settled = all(self.sim.now >= self.sim.faults[i].time + slowest for i in state.faults)
-        key = (tuple(state.faults), tuple(sorted(state.marks)), state.repairing, state.down, pod_uid)
+        key = (tuple(state.faults), tuple(sorted(state.marks)), state.repairing, state.down, pod_uid, self.lifts.get(n))
         cached = self.cache.get(n)
         if settled and cached is not None and cached[0] == key:
             return cached[1]
@@ -309,8 +312,8 @@ class EngineStrategy(Strategy):
 
     def in_flight(self, view: ClusterView) -> list[InFlight]:
         """Every record ``decide`` can depend on for this view: active ones, those targeting the nodes, pods
-        and workloads in view (decided-before names, lift and gang-restart epochs), and recent ones (gang
-        restarts per hour, the disruption interval). Older records of other targets cannot change this
+        and workloads in view (decided-before names), and recent ones (gang restarts per hour, the
+        disruption interval). Older records of other targets cannot change this
         view's plan (tests check this against deciding with every record over every node)."""
         now = self.sim.now
         while self.recent and now - self.recent[0][0] >= self.keep_recent_s:
@@ -441,6 +444,8 @@ class EngineStrategy(Strategy):
             sim.take_from_pool(n)
         elif action.kind is ActionKind.LIFT:
             state.marks.clear()
+            self.lifts[n] = self.lifts.get(n, 0) + 1  # the node's next fault is a new episode
+            self.plain.pop(n, None)
             sim.node_available(n)
         elif action.kind is ActionKind.DRAIN:
             sim.release(n, recreate=True, why=None)
@@ -469,7 +474,8 @@ class EngineStrategy(Strategy):
                 since = f.all_failed_since if f.all_failed_since is not None else f.since
                 wake.append(since + rules.remediate_after + SLACK_S)
             elif f.kind is FindingKind.NODE_RECOVERED:
-                wake.append(f.since + rules.hold_down + SLACK_S)
+                history = [self.records[name] for name in self.by_node.get(f.node, ())]
+                wake.append(f.since + lift_hold_down(rules, f.node, history, now) + SLACK_S)
         if plan.blocked:
             wake.append(now + self.retry_s)
             self.retry_s = min(self.retry_s * 2, RETRY_MAX_S)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from devheal.engine.decide import decide, lift_epochs
+from devheal.engine.decide import decide
 from devheal.model.cluster import DeviceHealth
 from devheal.model.plan import InFlight, Phase, Plan
 from devheal.model.policy import ActionKind
@@ -62,19 +62,22 @@ def test_after_a_lift_a_new_fault_is_a_new_decision() -> None:
     [lift] = decide(
         tainted, [node_recovered("n1", since=NOW)], ps, [in_flight(taint, Phase.SUCCEEDED)], NOW + 600
     ).actions
+    assert lift.epoch == 0
     history = [in_flight(taint, Phase.SUCCEEDED), in_flight(lift, Phase.SUCCEEDED)]
-    assert lift_epochs(history) == {"n1": 1}
-    [again] = decide(view([node("n1")]), [node_failed("n1")], ps, history, NOW + 900).actions
+    lifted = view([replace(node("n1"), lifts=1)])  # the Lift numbered the node's next episode on the node
+    [again] = decide(lifted, [node_failed("n1")], ps, history, NOW + 900).actions
     assert (again.kind, again.epoch) == (ActionKind.TAINT, 1)
     assert again.name != taint.name
 
 
-def test_only_succeeded_lifts_count_as_epochs() -> None:
-    def lift(phase: Phase) -> InFlight:
-        return InFlight(f"lift-{phase}", ActionKind.LIFT, "Node", "n1", "n1", phase, NOW)
-
-    assert lift_epochs([lift(Phase.FAILED), lift(Phase.IN_PROGRESS), lift(Phase.DRY_RUN)]) == {}
-    assert lift_epochs([lift(Phase.SUCCEEDED), lift(Phase.SUCCEEDED)]) == {"n1": 2}
+def test_the_episode_is_read_from_the_node_never_counted_from_records() -> None:
+    """Deleting old records (retention) changes no name: the same node state gives the same decision."""
+    ps = [policy()]
+    lifted = view([replace(node("n1"), lifts=3)])
+    [records_deleted] = decide(lifted, [node_failed("n1")], ps, [], NOW).actions
+    lift = InFlight("old-lift", ActionKind.LIFT, "Node", "n1", "n1", Phase.SUCCEEDED, NOW - 900)
+    [records_kept] = decide(lifted, [node_failed("n1")], ps, [lift], NOW).actions
+    assert records_deleted.name == records_kept.name and records_deleted.epoch == 3
 
 
 def test_a_blocked_remediation_waits_for_another_active_one_on_its_target() -> None:
