@@ -14,7 +14,7 @@ from collections.abc import Callable
 from devheal.controller.actuator import Outcome, StepFailed, Steps
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
-from devheal.model.cluster import OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
+from devheal.model.cluster import LIFTS_ANNOTATION, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION, parse_generation
 from devheal.model.plan import Action, Phase, RemediationReason
 
 
@@ -87,7 +87,8 @@ class Cordon(NodeActuator):
 
 
 class Lift(NodeActuator):
-    """Remove what ``devheal.io/owns`` lists, and the mark itself: the node is healthy again."""
+    """Remove what ``devheal.io/owns`` lists, and the mark itself: the node is healthy again. The same write
+    raises ``devheal.io/lifts``, the node's episode number that names its next remediations."""
 
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         lifted: list[str] = []
@@ -104,6 +105,9 @@ class Lift(NodeActuator):
                 spec["unschedulable"] = False
                 lifted.append("cordon")
             set_owned(node, set())
+            # The node's next fault is a new episode (a new record name): numbered on the node, in this write.
+            annotations = node["metadata"]["annotations"]
+            annotations[LIFTS_ANNOTATION] = str((parse_generation(annotations.get(LIFTS_ANNOTATION)) or 0) + 1)
             return True
 
         await self.update_node(action.target, change)

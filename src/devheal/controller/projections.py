@@ -14,8 +14,8 @@ from devheal.engine.workloads import classify
 from devheal.model.cluster import (
     GPU_RESOURCE,
     LAUNCHER_GENERATION_ANNOTATION,
-    OWNERSHIP_ANNOTATION,
     LIFTS_ANNOTATION,
+    OWNERSHIP_ANNOTATION,
     PLACEMENT_GATE,
     RESTART_GENERATION_ANNOTATION,
     ContainerState,
@@ -188,20 +188,10 @@ def project_pod(obj: Obj) -> Pod:
             for g in _list(spec.get("schedulingGates"), f"{where}: spec.schedulingGates")
         ),
         # Gang restarts: the generation asked for, the one acknowledged, and what restarts the pod in place.
-        restart_generation=_restart_generation(annotations.get(RESTART_GENERATION_ANNOTATION)),
+        restart_generation=parse_generation(annotations.get(RESTART_GENERATION_ANNOTATION)) or 0,
         acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
         in_place=in_place_restart(spec, annotations).value,
     )
-
-
-MALFORMED_GENERATION = -1
-"""A pod's ``restart_generation`` when its annotation is there but is not a generation: the gang
-restarter ends the restart Failed naming the pod and the annotation, rather than guess."""
-
-
-def _restart_generation(value: object) -> int:
-    generation = parse_generation(value)
-    return MALFORMED_GENERATION if generation is None else generation
 
 
 def project_node(obj: Obj) -> Node:
@@ -233,6 +223,8 @@ def project_node(obj: Obj) -> Node:
             allocatable.get(GPU_RESOURCE, 0), f"{where}: status.allocatable: {GPU_RESOURCE}", 0, INT32_MAX
         ),
         owned=frozenset(part.strip() for part in owned_text.split(",") if part.strip()),
+        # Read like the pods' restart generations: an unreadable count is 0 (the Lift writes a readable one).
+        lifts=parse_generation(annotations.get(LIFTS_ANNOTATION)) or 0,
     )
 
 
@@ -262,8 +254,6 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
     return NodeDevicesReport(node=node, devices=tuple(devices))
 
 
-        # Read like the pods' restart generations: an unreadable count is 0 (the Lift writes a readable one).
-        lifts=parse_generation(annotations.get(LIFTS_ANNOTATION)) or 0,
 def project_remediation(obj: Obj) -> InFlight:
     where = _name(obj, "Remediation")
     meta = _obj(obj.get("metadata"), f"{where}: metadata")
@@ -275,12 +265,16 @@ def project_remediation(obj: Obj) -> InFlight:
         action = ActionKind(str(spec.get("action")))
     except ValueError as exc:
         raise ProjectionError(f"{where}: spec.action {show(spec.get('action'))} is not an action") from exc
+    annotations = _labels(meta.get("annotations"), f"{where}: metadata.annotations")
+    decision = annotations.get(DECISION_ANNOTATION)
     try:
         # Until the status says otherwise, the phase is what the record was created for: a record created
         # Blocked reads Blocked, never Pending (a create ignores the status subresource).
         phase = Phase(str(status.get("phase") or (Phase.BLOCKED if decision == Decision.BLOCKED else Phase.PENDING)))
     except ValueError as exc:
         raise ProjectionError(f"{where}: status.phase {show(status.get('phase'))} is not a phase") from exc
+    # Only a decision to act is carried on: one without a phase is carried on only when created to act.
+    resumable = phase in ACTIVE_PHASES and (bool(status.get("phase")) or decision == Decision.ACT)
     try:
         target_kind = TargetKind(str(target.get("kind")))
     except ValueError as exc:
@@ -291,6 +285,13 @@ def project_remediation(obj: Obj) -> InFlight:
     workload_key = (
         f"{workload.get('namespace')}/{workload.get('kind')}/{workload.get('name')}" if workload.get("name") else ""
     )
+    started = parse_time(status.get("startedAt")) or parse_time(meta.get("creationTimestamp")) or 0.0
+    finished = None
+    if phase in ENDED_PHASES:
+        finished = parse_time(status.get("completedAt")) or (
+            parse_time(status.get("observedAt")) if phase is Phase.BLOCKED else None
+        )
+        finished = started if finished is None else finished
     return InFlight(
         resume=_recorded_action(obj, action, target_kind, target_name) if resumable else None,
         policy=str(spec.get("policy") or ""),
@@ -303,6 +304,7 @@ def project_remediation(obj: Obj) -> InFlight:
         started=started,
         workload=workload_key,
         dry_run=bool(spec.get("dryRun")),
+        finished=finished,
     )
 
 
@@ -311,14 +313,10 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
     where = _name(obj, "Remediation")
     meta = _obj(obj.get("metadata"), f"{where}: metadata")
     spec = _obj(obj.get("spec"), f"{where}: spec")
-    annotations = _labels(meta.get("annotations"), f"{where}: metadata.annotations")
-    decision = annotations.get(DECISION_ANNOTATION)
     finding = _obj(spec.get("finding"), f"{where}: spec.finding")
     tgt = _obj(spec.get("target"), f"{where}: spec.target")
     wl = _obj(spec.get("workload"), f"{where}: spec.workload")
     try:
-    # Only a decision to act is carried on: one without a phase is carried on only when created to act.
-    resumable = phase in ACTIVE_PHASES and (bool(status.get("phase")) or decision == Decision.ACT)
         finding_kind = FindingKind(str(finding.get("kind")))
         workload = (
             Workload(
@@ -329,13 +327,6 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
             )
             if wl.get("name")
             else None
-    started = parse_time(status.get("startedAt")) or parse_time(meta.get("creationTimestamp")) or 0.0
-    finished = None
-    if phase in ENDED_PHASES:
-        finished = parse_time(status.get("completedAt")) or (
-            parse_time(status.get("observedAt")) if phase is Phase.BLOCKED else None
-        )
-        finished = started if finished is None else finished
         )
     except ValueError:
         return None
@@ -348,7 +339,6 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
         finding=Finding(
             kind=finding_kind,
             node=node,
-        finished=finished,
             source=str(finding.get("source") or ""),
             evidence=str(finding.get("evidence") or ""),
             since=parse_time(finding.get("since")) or 0.0,

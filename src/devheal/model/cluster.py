@@ -153,11 +153,11 @@ class Node:
     """What devheal set on this node (from OWNERSHIP_ANNOTATION): ``taint``, ``cordon``."""
     gap_since: float | None = None
     """Since when allocatable < capacity for GPUs (None while equal); kept by the cache across updates."""
+    lifts: int = 0
+    """How many times devheal lifted its marks from this node (LIFTS_ANNOTATION): the node's episode number."""
 
     @property
     def gpu_gap(self) -> int:
-    lifts: int = 0
-    """How many times devheal lifted its marks from this node (LIFTS_ANNOTATION): the node's episode number."""
         return max(0, self.gpu_capacity - self.gpu_allocatable)
 
 

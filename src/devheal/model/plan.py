@@ -146,8 +146,6 @@ class RemediationReason(StrEnum):
     RUNNING = "Running"
     TIMEOUT = "Timeout"
     NO_WORKLOAD = "NoWorkload"
-    DISRUPTION_BUDGET = "DisruptionBudget"
-    INVALID_GENERATION = "InvalidGeneration"
 
 
 class EventReason(StrEnum):
@@ -181,17 +179,17 @@ class Action:
         return self.kind in DISRUPTIVE
 
     @property
-    def name(self) -> str:
-        """The Remediation object's name: one per (action, target, incarnation, finding kind, epoch, cause,
-        dry-run).
-
-        A dry-run decision has a name of its own, so turning dry-run off lets the real action happen."""
-    @property
     def cause(self) -> str:
         """Gang restarts: the UID of the rank whose finding started it. A restart replaces that rank, so a
         later fault is a new decision even where the generations start again (a gang recreated whole)."""
         return self.finding.pod_uid if self.target_kind is TargetKind.GANG else ""
 
+    @property
+    def name(self) -> str:
+        """The Remediation object's name: one per (action, target, incarnation, finding kind, epoch, cause,
+        dry-run).
+
+        A dry-run decision has a name of its own, so turning dry-run off lets the real action happen."""
         return remediation_name(
             self.kind, self.target, self.target_uid, self.finding.kind, self.epoch, self.dry_run, self.cause
         )
@@ -207,12 +205,12 @@ def remediation_name(
     cause: str = "",
 ) -> str:
     mark = "|dry" if dry_run else ""
+    mark += f"|{cause}" if cause else ""  # absent: the same names as before causes were named
     digest = hashlib.sha256(f"{kind}|{target}|{uid}|{finding}|{epoch}{mark}".encode()).hexdigest()[:10]
     readable = re.sub(r"[^a-z0-9-]+", "-", target.lower()).strip("-")[:200]
     return f"{kind.lower()}-{readable}-{digest}"
 
 
-    mark += f"|{cause}" if cause else ""  # absent: the same names as before causes were named
 @dataclass(frozen=True, slots=True)
 class Blocked:
     """A decision not to act (a budget, the breaker, a pause), recorded so operators see why."""
@@ -258,12 +256,12 @@ class InFlight:
                 phase,
                 started,
                 policy=action.policy,
+                finished=started,
             )
         return cls(
             action.name,
             action.kind,
             action.target_kind,
-                finished=started,
             action.target,
             action.node,
             phase,
