@@ -140,12 +140,17 @@ class RemediationReason(StrEnum):
     NODE_RECOVERED = "NodeRecovered"
     NO_TEMPLATE = "NoTemplate"
     TEMPLATE_MISSING = "TemplateMissing"
+    REMEDIATION_KIND_MISSING = "RemediationKindMissing"
+    FORBIDDEN = "Forbidden"
+    FOREIGN_REMEDIATION = "ForeignRemediation"
     # Gang restarts, by stage.
     RESTARTING = "Restarting"
     WAITING_FOR_REPLACEMENT = "WaitingForReplacement"
     RUNNING = "Running"
     TIMEOUT = "Timeout"
     NO_WORKLOAD = "NoWorkload"
+    DISRUPTION_BUDGET = "DisruptionBudget"
+    INVALID_GENERATION = "InvalidGeneration"
 
 
 class EventReason(StrEnum):
