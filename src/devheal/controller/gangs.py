@@ -19,6 +19,13 @@ carry the restart generations and the in-place mechanism), and which ranks are b
 decided by the same ``detect`` that decided to restart the gang, so the restarter never
 disagrees with the engine about a pod. Only writes (conditions, evictions, generations)
 go to the API.
+
+Every restart ends. An eviction a PodDisruptionBudget refuses (``EvictionBlocked``) is
+tried again after a per-rank exponential backoff, and after ``EVICTION_TRIES`` refusals
+or the restart's timeout the remediation fails (``DisruptionBudget``) naming the rank. A
+restart generation that is not what devheal writes, on a member or on the Remediation,
+fails it at once (``InvalidGeneration``) naming the object and the annotation: a pass
+that cannot read its generation would otherwise fail the same way forever.
 """
 
 from __future__ import annotations
@@ -26,14 +33,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from devheal.controller.actuator import Outcome, Policies, StepFailed, Steps
 from devheal.controller.cache import ClusterCache
 from devheal.controller.eviction import eviction, failed_device_grace
-from devheal.controller.projections import ProjectionError, project_pod
+from devheal.controller.projections import MALFORMED_GENERATION, ProjectionError, project_pod
 from devheal.controller.records import REMEDIATIONS
 from devheal.engine.findings import detect
 from devheal.engine.inplace import InPlaceRestart
@@ -44,6 +54,7 @@ from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, RESTART_GENERATION_ANNOTATION, ClusterView, Pod, Workload
 from devheal.model.plan import POD_FINDINGS, Action, Phase, RemediationReason
 from devheal.model.policy import Policy
+from devheal.model.values import INT64_MAX, show, whole_number
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,58 @@ REMEDIATION_STARTED = "devheal.io/gang-started"
 ASK_AGAIN_AFTER = 5.0
 """Seconds a generation written on a member is trusted to be on its way to the cache; after that,
 a member the cache still shows behind is written again."""
+EVICTION_BACKOFF = 1.0
+"""Seconds before a rank whose eviction was refused (HTTP 429: a PodDisruptionBudget) is tried again,
+doubled at each refusal up to ``EVICTION_BACKOFF_CAP``."""
+EVICTION_BACKOFF_CAP = 60.0
+EVICTION_TRIES = 10
+"""Refused evictions of one rank after which the restart ends Failed (reason DisruptionBudget);
+it also ends so once the restart's timeout has passed, whichever comes first."""
+_STARTED = re.compile(r"[0-9]{1,16}(?:\.[0-9]{1,20})?(?:[eE][-+]?[0-9]{1,3})?")
+"""``repr`` of a Unix time, ASCII only (``float()`` also takes '١٢', 'inf' and 'nan')."""
+
+
+class InvalidGeneration(ValueError):
+    """A restart generation devheal reads (on a member, or on the Remediation) is not one."""
+
+
+@dataclass
+class Refusal:
+    """A rank whose eviction a PodDisruptionBudget refused: how often, and when it may be tried again."""
+
+    tries: int
+    first: float
+    next_try: float
+    why: str
+
+
+def recorded_restart(notes: Mapping[str, str], record: str) -> tuple[int, int | None, float | None]:
+    """The generation, size and start of a restart as its Remediation ``record`` holds them (annotations).
+
+    Size and start may be absent (None); a value that is there must be what devheal wrote:
+    ASCII digits, a generation from 1 to int64, a size within int32, a finite non-negative
+    start. Raises ``InvalidGeneration`` naming the record, the annotation and what was expected."""
+
+    def bad(key: str, expected: str) -> InvalidGeneration:
+        return InvalidGeneration(
+            f"Remediation {record}: annotation {key} is {show(notes.get(key))}, expected {expected}"
+        )
+
+    generation = whole_number(notes.get(REMEDIATION_GENERATION), minimum=1, text=True)
+    if generation is None:
+        raise bad(REMEDIATION_GENERATION, f"a whole number of ASCII digits from 1 to {INT64_MAX}")
+    size = None
+    if REMEDIATION_SIZE in notes:
+        size = whole_number(notes[REMEDIATION_SIZE], maximum=2**31 - 1, text=True)
+        if size is None:
+            raise bad(REMEDIATION_SIZE, "a whole number of ASCII digits from 0 to 2147483647")
+    started = None
+    if REMEDIATION_STARTED in notes:
+        text = notes[REMEDIATION_STARTED]
+        started = float(text) if isinstance(text, str) and _STARTED.fullmatch(text) else math.nan
+        if not math.isfinite(started):
+            raise bad(REMEDIATION_STARTED, "Unix seconds in ASCII digits (as devheal writes them)")
+    return generation, size, started
 
 
 def gang_view(view: ClusterView, members: Sequence[Pod]) -> ClusterView:
@@ -137,6 +200,8 @@ class GangRestarter:
         device status must not start another gang restart (nor make them count as ranks here)."""
         self.asked: dict[str, tuple[int, float]] = {}
         """Per member UID, the generation last written on it and when (the cache shows it a moment later)."""
+        self.refused: dict[str, Refusal] = {}
+        """Per rank UID, its refused evictions: tried again after an exponential backoff, not at every pass."""
 
     def recently_replaced(self, now: float, keep: float = 600.0) -> set[str]:
         for uid in [u for u, at in self.replaced.items() if now - at > keep]:
@@ -172,13 +237,14 @@ class GangRestarter:
             {"metadata": {"uid": pod.uid}, "status": {"conditions": [condition]}},
             content_type=STRATEGIC_PATCH,
         )
-        if pod.node and action.workload is not None:
-            self.vacancies.append(Vacancy(action.workload.key, pod.node, self.clock()))
+        # A refusal (TooManyRequests: a PodDisruptionBudget) goes to the caller, which backs off.
         with contextlib.suppress(errors.NotFound, errors.Conflict):  # gone or replaced already
             await self.client.create(
                 api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="eviction"),
                 eviction(pod.namespace, pod.name, pod.uid, grace),
             )
+        if pod.node and action.workload is not None:
+            self.vacancies.append(Vacancy(action.workload.key, pod.node, self.clock()))
 
     def _behind(self, pods: Sequence[Pod], generation: int, now: float) -> list[Pod]:
         """Members still to be given ``generation`` (not those just given it, which the cache may not show yet)."""
@@ -207,6 +273,66 @@ class GangRestarter:
         await self.client.patch(f"{REMEDIATIONS}/{action.name}", {"metadata": {"annotations": notes}})
         return notes
 
+    async def _evict(self, pods: Sequence[Pod], action: Action, grace: int | None, now: float) -> list[Pod]:
+        """Mark and evict each broken rank whose backoff allows it; returns those still refused."""
+        refused = []
+        for pod in pods:
+            refusal = self.refused.get(pod.uid)
+            if refusal is not None and now < refusal.next_try:
+                refused.append(pod)
+                continue
+            try:
+                await self._mark_and_evict(pod, action, grace)
+            except errors.TooManyRequests as exc:
+                tries = refusal.tries + 1 if refusal is not None else 1
+                delay = max(min(EVICTION_BACKOFF * 2 ** (tries - 1), EVICTION_BACKOFF_CAP), exc.delay)
+                first = refusal.first if refusal is not None else now
+                self.refused[pod.uid] = Refusal(tries, first, now + delay, str(exc))
+                log.info(
+                    "gang %s: eviction of %s refused (%d): %s; next try in %.0fs",
+                    action.target,
+                    pod.key,
+                    tries,
+                    exc,
+                    delay,
+                )
+                refused.append(pod)
+                continue
+            self.refused.pop(pod.uid, None)
+            self.replaced[pod.uid] = self.clock()
+        return refused
+
+    def _forget_refusals(self, now: float) -> None:
+        for uid in [u for u, r in self.refused.items() if now - r.first > self.timeout + EVICTION_BACKOFF_CAP]:
+            del self.refused[uid]
+
+    async def _shown_generation(self, pod: Pod) -> str:
+        """The malformed annotation's value, for the message (the cache keeps only that it is malformed)."""
+        try:
+            obj = await self.client.get(api_path("v1", "pods", namespace=pod.namespace, name=pod.name))
+        except errors.KubeError:
+            return "not a generation"
+        notes = (obj.get("metadata") or {}).get("annotations") or {}
+        return f"is {show(notes.get(GENERATION))}" if isinstance(notes, dict) else "not a generation"
+
+    async def _invalid_members(self, action: Action, members: Sequence[Pod]) -> Outcome | None:
+        """Failed, naming the member, when a member's restart generation is malformed or is the largest there is."""
+        for pod in sorted(members, key=lambda p: p.key):
+            if pod.restart_generation == MALFORMED_GENERATION:
+                value = await self._shown_generation(pod)
+                why = f"{value}, expected a whole number of ASCII digits from 0 to {INT64_MAX}"
+            elif pod.restart_generation >= INT64_MAX:
+                why = f"is {INT64_MAX}, the largest generation: there is no next one to restart with"
+            else:
+                continue
+            return Outcome(
+                Phase.FAILED,
+                RemediationReason.INVALID_GENERATION,
+                f"gang {action.target}: pod {pod.key}: annotation {GENERATION} {why}; not restarted (fix or "
+                "remove the annotation: the next fault starts a new restart)",
+            )
+        return None
+
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         """One pass: replace the broken ranks, give the rest the new generation, see who is back."""
         if action.workload is None:
@@ -217,22 +343,34 @@ class GangRestarter:
         grace = failed_device_grace(policies.get(action.policy))
         members, view = await self._members(action.workload)
         now = self.clock()
+        self._forget_refusals(now)
         # A rank replaced here counts no more, even while the cache still shows it running.
         active = [p for p in members if p.active and p.uid not in self.replaced]
+        invalid = await self._invalid_members(action, active)
+        if invalid is not None:
+            return invalid, []
         notes = dict((record.get("metadata") or {}).get("annotations") or {})
         steps: Steps = []
-        if not notes.get(REMEDIATION_GENERATION):
+        if REMEDIATION_GENERATION not in notes:
             notes = await self._begin(action, members, len(active))
-        generation = int(notes.get(REMEDIATION_GENERATION, "0"))
-        size = int(notes.get(REMEDIATION_SIZE, "0")) or len(active)
-        started = float(notes.get(REMEDIATION_STARTED, "0") or 0) or now
+        try:
+            generation, size_noted, started_noted = recorded_restart(notes, action.name)
+        except InvalidGeneration as exc:
+            return Outcome(
+                Phase.FAILED,
+                RemediationReason.INVALID_GENERATION,
+                f"gang {action.target}: {exc}; not restarted (the next fault starts a new restart)",
+            ), []
+        size = size_noted or len(active)
+        started = started_noted or now
 
         broken_uids = broken_ranks(view, active, sorted(policies.values(), key=lambda p: p.name), now)
         broken = [p for p in active if p.uid in broken_uids]
-        for pod in broken:
-            await self._mark_and_evict(pod, action, grace)
-            self.replaced[pod.uid] = self.clock()
-            steps.append(f"replace {pod.name}")
+        refused = await self._evict(broken, action, grace, now)
+        steps += [f"replace {p.name}" for p in broken if p not in refused]
+        elapsed = self.clock() - started
+        if refused:
+            return self._refused(action, refused, generation, elapsed), steps
         healthy = [p for p in active if p.uid not in broken_uids]
         behind = self._behind(healthy, generation, now)
         await asyncio.gather(*(self._set_generation(p, generation) for p in behind))
@@ -268,3 +406,31 @@ class GangRestarter:
             stage,
             f"gang {action.target}: generation {generation}; {len(back)}/{size} ranks running it ({how})",
         ), steps
+
+    def _refused(self, action: Action, refused: Sequence[Pod], generation: int, elapsed: float) -> Outcome:
+        """A broken rank's eviction refused: the others keep running as they are (restarted in place now, they
+        would wait for a rank that cannot be replaced). Failed once a rank was refused ``EVICTION_TRIES``
+        times or the restart's timeout passed; in progress, backing off, until then."""
+        pod = max(refused, key=lambda p: (self.refused[p.uid].tries, p.key))
+        refusal = self.refused[pod.uid]
+        tried = f"eviction of rank {pod.key} refused {refusal.tries} time(s) (a PodDisruptionBudget): {refusal.why}"
+        if refusal.tries >= EVICTION_TRIES or elapsed > self.timeout:
+            limit = (
+                f"{EVICTION_TRIES} tries"
+                if refusal.tries >= EVICTION_TRIES
+                else f"the restart's limit of {self.timeout:.0f}s"
+            )
+            for p in refused:
+                self.refused.pop(p.uid, None)
+            return Outcome(
+                Phase.FAILED,
+                RemediationReason.DISRUPTION_BUDGET,
+                f"gang {action.target}: {tried}; gave up after {limit}; generation {generation} not given to the "
+                "other ranks",
+            )
+        return Outcome(
+            Phase.IN_PROGRESS,
+            RemediationReason.EVICTION_BLOCKED,
+            f"gang {action.target}: {tried}; trying again with backoff (at most {EVICTION_TRIES} tries, "
+            f"{self.timeout:.0f}s); generation {generation} waits",
+        )

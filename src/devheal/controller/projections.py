@@ -188,10 +188,20 @@ def project_pod(obj: Obj) -> Pod:
             for g in _list(spec.get("schedulingGates"), f"{where}: spec.schedulingGates")
         ),
         # Gang restarts: the generation asked for, the one acknowledged, and what restarts the pod in place.
-        restart_generation=parse_generation(annotations.get(RESTART_GENERATION_ANNOTATION)) or 0,
+        restart_generation=_restart_generation(annotations.get(RESTART_GENERATION_ANNOTATION)),
         acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
         in_place=in_place_restart(spec, annotations).value,
     )
+
+
+MALFORMED_GENERATION = -1
+"""A pod's ``restart_generation`` when its annotation is there but is not a generation: the gang
+restarter ends the restart Failed naming the pod and the annotation, rather than guess."""
+
+
+def _restart_generation(value: object) -> int:
+    generation = parse_generation(value)
+    return MALFORMED_GENERATION if generation is None else generation
 
 
 def project_node(obj: Obj) -> Node:

@@ -256,8 +256,8 @@ async def test_the_cache_keeps_what_gang_restarts_read() -> None:
 
     projected = project_pod(pod({RESTART_GENERATION_ANNOTATION: "3", LAUNCHER_GENERATION_ANNOTATION: "2"}))
     assert (projected.restart_generation, projected.acknowledged_generation, projected.in_place) == (3, 2, "launcher")
-    projected = project_pod(pod({RESTART_GENERATION_ANNOTATION: "x"}))
-    assert (projected.restart_generation, projected.acknowledged_generation, projected.in_place) == (0, 0, "none")
+    projected = project_pod(pod({RESTART_GENERATION_ANNOTATION: "x"}))  # kept as malformed: the restart says so
+    assert (projected.restart_generation, projected.acknowledged_generation, projected.in_place) == (-1, 0, "none")
     rule = {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}
     sidecar = {"name": "watcher", "restartPolicy": "Always", "restartPolicyRules": [rule]}
     assert project_pod(pod({}, {"initContainers": [sidecar]})).in_place == "RestartAllContainers"
