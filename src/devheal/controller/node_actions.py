@@ -1,21 +1,39 @@
 """Actions on a node's schedulability: ``Taint``, ``Cordon``, ``Lift`` (undo both), ``Drain``.
 
 devheal marks what it set in the node annotation ``devheal.io/owns`` (``taint``,
-``cordon``) and ``Lift`` removes only what is marked, so a cordon someone else set is
-never lifted by devheal (nor marked as devheal's). Node writes are read-modify-write
-with optimistic concurrency; a change that is already there is not a step.
+``cordon``) and ``Lift`` removes only what is marked, so a cordon or a taint someone else
+set is never lifted by devheal (nor marked as devheal's): a node already cordoned is not
+cordoned again, a ``devheal.io/device-failure:NoSchedule`` taint already there is left
+unmarked, and ``Lift`` removes only that one taint (key and effect), never another of
+the same key. Node writes are read-modify-write with optimistic concurrency (the write
+carries the ``resourceVersion`` read, a 409 reads again), so a change an administrator
+makes meanwhile is never overwritten; a change that is already there is not a step.
+
+``Drain`` evicts through the Eviction API, so PodDisruptionBudgets hold it back: it skips
+mirror pods (static pods, ``kubernetes.io/config.mirror``), DaemonSets' pods and ended
+pods, retries a pod a budget refused (429) after a per-pod backoff, and stays in progress
+while any other pod is still on the node.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from devheal.controller.actuator import Outcome, StepFailed, Steps
+from devheal.controller.eviction import eviction
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.cluster import LIFTS_ANNOTATION, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION, parse_generation
 from devheal.model.plan import Action, Phase, RemediationReason
+
+OWNED_TAINT_EFFECT = "NoSchedule"
+
+
+def is_devheals_taint(taint: Obj) -> bool:
+    """The taint ``Taint`` sets (key and effect: a taint is one per key and effect)."""
+    return taint.get("key") == OWNED_TAINT_KEY and taint.get("effect") == OWNED_TAINT_EFFECT
 
 
 def owned(node: Obj) -> set[str]:
@@ -37,7 +55,10 @@ class NodeActuator:
         self.client = client
 
     async def update_node(self, name: str, change: Callable[[Obj], bool]) -> bool:
-        """Read-modify-write with optimistic concurrency; ``change`` edits the node, returns False for no-op."""
+        """Read-modify-write with optimistic concurrency; ``change`` edits the node, returns False for no-op.
+
+        The write carries the ``resourceVersion`` read: a node changed meanwhile (an administrator's cordon,
+        taint or label) answers 409, and the change is made again over the node read anew."""
         for _ in range(5):
             node = await self.client.get(api_path("v1", "nodes", name=name))
             if not change(node):
@@ -56,9 +77,9 @@ class Taint(NodeActuator):
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         def change(node: Obj) -> bool:
             taints = node.setdefault("spec", {}).setdefault("taints", [])
-            if any(t.get("key") == OWNED_TAINT_KEY for t in taints):
-                return False
-            taints.append({"key": OWNED_TAINT_KEY, "value": "true", "effect": "NoSchedule"})
+            if any(is_devheals_taint(t) for t in taints):
+                return False  # set by someone else (or already by us): not ours to mark
+            taints.append({"key": OWNED_TAINT_KEY, "value": "true", "effect": OWNED_TAINT_EFFECT})
             set_owned(node, owned(node) | {"taint"})
             return True
 
@@ -94,12 +115,14 @@ class Lift(NodeActuator):
         lifted: list[str] = []
 
         def change(node: Obj) -> bool:
+            lifted.clear()  # a write that lost a race is made again from the node read anew
             marks = owned(node)
             if not marks:
                 return False
             spec = node.setdefault("spec", {})
             if "taint" in marks:
-                spec["taints"] = [t for t in spec.get("taints") or [] if t.get("key") != OWNED_TAINT_KEY]
+                # Only devheal's taint (key and effect): another taint of the same key is someone else's.
+                spec["taints"] = [t for t in spec.get("taints") or [] if not is_devheals_taint(t)]
                 lifted.append("taint")
             if "cordon" in marks:
                 spec["unschedulable"] = False
@@ -117,42 +140,104 @@ class Lift(NodeActuator):
         ), lifted
 
 
+@dataclass
+class _Refused:
+    """A pod whose eviction a PodDisruptionBudget refused: how often in a row, and when to ask again."""
+
+    times: int
+    not_before: float
+
+
+DRAIN_BACKOFF = 5.0
+"""Seconds before asking again to evict a pod a PodDisruptionBudget held back, doubled each refusal in a row."""
+DRAIN_BACKOFF_MAX = 300.0
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+"""On the API's copy of a static pod: the kubelet runs it from a file, evicting it does nothing."""
+
+
+def drains(pod: Obj) -> bool:
+    """Whether a drain moves ``pod`` off its node: not a mirror pod, not a DaemonSet's (it comes back to
+    the node, and tolerates cordons), not ended."""
+    meta = pod.get("metadata") or {}
+    if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+        return False
+    if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
+        return False
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
 class Drain(NodeActuator):
-    """Evict every pod of the node but DaemonSets' and ended ones; a PodDisruptionBudget refusal is retried."""
+    """Evict every pod of the node that ``drains``, through the Eviction API; done once none is left.
+
+    A pass asks to evict each such pod not already terminating, and succeeds only once none remains
+    (evicted pods may take their grace period to go). A pod a PodDisruptionBudget holds back (429) is
+    neither a failure nor a success: the pass stays in progress (``EvictionBlocked``) and that pod is
+    asked again after a backoff that doubles with each refusal in a row (or the server's Retry-After,
+    when longer). Each eviction names the pod's UID: a pod recreated under the same name is not evicted
+    by a decision about the old one."""
+
+    def __init__(self, client: KubeClient, clock: Callable[[], float] | None = None) -> None:
+        super().__init__(client)
+        self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self.refused: dict[tuple[str, str], _Refused] = {}
+        """(node, pod UID) -> the budget's last refusal, for the pods of nodes being drained."""
 
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
-        items, _ = await self.client.list_all(
-            api_path("v1", "pods"), {"fieldSelector": f"spec.nodeName={action.target}"}
-        )
-        evicted = 0
-        for pod in items:
+        node = action.target
+        items, _ = await self.client.list_all(api_path("v1", "pods"), {"fieldSelector": f"spec.nodeName={node}"})
+        pods = [p for p in items if drains(p)]
+        now = self.clock()
+        seen = {str((p.get("metadata") or {}).get("uid") or "") for p in pods}
+        for gone in [k for k in self.refused if k[0] == node and k[1] not in seen]:
+            del self.refused[gone]  # gone: forget its refusals
+        evicted: list[str] = []
+        terminating: list[str] = []
+        blocked: list[str] = []
+        for pod in pods:
             meta = pod.get("metadata") or {}
-            owners = meta.get("ownerReferences") or []
-            if any(o.get("kind") == "DaemonSet" for o in owners) or meta.get("deletionTimestamp"):
+            ns, name, uid = str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or "")
+            key = f"{ns}/{name}"
+            if meta.get("deletionTimestamp"):
+                terminating.append(key)
                 continue
-            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            refused = self.refused.get((node, uid))
+            if refused is not None and now < refused.not_before:
+                blocked.append(key)
                 continue
-            body = {
-                "apiVersion": "policy/v1",
-                "kind": "Eviction",
-                "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
-            }
             try:
                 await self.client.create(
-                    api_path(
-                        "v1", "pods", namespace=meta.get("namespace"), name=meta.get("name"), subresource="eviction"
-                    ),
-                    body,
+                    api_path("v1", "pods", namespace=ns, name=name, subresource="eviction"),
+                    eviction(ns, name, uid, None),
                 )
-                evicted += 1
-            except errors.NotFound:
-                continue
+            except (errors.NotFound, errors.Conflict):
+                continue  # gone, or another pod under that name now (listed by the next pass)
             except errors.TooManyRequests as exc:
-                raise StepFailed(
-                    f"drain of {action.target} blocked by a PodDisruptionBudget: {exc}",
-                    retry=True,
-                    reason=RemediationReason.EVICTION_BLOCKED,
-                ) from exc
-        return Outcome(Phase.SUCCEEDED, RemediationReason.DRAINED, f"evicted {evicted} pods from {action.target}"), [
-            "drain"
-        ]
+                times = refused.times + 1 if refused is not None else 1
+                delay = min(DRAIN_BACKOFF * 2 ** (times - 1), DRAIN_BACKOFF_MAX)
+                self.refused[(node, uid)] = _Refused(times, now + max(delay, exc.delay))
+                blocked.append(key)
+                continue
+            self.refused.pop((node, uid), None)
+            evicted.append(key)
+            terminating.append(key)
+        steps = ["drain"] if evicted else []
+        if blocked:
+            return Outcome(
+                Phase.IN_PROGRESS,
+                RemediationReason.EVICTION_BLOCKED,
+                f"draining {node}: a PodDisruptionBudget holds back {_names(blocked)}; asked again after a "
+                f"backoff; {len(terminating)} other pods terminating",
+            ), steps
+        if terminating:
+            return Outcome(
+                Phase.IN_PROGRESS,
+                RemediationReason.TERMINATING,
+                f"draining {node}: waiting for {_names(terminating)} to terminate",
+            ), steps
+        return Outcome(Phase.SUCCEEDED, RemediationReason.DRAINED, f"drained {node}: no pod left to evict"), steps
+
+
+def _names(keys: list[str], limit: int = 5) -> str:
+    shown = ", ".join(sorted(keys)[:limit])
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return f"{len(keys)} pods ({shown}{more})"

@@ -6,6 +6,18 @@ of the template's kind without "Template", named after the node, in the template
 namespace; whatever operator owns that kind (reboot, reprovision) does the work. The
 Remediation stays ``InProgress`` until the node shows no failed device; then ``finish``
 deletes the object and completes the record.
+
+Other remediators (a NodeHealthCheck, an administrator) create objects of the same kind
+under the same name, so devheal marks its own: the annotation ``devheal.io/remediation``
+holds the record's name (the label of the same key holds it as a label value, for
+selectors). An object that exists without devheal's mark for this record is never adopted
+and never deleted: the record ends ``Failed`` (``ForeignRemediation``). A missing template,
+a kind the API does not serve, or a refused create end it ``Failed`` too, with the reason.
+
+Every pass is safe to repeat: a record whose steps say the object was created does
+nothing more, and a pass that finds its own object (created by a pass that died before
+recording it) carries on. So a record left ``InProgress`` without its object (a crash
+between recording and creating, an API error) is completed by the next pass.
 """
 
 from __future__ import annotations
@@ -20,10 +32,47 @@ from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.plan import Action, Phase, RemediationReason
 from devheal.model.policy import TemplateRef
 from devheal.model.times import format_time
+from devheal.model.values import label_value
+
+REMEDIATION_MARK = "devheal.io/remediation"
+"""On an external remediation object devheal created: the annotation holds the Remediation record's name,
+the label the same as a label value (names may be longer than a label value allows)."""
+MANAGED_BY = "app.kubernetes.io/managed-by"
+CREATED_STEP = "remediation-created"
+"""The step a record carries once its external object exists (created, or found created by an earlier pass)."""
 
 
 def _remediations_path(ref: TemplateRef, name: str | None = None) -> str:
     return api_path(ref.api_version, ref.remediation_kind.lower() + "s", namespace=ref.namespace, name=name)
+
+
+def marked_by(obj: Obj) -> str:
+    """The Remediation record that created ``obj`` ("" when devheal did not mark it)."""
+    meta = obj.get("metadata") or {}
+    annotation = (meta.get("annotations") or {}).get(REMEDIATION_MARK)
+    return annotation if isinstance(annotation, str) else ""
+
+
+def is_ours(obj: Obj, record: str) -> bool:
+    """``obj`` was created by devheal for the record ``record``: its annotation names the record, or (an
+    object written before the annotation existed) its label does."""
+    if marked_by(obj):
+        return marked_by(obj) == record
+    label = ((obj.get("metadata") or {}).get("labels") or {}).get(REMEDIATION_MARK)
+    return label == label_value(record)
+
+
+def _created(record: Obj) -> bool:
+    steps = (record.get("status") or {}).get("steps") or []
+    return any(isinstance(s, dict) and s.get("name") == CREATED_STEP for s in steps)
+
+
+def _waiting(ref: TemplateRef, node: str) -> Outcome:
+    return Outcome(
+        Phase.IN_PROGRESS,
+        RemediationReason.REMEDIATION_REQUESTED,
+        f"created {ref.remediation_kind} {ref.namespace}/{node}; waiting for the node to recover",
+    )
 
 
 class NodeRemediation:
@@ -33,8 +82,7 @@ class NodeRemediation:
         self.records = records
         self.clock = clock
 
-    async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
-        """Create the external remediation object (once: it is named after the node) and wait for the node."""
+    def _template_ref(self, action: Action) -> TemplateRef:
         policy = self.policies().get(action.policy)
         if policy is None or policy.node.template is None:
             raise StepFailed(
@@ -42,16 +90,22 @@ class NodeRemediation:
                 retry=False,
                 reason=RemediationReason.NO_TEMPLATE,
             )
-        ref = policy.node.template
+        return policy.node.template
+
+    async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
+        """Create the external remediation object (once: it is named after the node) and wait for the node."""
+        ref = self._template_ref(action)
+        if _created(record):
+            return _waiting(ref, action.target), []  # carried on: the object is there, the node is not back yet
+        template_path = api_path(ref.api_version, ref.kind.lower() + "s", namespace=ref.namespace, name=ref.name)
+        where = f"remediation template {ref.kind} {ref.namespace}/{ref.name}"
         try:
-            template = await self.client.get(
-                api_path(ref.api_version, ref.kind.lower() + "s", namespace=ref.namespace, name=ref.name)
-            )
+            template = await self.client.get(template_path)
         except errors.NotFound as exc:
+            raise StepFailed(f"{where} not found", retry=False, reason=RemediationReason.TEMPLATE_MISSING) from exc
+        except errors.Forbidden as exc:
             raise StepFailed(
-                f"remediation template {ref.kind} {ref.namespace}/{ref.name} not found",
-                retry=True,
-                reason=RemediationReason.TEMPLATE_MISSING,
+                f"not allowed to read {where}: {exc}", retry=False, reason=RemediationReason.FORBIDDEN
             ) from exc
         spec = ((template.get("spec") or {}).get("template") or {}).get("spec") or {}
         body = {
@@ -60,33 +114,76 @@ class NodeRemediation:
             "metadata": {
                 "name": action.target,
                 "namespace": ref.namespace,
-                "labels": {"devheal.io/remediation": action.name},
+                "labels": {REMEDIATION_MARK: label_value(action.name), MANAGED_BY: "devheal"},
+                "annotations": {REMEDIATION_MARK: action.name},
             },
             "spec": spec,
         }
-        with contextlib.suppress(errors.AlreadyExists):
+        what = f"{ref.remediation_kind} {ref.namespace}/{action.target}"
+        try:
             await self.client.create(_remediations_path(ref), body)
-        return (
-            Outcome(
-                Phase.IN_PROGRESS,
-                RemediationReason.REMEDIATION_REQUESTED,
-                f"created {ref.remediation_kind} {ref.namespace}/{action.target}; waiting for the node to recover",
-            ),
-            ["remediation-created"],
+        except errors.AlreadyExists:
+            await self._check_existing(ref, action, what)
+        except errors.Forbidden as exc:
+            raise StepFailed(
+                f"not allowed to create {what}: {exc}", retry=False, reason=RemediationReason.FORBIDDEN
+            ) from exc
+        except errors.NotFound as exc:
+            raise StepFailed(
+                f"cannot create {what}: the API serves no {ref.remediation_kind} in {ref.api_version} ({exc})",
+                retry=False,
+                reason=RemediationReason.REMEDIATION_KIND_MISSING,
+            ) from exc
+        return _waiting(ref, action.target), [CREATED_STEP]
+
+    async def _check_existing(self, ref: TemplateRef, action: Action, what: str) -> None:
+        """The object exists: carry on only if this record created it (an earlier pass did); never adopt another's."""
+        try:
+            existing = await self.client.get(_remediations_path(ref, action.target))
+        except errors.NotFound as exc:
+            raise StepFailed(
+                f"{what} was deleted while being created; trying again",
+                retry=True,
+                reason=RemediationReason.CONFLICT,
+            ) from exc
+        if is_ours(existing, action.name):
+            return
+        owner = marked_by(existing)
+        by = f"devheal's remediation {owner}" if owner else "another remediator"
+        raise StepFailed(
+            f"{what} already exists, created by {by}, not by this remediation: left alone",
+            retry=False,
+            reason=RemediationReason.FOREIGN_REMEDIATION,
         )
 
     async def finish(self, name: str, node: str, policy_name: str) -> None:
-        """The node is healthy again: remove the external remediation object, close the record ``name``."""
+        """The node is healthy again: remove the external remediation object if this record created it (a
+        foreign one stays), then close the record ``name``."""
         policy = self.policies().get(policy_name)
+        removed = "no external remediation to remove"
         if policy is not None and policy.node.template is not None:
-            with contextlib.suppress(errors.NotFound):
-                await self.client.delete(_remediations_path(policy.node.template, node))
+            removed = await self._delete_ours(policy.node.template, name, node)
         await self.records.set_status(
             name,
             {
                 "phase": Phase.SUCCEEDED.value,
                 "reason": RemediationReason.NODE_RECOVERED,
-                "message": f"node {node} is healthy again; external remediation removed",
+                "message": f"node {node} is healthy again; {removed}",
                 "completedAt": format_time(self.clock()),
             },
         )
+
+    async def _delete_ours(self, ref: TemplateRef, name: str, node: str) -> str:
+        path = _remediations_path(ref, node)
+        what = f"{ref.remediation_kind} {ref.namespace}/{node}"
+        try:
+            existing = await self.client.get(path)
+        except errors.NotFound:
+            return f"{what} already gone"
+        if not is_ours(existing, name):
+            return f"{what} left alone (not created by this remediation)"
+        uid = str((existing.get("metadata") or {}).get("uid") or "")
+        # The uid precondition: an object recreated under the same name meanwhile (someone else's) is not deleted.
+        with contextlib.suppress(errors.NotFound, errors.Conflict):
+            await self.client.delete(path, {"preconditions": {"uid": uid}} if uid else None)
+        return f"external remediation {what} removed"

@@ -160,7 +160,7 @@ class DecisionRound:
         detected = [f for f in detect(view, policies, now) if not (f.pod_uid and f.pod_uid in ignore_pods)]
         findings = self.tracker.observe(detected, view, policies, now)
         busy = host.busy()
-        self._carry_on(host, host.in_flight(view), findings, policies, settings, now, busy)
+        self._carry_on(host, view, host.in_flight(view), findings, policies, settings, now, busy)
         in_flight = host.in_flight(view)
         # The breaker is stepped over the view the plan is decided over: a narrower view is stricter, and
         # only the final (widest needed) view's state is kept.
@@ -187,6 +187,7 @@ class DecisionRound:
     def _carry_on(
         self,
         host: RoundHost,
+        view: ClusterView,
         in_flight: Sequence[InFlight],
         findings: Sequence[Finding],
         policies: Sequence[Policy],
@@ -195,9 +196,14 @@ class DecisionRound:
         busy: Container[str],
     ) -> None:
         """Remediations in progress: an external node remediation ends once its node is no longer
-        faulty; any other step with a recorded decision is carried on, paced. While devheal or the
-        remediation's policy is paused or in dry-run, neither happens: the host is told why, once."""
+        faulty; any step with a recorded decision (an external node remediation too, while its node
+        is faulty: a pass that died before creating the object creates it) is carried on, paced.
+        While devheal or the remediation's policy is paused or in dry-run, neither happens: the host
+        is told why, once."""
         faulty = {f.node for f in findings if f.kind is FindingKind.NODE_DEVICES_FAILED}
+        # A capacity gap not yet held for capacityGapAfter does not say the node is healthy again either (a
+        # restarted controller's first rounds).
+        faulty |= {node.name for node in view.nodes.values() if node.gpu_gap > 0}
         by_name = {p.name: p for p in policies}
         active = set()
         held: dict[str, str] = {}
@@ -218,9 +224,8 @@ class DecisionRound:
                 if self.held_seen.get(record.name) != why:
                     host.hold(record, why)
                 continue
-            if ends_outside:
-                if record.node not in faulty:
-                    host.finish(record)
+            if ends_outside and record.node not in faulty:
+                host.finish(record)
                 continue
             if record.resume is not None and now >= self.next_try.get(record.name, 0.0):
                 self.next_try[record.name] = now + self._pace(record.action)

@@ -140,6 +140,9 @@ class RemediationReason(StrEnum):
     NODE_RECOVERED = "NodeRecovered"
     NO_TEMPLATE = "NoTemplate"
     TEMPLATE_MISSING = "TemplateMissing"
+    REMEDIATION_KIND_MISSING = "RemediationKindMissing"
+    FORBIDDEN = "Forbidden"
+    FOREIGN_REMEDIATION = "ForeignRemediation"
     # Gang restarts, by stage.
     RESTARTING = "Restarting"
     WAITING_FOR_REPLACEMENT = "WaitingForReplacement"

@@ -128,9 +128,21 @@ def test_a_node_remediation_ends_once_its_node_is_no_longer_faulty() -> None:
     host, rounds = Host(records={record.name: record}), DecisionRound()
     rounds.run(host, v_failed, [policy()], NOW)
     assert host.finished == []
+    # Carried on while the node is faulty (a pass that died before creating the object creates it).
+    assert host.started == [(record.name, True)]
     rounds.run(host, v_healthy, [policy()], NOW + 1)
     assert host.finished == [record.name]
-    assert host.started == []  # ended, never carried on as a new step
+    assert host.started == [(record.name, True)]  # ended, never started as a new decision
+
+
+def test_a_node_remediation_does_not_end_while_its_node_shows_a_capacity_gap_not_yet_held() -> None:
+    """A restarted controller sees the gap from its first round, before capacityGapAfter makes it a finding:
+    the node is not healthy again, so its remediation is carried on, not ended."""
+    action = Action(ActionKind.REMEDIATE_NODE, "Node", "n1", "n1", node_failed("n1", all_failed=True, idle=True), "p")
+    record = InFlight(action.name, action.kind, "Node", "n1", "n1", Phase.IN_PROGRESS, NOW, resume=action)
+    host, rounds = Host(records={record.name: record}), DecisionRound()
+    rounds.run(host, view([node("n1", allocatable=0, gap_since=NOW)]), [policy()], NOW)
+    assert (host.finished, host.started) == ([], [(record.name, True)])
 
 
 def test_a_blocked_decision_is_recorded_once_per_reason_and_forgotten_once_unblocked() -> None:
