@@ -27,6 +27,7 @@ from typing import Any
 
 from devheal.controller import metrics
 from devheal.controller.actuators import Actuators
+from devheal.controller.agent_reports import ReportAudit
 from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
 from devheal.engine.decide import Breaker, Overdue, Settings
@@ -105,6 +106,7 @@ class Controller:
             clock=clock,
             cache=self.cache,
         )
+        self.report_audit = ReportAudit(self.actuators.records.events)
         self.leading = not options.leader_elect
         self.elector = LeaderElector(
             client,
@@ -240,6 +242,8 @@ class Controller:
             metrics.CACHE_OBJECTS.labels(kind=name).set(size)
         metrics.BREAKER_OPEN.set(1 if result.breaker.open else 0)
         self._publish_policy_status(result.breaker)
+        for key, work in self.report_audit.check(view, now):  # agents' claims the cluster contradicts, once each
+            self._submit(key, work)
         self._retain(now)
         releases, self.actuators.gangs.vacancies = place_gated(view, self.actuators.gangs.vacancies, now)
         for release in releases:

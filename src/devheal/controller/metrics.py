@@ -18,3 +18,9 @@ LEADER = Gauge("devheal_leader", "1 while this replica holds the leader lease")
 EVENTS_DROPPED = Counter(
     "devheal_events_dropped_total", "Event writes dropped: over the involved object's rate limit", ["reason"]
 )
+AGENT_REPORTS_REJECTED = Counter(
+    "devheal_agent_reports_rejected_total",
+    "Claims in node agents' NodeDevices that the cluster contradicts (a pod named for a device it does not hold), "
+    "counted once per distinct claim",
+    ["node", "reason"],
+)

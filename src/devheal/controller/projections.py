@@ -261,7 +261,12 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
                 since=parse_time(worst.get("firstSeen")),
             )
         )
-    return NodeDevicesReport(node=node, devices=tuple(devices))
+    updated_text = status.get("updatedAt")
+    updated = parse_time(updated_text)
+    if updated_text is not None and updated is None:
+        # A heartbeat that cannot be read must not pass for a current one.
+        raise ProjectionError(f"{where}: status.updatedAt {show(updated_text)} is not an RFC 3339 time")
+    return NodeDevicesReport(node=node, devices=tuple(devices), updated=updated, uid=str(meta.get("uid") or ""))
 
 
 def project_remediation(obj: Obj) -> InFlight:

@@ -4,14 +4,25 @@
 ``FindingTracker`` remembers since when each finding has held (durations in the
 policy count from there) and reports nodes that devheal marked and that have been
 clean for the hold-down period. It is pure too: time is passed in.
+
+A node agent's report is a claim by that node, checked before it counts:
+
+- a pod it names for a device counts only if the cluster agrees (``attribution``): the
+  pod is bound to the report's node and holds the device. Otherwise the claim is
+  ignored (the device's failure still counts for the report's own node) and returned
+  by ``report_mismatches`` for the controller to surface;
+- a report whose heartbeat is older than ``ClusterView.report_max_age`` is stale: it
+  produces no finding, and its node is not clean either (``FindingTracker.unknown``),
+  so nothing is lifted or ended on its word.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
-from devheal.model.cluster import ClusterView, DeviceHealth, Node, Pod
+from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.plan import Finding, FindingKind
 from devheal.model.policy import Policy
 
@@ -30,6 +41,95 @@ def policy_for_pod(policies: Sequence[Policy], pod: Pod, node: Node | None) -> P
         if policy.selects_pod(pod.namespace, pod.labels, node_labels):
             return policy
     return None
+
+
+class Mismatch(StrEnum):
+    """Why a pod a node agent names for a device is not taken to hold it."""
+
+    POD_NOT_SCHEDULED = "PodNotScheduled"
+    POD_ON_ANOTHER_NODE = "PodOnAnotherNode"
+    DEVICE_NOT_ALLOCATED = "DeviceNotAllocated"
+    NO_GPU_REQUESTED = "PodRequestsNoGPU"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportMismatch:
+    """A node agent's report names, for a device, a pod the cluster does not place on that device."""
+
+    node: str
+    """The report's node (its ``NodeDevices`` object's name)."""
+    device_id: str
+    pod: str
+    """The pod the report names (``namespace/name``)."""
+    reason: Mismatch
+    message: str
+    report_uid: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """One per distinct mismatch: the controller surfaces each once while it lasts."""
+        return (self.node, self.device_id, self.pod, self.reason.value)
+
+
+def _mismatch(node: str, device_id: str, pod: Pod) -> tuple[Mismatch, str] | None:
+    """Why the cluster does not place ``device_id`` of ``node`` with ``pod`` (None: it does)."""
+    if not pod.node:
+        return Mismatch.POD_NOT_SCHEDULED, f"pod {pod.key} is not bound to a node"
+    if pod.node != node:
+        return Mismatch.POD_ON_ANOTHER_NODE, f"pod {pod.key} is bound to node {pod.node}"
+    if pod.devices:
+        if all(d.device_id != device_id for d in pod.devices):
+            held = ", ".join(sorted({d.device_id for d in pod.devices}))
+            return Mismatch.DEVICE_NOT_ALLOCATED, f"pod {pod.key}'s device status lists {held}, not {device_id}"
+    elif pod.gpu_request <= 0:
+        # Without device status (KEP-4680 off) the agent's pod-resources claim is all there is: take it for a
+        # pod on this node that asked for GPUs.
+        return Mismatch.NO_GPU_REQUESTED, f"pod {pod.key} requests no GPU"
+    return None
+
+
+def attribution(
+    view: ClusterView, report: NodeDevicesReport, dev: ReportedDevice
+) -> tuple[Pod | None, ReportMismatch | None]:
+    """The active pod a reported device counts against (None: none), and the report's claim when rejected.
+
+    The pod the agent names counts only if it is bound to the report's node and holds the device. Otherwise
+    (or when the agent names none) the holder is the pod whose own status on that node lists the device
+    (``pod_by_device``, from the kubelet's device status)."""
+    rejected = None
+    if dev.pod:
+        claimed = view.pods.get(dev.pod)
+        if claimed is not None and claimed.active:
+            why = _mismatch(report.node, dev.device_id, claimed)
+            if why is None:
+                return claimed, None
+            rejected = ReportMismatch(
+                node=report.node,
+                device_id=dev.device_id,
+                pod=dev.pod,
+                reason=why[0],
+                message=f"NodeDevices {report.node} names pod {dev.pod} for device {dev.device_id}, "
+                f"but {why[1]}: the claim is ignored",
+                report_uid=report.uid,
+            )
+    trusted = view.pod_by_device.get((report.node, dev.device_id), "")
+    holder = view.pods.get(trusted) if trusted else None
+    return (holder if holder is not None and holder.active else None), rejected
+
+
+def report_mismatches(view: ClusterView, now: float) -> list[ReportMismatch]:
+    """Every claim of a current agent report that ``detect`` ignores: a pod named for a failed device that the
+    cluster does not place on it. Stale reports are not judged (they count for nothing, and their pods may
+    have moved on since)."""
+    out = []
+    for report in view.reports.values():
+        if report.stale(now, view.report_max_age):
+            continue
+        for dev in report.unhealthy:
+            _, rejected = attribution(view, report, dev)
+            if rejected is not None:
+                out.append(rejected)
+    return sorted(out, key=lambda m: m.key)
 
 
 def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
@@ -78,12 +178,13 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
                     device_ids=tuple(d.device_id for d in pod.devices if d.container == c.name),
                 ),
             )
-    # (b) The node agent's NodeDevices reports, mapped to the pods holding the devices.
+    # (b) The node agents' current NodeDevices reports, mapped to the pods the cluster says hold the devices.
     for report in view.reports.values():
+        if report.stale(now, view.report_max_age):
+            continue
         for dev in report.unhealthy:
-            pod_key = dev.pod or view.pod_by_device.get((report.node, dev.device_id), "")
-            holder = view.pods.get(pod_key) if pod_key else None
-            if holder is None or not holder.active or (FindingKind.DEVICE_FAILED, holder.key) in found:
+            holder, _ = attribution(view, report, dev)
+            if holder is None or (FindingKind.DEVICE_FAILED, holder.key) in found:
                 continue
             found[(FindingKind.DEVICE_FAILED, holder.key)] = Finding(
                 kind=FindingKind.DEVICE_FAILED,
@@ -112,7 +213,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
                 failed.update(d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY)
         if failed:
             sources.append("pod-status")
-        report = view.reports.get(node.name)
+        report = view.report(node.name, now)  # None when stale: its devices say nothing any more
         since_candidates = []
         if report is not None and report.unhealthy:
             failed.update(d.device_id for d in report.unhealthy)
@@ -158,6 +259,9 @@ class FindingTracker:
 
     first_seen: dict[str, float] = field(default_factory=dict)
     node_clean_since: dict[str, float] = field(default_factory=dict)
+    unknown: frozenset[str] = frozenset()
+    """Nodes whose agent report was stale at the last ``observe``: neither faulty nor clean, so no remediation
+    of theirs ends and no mark is lifted on the word of a silent agent."""
 
     def observe(
         self, findings: Iterable[Finding], view: ClusterView, policies: Sequence[Policy], now: float
@@ -176,8 +280,9 @@ class FindingTracker:
                 all_failed_since = self.first_seen.setdefault(f.key + "/all", now)
             out.append(replace(f, since=since, all_failed_since=all_failed_since))
         faulty_nodes = {f.node for f in current if f.kind is FindingKind.NODE_DEVICES_FAILED}
+        self.unknown = frozenset(name for name in view.reports if view.unknown(name, now))
         for name, node in view.nodes.items():
-            if name in faulty_nodes or node.gpu_gap > 0:
+            if name in faulty_nodes or node.gpu_gap > 0 or name in self.unknown:
                 self.node_clean_since.pop(name, None)
                 continue
             clean_since = self.node_clean_since.setdefault(name, now)

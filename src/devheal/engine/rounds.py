@@ -201,8 +201,8 @@ class DecisionRound:
         While devheal or the remediation's policy is paused or in dry-run, neither happens: the host
         is told why, once."""
         faulty = {f.node for f in findings if f.kind is FindingKind.NODE_DEVICES_FAILED}
-        # A capacity gap not yet held for capacityGapAfter does not say the node is healthy again either (a
-        # restarted controller's first rounds).
+        faulty |= self.tracker.unknown  # a stale agent report never says a node is healthy again
+        # Nor does a capacity gap not yet held for capacityGapAfter (a restarted controller's first rounds).
         faulty |= {node.name for node in view.nodes.values() if node.gpu_gap > 0}
         by_name = {p.name: p for p in policies}
         active = set()

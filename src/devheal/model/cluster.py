@@ -25,6 +25,9 @@ GANG_LABEL = "devheal.io/gang"
 RESTART_GENERATION_ANNOTATION = "devheal.io/restart-generation"
 """On gang members: the restart generation the controller asks for (absent = 0)."""
 LAUNCHER_GENERATION_ANNOTATION = "devheal.io/launcher-generation"
+REPORT_MAX_AGE = 180.0
+"""Seconds after its last heartbeat (``status.updatedAt``) a node agent's report is stale: its health is unknown.
+Three of the agent's heartbeats (it rewrites an unchanged status every 60 s), so one slow write is no outage."""
 PLACEMENT_GATE = "devheal.io/placement"
 """A pod scheduling gate devheal releases, after nominating the node a replaced gang rank left."""
 """On gang members: the generation a member's launcher runs (its acknowledgement)."""
@@ -177,12 +180,24 @@ class ReportedDevice:
 
 @dataclass(frozen=True, slots=True)
 class NodeDevicesReport:
+    """A node agent's ``NodeDevices``: what one node's agent claims. Its claims about pods are checked against
+    the cluster (``devheal.engine.findings.attribution``) before they count."""
+
     node: str
     devices: tuple[ReportedDevice, ...]
+    updated: float | None = None
+    """The agent's last write (``status.updatedAt``, its heartbeat); None: no heartbeat to judge (a host that
+    does not keep one, the simulator), the report is taken as current."""
+    uid: str = ""
 
     @property
     def unhealthy(self) -> tuple[ReportedDevice, ...]:
         return tuple(d for d in self.devices if d.health is DeviceHealth.UNHEALTHY)
+
+    def stale(self, now: float, max_age: float = REPORT_MAX_AGE) -> bool:
+        """The agent has not written for more than ``max_age`` seconds: the report says nothing any more, neither
+        that a device failed nor that the node is healthy."""
+        return self.updated is not None and now - self.updated > max_age
 
 
 @dataclass(frozen=True)
@@ -195,6 +210,18 @@ class ClusterView:
     pods_by_node: Mapping[str, frozenset[str]] = field(default_factory=dict)
     pod_by_device: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """(node, device id) -> pod key."""
+    report_max_age: float = REPORT_MAX_AGE
+    """Seconds after which an agent's report is stale (``NodeDevicesReport.stale``)."""
+
+    def report(self, node: str, now: float) -> NodeDevicesReport | None:
+        """The node's agent report, None when there is none or it is stale."""
+        report = self.reports.get(node)
+        return None if report is None or report.stale(now, self.report_max_age) else report
+
+    def unknown(self, node: str, now: float) -> bool:
+        """The node's agent report is stale: its health is unknown (not failed, and not healthy either)."""
+        report = self.reports.get(node)
+        return report is not None and report.stale(now, self.report_max_age)
 
     def pods_on(self, node: str) -> list[Pod]:
         return [self.pods[k] for k in self.pods_by_node.get(node, frozenset()) if k in self.pods]
