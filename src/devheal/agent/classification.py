@@ -1,11 +1,20 @@
 """Classification as data: which XIDs and counter conditions make a device Degraded or Unhealthy.
 
-The default table is ``data/classification.yaml`` (documented there, with sources). An
-operator overrides parts of it with a file of the same format (a ConfigMap in the
-DaemonSet): ``xids`` entries replace the default entry of the same code, ``rules``
-entries are merged field by field into the default rule of the same name, top-level
-keys replace the defaults. Parsing is strict and every error names the file and field,
-so a typo in an override stops the agent at start instead of silently doing nothing.
+The default table is ``data/classification.yaml`` (documented there, with sources): one row
+per XID of NVIDIA's XID catalog, each with the catalog's resolution bucket (``Bucket``),
+which gives the row its health and remedy unless the row says otherwise. An operator
+overrides parts of it with a file of the same format (a ConfigMap in the DaemonSet):
+``xids`` entries replace the default entry of the same code, ``rules`` entries are merged
+field by field into the default rule of the same name, ``repeatedXid`` field by field,
+other top-level keys replace the defaults. Parsing is strict and every error names the
+file and field, so a typo in an override stops the agent at start instead of silently
+doing nothing.
+
+Three guarantees hold for the default table, because a wrong guess there costs a workload:
+an XID not in it is ``UnknownXid`` (Degraded: reported, never failed); a row marked
+``application`` (the device plugin's list of workload-caused XIDs) can never make a device
+Unhealthy; and a GPU that fails again within ``repeatedXid.window`` is reported as
+``RepeatedXid`` with the remedy ReplaceHardware (drain for repair) instead of another reset.
 """
 
 from __future__ import annotations
@@ -41,9 +50,56 @@ class Remedy(StrEnum):
     RESET_GPU = "ResetGPU"
     REBOOT_NODE = "RebootNode"
     REPLACE_HARDWARE = "ReplaceHardware"
+    """Drain the node and repair or replace the GPU: another reset will not help."""
 
 
 REMEDY_RANK: Mapping[Remedy, int] = {remedy: rank for rank, remedy in enumerate(Remedy)}
+
+
+class Bucket(StrEnum):
+    """The resolution bucket (immediate action) NVIDIA's XID catalog gives each XID."""
+
+    IGNORE = "IGNORE"
+    RESTART_APP = "RESTART_APP"
+    WORKFLOW_XID_45 = "WORKFLOW_XID_45"
+    XID_154_EVAL = "XID_154_EVAL"
+    CHECK_UVM = "CHECK_UVM"
+    UPDATE_SWFW = "UPDATE_SWFW"
+    CONTACT_SUPPORT = "CONTACT_SUPPORT"
+    RESET_GPU = "RESET_GPU"
+    WORKFLOW_XID_48 = "WORKFLOW_XID_48"
+    WORKFLOW_NVLINK_ERR = "WORKFLOW_NVLINK_ERR"
+    WORKFLOW_NVLINK5_ERR = "WORKFLOW_NVLINK5_ERR"
+    RESTART_BM = "RESTART_BM"
+    RESTART_VM = "RESTART_VM"
+    CHECK_MECHANICALS = "CHECK_MECHANICALS"
+
+
+BUCKET_DEFAULTS: Mapping[Bucket, tuple[DeviceHealth, Remedy]] = {
+    # Nothing wrong with the device.
+    Bucket.IGNORE: (DeviceHealth.HEALTHY, Remedy.NONE),
+    Bucket.WORKFLOW_XID_45: (DeviceHealth.HEALTHY, Remedy.NONE),
+    # The device is usable; the workload (or a person) acts. Degraded: reported, never failed.
+    Bucket.RESTART_APP: (DeviceHealth.DEGRADED, Remedy.RESTART_WORKLOAD),
+    Bucket.CHECK_UVM: (DeviceHealth.DEGRADED, Remedy.RESTART_WORKLOAD),
+    Bucket.XID_154_EVAL: (DeviceHealth.DEGRADED, Remedy.NONE),
+    Bucket.UPDATE_SWFW: (DeviceHealth.DEGRADED, Remedy.NONE),
+    Bucket.CONTACT_SUPPORT: (DeviceHealth.DEGRADED, Remedy.NONE),
+    # The device failed: the engine acts.
+    Bucket.RESET_GPU: (DeviceHealth.UNHEALTHY, Remedy.RESET_GPU),
+    Bucket.WORKFLOW_XID_48: (DeviceHealth.UNHEALTHY, Remedy.RESET_GPU),
+    Bucket.WORKFLOW_NVLINK_ERR: (DeviceHealth.UNHEALTHY, Remedy.RESET_GPU),
+    Bucket.WORKFLOW_NVLINK5_ERR: (DeviceHealth.UNHEALTHY, Remedy.RESET_GPU),
+    Bucket.RESTART_BM: (DeviceHealth.UNHEALTHY, Remedy.REBOOT_NODE),
+    Bucket.RESTART_VM: (DeviceHealth.UNHEALTHY, Remedy.REBOOT_NODE),
+    Bucket.CHECK_MECHANICALS: (DeviceHealth.UNHEALTHY, Remedy.REPLACE_HARDWARE),
+}
+"""What each bucket means for devheal, when a row names only its bucket."""
+
+UNKNOWN_XID = "UnknownXid"
+"""The reason (label and message prefix) of an XID that has no row in the table."""
+REPEATED_XID = "RepeatedXid"
+"""The reason (label and message prefix) of a GPU that failed again within ``repeatedXid.window``."""
 
 
 class RuleKind(StrEnum):
@@ -63,11 +119,22 @@ class XidRule:
     remedy: Remedy
     category: str
     description: str
+    bucket: Bucket | None = None
+    mnemonic: str = ""
+    application: bool = False
+    """Caused by the workload (the device plugin's list): never makes the device Unhealthy."""
+    unknown: bool = False
+    """No row for this code: the table's ``unknownXid`` answered."""
 
-    @property
-    def application(self) -> bool:
-        """An application error: counted and reported, but the device stays as it was."""
-        return self.health is DeviceHealth.HEALTHY
+
+@dataclass(frozen=True, slots=True)
+class RepeatPolicy:
+    """A GPU with ``failures`` failing XID incidents within ``window`` is a repeat offender."""
+
+    failures: int
+    window: float
+    health: DeviceHealth
+    remedy: Remedy
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,17 +165,30 @@ class Classification:
     rules: tuple[CounterRule, ...]
     quiet_window: float
     hold_down: float
+    repeat: RepeatPolicy | None = None
+    """None: repeated failures are not tracked (``repeatedXid.enabled: false``)."""
 
     def xid(self, code: int) -> XidRule:
         rule = self.xids.get(code)
         if rule is not None:
             return rule
         unknown = self.unknown_xid
-        return XidRule(code, unknown.health, unknown.remedy, unknown.category, "unknown XID")
+        return XidRule(
+            code,
+            unknown.health,
+            unknown.remedy,
+            unknown.category,
+            unknown.description or "not in the classification table",
+            bucket=unknown.bucket,
+            unknown=True,
+        )
 
 
-_TOP_KEYS = frozenset({"quietWindow", "holdDown", "unknownXid", "xids", "rules"})
-_XID_KEYS = frozenset({"code", "health", "remedy", "category", "description"})
+_TOP_KEYS = frozenset({"quietWindow", "holdDown", "unknownXid", "repeatedXid", "xids", "rules"})
+_XID_KEYS = frozenset({"code", "bucket", "health", "remedy", "category", "description", "mnemonic", "application"})
+_UNKNOWN_XID_KEYS = frozenset({"bucket", "health", "remedy", "category", "description"})
+_REPEAT_KEYS = frozenset({"enabled", "failures", "window", "health", "remedy"})
+MAX_REPEAT_FAILURES = 1000
 _RULE_KEYS = frozenset(
     {
         "name",
@@ -208,14 +288,73 @@ def _check_keys(entry: Mapping[str, Any], allowed: frozenset[str], where: str) -
         raise ClassificationError(f"{where}: unknown field {show(unknown[0])} (allowed: {', '.join(sorted(allowed))})")
 
 
-def _xid_rule(entry: Mapping[str, Any], where: str, code: int) -> XidRule:
+def _bucket(value: Any, where: str) -> Bucket | None:
+    if value is None:
+        return None
+    for bucket in Bucket:
+        if value == bucket.value:
+            return bucket
+    raise ClassificationError(f"{where}: expected one of {', '.join(b.value for b in Bucket)}, got {show(value)}")
+
+
+def _bool(value: Any, where: str, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ClassificationError(f"{where}: expected true or false, got {show(value)}")
+    return value
+
+
+def _xid_rule(entry: Mapping[str, Any], where: str, code: int, category: str = "hardware") -> XidRule:
+    """One row: its own health and remedy, else its bucket's; a row without either is an error."""
+    bucket = _bucket(entry.get("bucket"), f"{where}.bucket")
+    if bucket is None and "health" not in entry:
+        raise ClassificationError(f"{where}: needs a bucket (one of {', '.join(b.value for b in Bucket)}) or a health")
+    application = _bool(entry.get("application"), f"{where}.application", False)
+    health, remedy = BUCKET_DEFAULTS[bucket] if bucket is not None else (DeviceHealth.HEALTHY, Remedy.NONE)
+    if application:
+        health = DeviceHealth.HEALTHY
+    if "health" in entry:
+        health = _health(entry.get("health"), f"{where}.health")
+    if "remedy" in entry:
+        remedy = _remedy(entry.get("remedy"), f"{where}.remedy")
+    if application and health is DeviceHealth.UNHEALTHY:
+        raise ClassificationError(
+            f"{where}.health: an application XID (application: true) never makes a device Unhealthy; "
+            "drop application: true to treat it as a device fault"
+        )
     return XidRule(
         code=code,
-        health=_health(entry.get("health"), f"{where}.health"),
-        remedy=_remedy(entry.get("remedy", "None"), f"{where}.remedy"),
-        category=_text(entry.get("category"), f"{where}.category", "hardware"),
+        health=health,
+        remedy=remedy,
+        category=_text(entry.get("category"), f"{where}.category", "application" if application else category),
         description=_text(entry.get("description"), f"{where}.description"),
+        bucket=bucket,
+        mnemonic=_text(entry.get("mnemonic"), f"{where}.mnemonic"),
+        application=application,
     )
+
+
+def _repeat(value: Any) -> RepeatPolicy | None:
+    where = "repeatedXid"
+    entry = _mapping(value if value is not None else {}, where)
+    _check_keys(entry, _REPEAT_KEYS, where)
+    if not _bool(entry.get("enabled"), f"{where}.enabled", True):
+        return None
+    failures = whole_number(entry.get("failures", 2), minimum=2, maximum=MAX_REPEAT_FAILURES)
+    if failures is None:
+        raise ClassificationError(
+            f"{where}.failures: expected a whole number from 2 to {MAX_REPEAT_FAILURES} "
+            f"(the failure that makes a GPU a repeat offender counts), got {show(entry.get('failures'))}"
+        )
+    window = parse_duration(entry.get("window", "24h"), f"{where}.window")
+    if window <= 0:
+        raise ClassificationError(f"{where}.window: must be above 0s")
+    health = _health(entry.get("health", DeviceHealth.UNHEALTHY.value), f"{where}.health")
+    if health is DeviceHealth.HEALTHY:
+        raise ClassificationError(f"{where}.health: expected Degraded or Unhealthy, got 'Healthy'")
+    remedy = _remedy(entry.get("remedy", Remedy.REPLACE_HARDWARE.value), f"{where}.remedy")
+    return RepeatPolicy(failures=failures, window=window, health=health, remedy=remedy)
 
 
 def _counter_rule(entry: Mapping[str, Any], where: str) -> CounterRule:
@@ -263,12 +402,27 @@ def merge_tables(base: Mapping[str, Any], override: Mapping[str, Any], where: st
     for key in ("quietWindow", "holdDown", "unknownXid"):
         if key in override:
             merged[key] = override[key]
+    if "repeatedXid" in override:
+        before, after = base.get("repeatedXid"), override["repeatedXid"]
+        # Field by field (``repeatedXid: {window: 6h}`` keeps the default count); the parser rejects the rest.
+        merged["repeatedXid"] = {**before, **after} if isinstance(before, dict) and isinstance(after, dict) else after
     xids: dict[Any, Mapping[str, Any]] = {}
     for i, entry in enumerate(_list(base.get("xids"), "xids")):
         xids[_int(_mapping(entry, f"xids[{i}]").get("code"), f"xids[{i}].code")] = entry
+    seen: dict[int, int] = {}
     for i, entry in enumerate(_list(override.get("xids"), f"{where}: xids")):
         entry = _mapping(entry, f"{where}: xids[{i}]")
-        xids[_int(entry.get("code"), f"{where}: xids[{i}].code")] = entry
+        code = _int(entry.get("code"), f"{where}: xids[{i}].code")
+        if code in seen:
+            raise ClassificationError(f"{where}: xids[{i}].code: XID {code} is listed twice (xids[{seen[code]}])")
+        seen[code] = i
+        # Checked here too, so an error names the row as the override file numbers it.
+        row = f"{where}: xids[{i}] (XID {code})"
+        _check_keys(entry, _XID_KEYS, row)
+        if code <= 0:
+            raise ClassificationError(f"{where}: xids[{i}].code: an XID is a positive number, got {code}")
+        _xid_rule(entry, row, code)
+        xids[code] = entry
     rules: dict[Any, dict[str, Any]] = {}
     for i, entry in enumerate(_list(base.get("rules"), "rules")):
         name = _mapping(entry, f"rules[{i}]").get("name")
@@ -302,15 +456,19 @@ def _parse(data: Mapping[str, Any]) -> Classification:
     data = _mapping(data, "table")
     _check_keys(data, _TOP_KEYS, "table")
     xids: dict[int, XidRule] = {}
+    rows: dict[int, int] = {}
     for i, raw in enumerate(_list(data.get("xids"), "xids")):
         entry = _mapping(raw, f"xids[{i}]")
         _check_keys(entry, _XID_KEYS, f"xids[{i}]")
         code = _int(entry.get("code"), f"xids[{i}].code")
         if code <= 0:
             raise ClassificationError(f"xids[{i}].code: an XID is a positive number, got {code}")
+        if code in rows:
+            raise ClassificationError(f"xids[{i}].code: XID {code} is listed twice (xids[{rows[code]}])")
+        rows[code] = i
         xids[code] = _xid_rule(entry, f"xids[{i}] (XID {code})", code)
-    unknown_raw = _mapping(data.get("unknownXid") or {"health": "Unhealthy", "remedy": "ResetGPU"}, "unknownXid")
-    _check_keys(unknown_raw, _XID_KEYS - {"code"}, "unknownXid")
+    unknown_raw = _mapping(data.get("unknownXid") or {"health": "Degraded", "remedy": "None"}, "unknownXid")
+    _check_keys(unknown_raw, _UNKNOWN_XID_KEYS, "unknownXid")
     rules: list[CounterRule] = []
     names: set[str] = set()
     for i, raw in enumerate(_list(data.get("rules"), "rules")):
@@ -334,10 +492,11 @@ def _parse(data: Mapping[str, Any]) -> Classification:
         raise ClassificationError("quietWindow: must be above 0s")
     return Classification(
         xids=xids,
-        unknown_xid=_xid_rule(unknown_raw, "unknownXid", 0),
+        unknown_xid=_xid_rule(unknown_raw, "unknownXid", 0, "unknown"),
         rules=tuple(rules),
         quiet_window=quiet,
         hold_down=hold,
+        repeat=_repeat(data.get("repeatedXid")),
     )
 
 

@@ -13,6 +13,13 @@ This is the agent's memory, as a pure state machine (time is passed in, never re
   its reason stays (marked inactive) for the hold-down, so the device does not flap;
   then it is gone and the device recovers. A device that is really broken keeps a
   holding condition (the GPU is lost, a DBE counter, a pending remap) and stays broken.
+- **Unknown XIDs.** A code without a row is reported as ``UnknownXid`` with the table's
+  ``unknownXid`` health (Degraded by default: seen, never remediated on a guess).
+- **Repeat offenders.** Each incident that made the device Unhealthy is a failure; while
+  ``repeatedXid.failures`` of them lie within ``repeatedXid.window``, the device carries a
+  ``RepeatedXid`` reason (Unhealthy, ReplaceHardware by default), so a GPU that keeps
+  failing is drained for repair instead of being reset again and again. Failures are kept
+  in memory: an agent restart forgets them.
 
 A device's health is the worst health among its reasons (Healthy when none); its
 remedy is that of its worst reason, which is also the last of ``reasons`` (the
@@ -25,9 +32,21 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from devheal.agent.classification import HEALTH_RANK, REMEDY_RANK, Classification, CounterRule, Remedy, RuleKind
+from devheal.agent.classification import (
+    HEALTH_RANK,
+    REMEDY_RANK,
+    REPEATED_XID,
+    UNKNOWN_XID,
+    Classification,
+    CounterRule,
+    Remedy,
+    RepeatPolicy,
+    RuleKind,
+    XidRule,
+)
 from devheal.agent.telemetry import DeviceReading, XidEvent
 from devheal.model.cluster import DeviceHealth
+from devheal.model.times import format_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +66,16 @@ class Reason:
     active: bool
     """False while the reason only lingers for the hold-down."""
 
-    def sort_key(self) -> tuple[int, int, int, float]:
-        """Worse sorts later; on a tie an XID (the precise cause) goes after a counter condition."""
-        return (HEALTH_RANK[self.health], REMEDY_RANK[self.remedy], int(self.source == "xid"), self.first_seen)
+    def sort_key(self) -> tuple[int, int, int, int, float]:
+        """Worse sorts later; on a tie an XID (the precise cause) goes after a counter condition,
+        and a repeat offender after the single failure it sums up."""
+        return (
+            HEALTH_RANK[self.health],
+            REMEDY_RANK[self.remedy],
+            int(self.source == "xid"),
+            int(self.label == REPEATED_XID),
+            self.first_seen,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +103,8 @@ class _Incident:
     opened: float
     last: float
     codes: dict[int, _CodeStats] = field(default_factory=dict)
+    failed: bool = False
+    """An XID in it made the device Unhealthy: it counts once towards ``repeatedXid``."""
 
     def active(self, now: float, quiet: float) -> bool:
         return now - self.last < quiet
@@ -118,6 +146,49 @@ def _format(value: float) -> str:
     return f"{value:g}"
 
 
+def _span(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _xid_message(rule: XidRule) -> str:
+    if rule.unknown:
+        return (
+            f"{UNKNOWN_XID}: XID {rule.code} has no row in the classification table, so it is {rule.health.value} "
+            f"(unknownXid); add a row for it with --classification; remedy: {rule.remedy.value}"
+        )
+    bucket = f" (NVIDIA: {rule.bucket.value})" if rule.bucket is not None else ""
+    note = ""
+    if rule.application:
+        stays = "stays healthy" if rule.health is DeviceHealth.HEALTHY else "is not failed for it"
+        note = f" (application error: the device {stays})"
+    return f"XID {rule.code}: {rule.description}{bucket}{note}; remedy: {rule.remedy.value}"
+
+
+def _repeat_reason(policy: RepeatPolicy, failures: list[tuple[float, int]]) -> Reason:
+    first, last = failures[0][0], failures[-1][0]
+    codes = ", ".join(str(code) for code in sorted({code for _, code in failures}))
+    message = (
+        f"{REPEATED_XID}: this GPU failed {len(failures)} times within {_span(policy.window)} "
+        f"(XID {codes}; first {format_time(first)}, last {format_time(last)}): it fails again after "
+        f"remediation, drain it for repair instead of resetting it again; remedy: {policy.remedy.value}"
+    )
+    return Reason(
+        source="xid",
+        code=failures[-1][1],
+        label=REPEATED_XID,
+        message=message,
+        first_seen=first,
+        last_seen=last,
+        count=len(failures),
+        health=policy.health,
+        remedy=policy.remedy,
+        active=True,
+    )
+
+
 def _describe(rule: CounterRule, value: float, increase: float | None) -> str:
     if rule.kind is RuleKind.INCREASE:
         return f"{rule.message} ({rule.signal} grew by {_format(increase or 0.0)} within {_format(rule.window)}s)"
@@ -138,6 +209,8 @@ class DeviceHealthTracker:
         self.incidents_opened = 0
         self.xid_counts: Counter[int] = Counter()
         self.last_xid: int | None = None
+        self._failures: list[tuple[float, int]] = []
+        """(time, XID) of each incident that made the device Unhealthy, oldest first, within the repeat window."""
 
     def set_table(self, table: Classification) -> None:
         """Use a new table from now on (a reloaded override); state of rules that no longer exist is dropped."""
@@ -167,8 +240,30 @@ class DeviceHealthTracker:
                 stats.first = min(stats.first, event.at)
                 stats.last = max(stats.last, event.at)
                 stats.count += 1
+            if not current.failed and self.table.xid(event.code).health is DeviceHealth.UNHEALTHY:
+                current.failed = True
+                self._record_failure(event.at, event.code)
         self.incidents_opened += opened
         return opened
+
+    def _record_failure(self, at: float, code: int) -> None:
+        policy = self.table.repeat
+        if policy is None:
+            self._failures.clear()
+            return
+        self._failures.append((at, code))
+        self._failures.sort()
+        # Only failures within the window of the newest one can ever count together.
+        newest = self._failures[-1][0]
+        self._failures = [f for f in self._failures if f[0] > newest - policy.window]
+
+    def _repeated(self, now: float) -> list[tuple[float, int]]:
+        """The failures that make the device a repeat offender at ``now``; empty when it is not one."""
+        policy = self.table.repeat
+        if policy is None:
+            return []
+        recent = [f for f in self._failures if now - policy.window < f[0] <= now]
+        return recent if len(recent) >= policy.failures else []
 
     def observe_reading(self, reading: DeviceReading, now: float) -> None:
         """Evaluate every counter rule on a new reading of this device."""
@@ -208,6 +303,14 @@ class DeviceHealthTracker:
             for state in self._conditions.values()
             if state.cleared_at is not None and state.cleared_at + hold > now
         ]
+        policy = self.table.repeat
+        if policy is not None:
+            # The repeat reason starts at a failure still ahead of ``now`` (fake time) and ends when
+            # the oldest failure that still keeps the count up leaves the window.
+            times += [at for at, _ in self._failures if at > now]
+            repeated = self._repeated(now)
+            if repeated:
+                times.append(repeated[-policy.failures][0] + policy.window)
         return min(times, default=None)
 
     def assess(self, now: float) -> DeviceAssessment:
@@ -220,13 +323,12 @@ class DeviceHealthTracker:
             active = incident.active(now, quiet)
             for code, stats in incident.codes.items():
                 rule = table.xid(code)
-                note = " (application error: the device stays healthy)" if rule.application else ""
                 reasons.append(
                     Reason(
                         source="xid",
                         code=code,
-                        label=f"XID {code}",
-                        message=f"XID {code}: {rule.description}{note}; remedy: {rule.remedy.value}",
+                        label=UNKNOWN_XID if rule.unknown else f"XID {code}",
+                        message=_xid_message(rule),
                         first_seen=stats.first,
                         last_seen=stats.last,
                         count=stats.count,
@@ -255,6 +357,9 @@ class DeviceHealthTracker:
                     active=state.cleared_at is None,
                 )
             )
+        repeated = self._repeated(now)
+        if repeated and table.repeat is not None:
+            reasons.append(_repeat_reason(table.repeat, repeated))
         reasons.sort(key=Reason.sort_key)
         faults = [r for r in reasons if r.health is not DeviceHealth.HEALTHY]
         if not faults:

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from devheal.agent.classification import ClassificationError
-from devheal.agent.metrics import AgentMetrics
-from devheal.agent.nvml import NvmlBackend
-from devheal.agent.runner import AgentOptions, ClassificationSource, NodeAgent, serve
-from devheal.agent.simulated import LabDeviceFeed, SimulatedBackend
-from devheal.agent.telemetry import TelemetryBackend, TelemetryUnavailable
-from devheal.kube.client import KubeClient
-from devheal.lab.cluster import Lab, LabError
+from devheal.cli import logs
+from devheal.cli.common import preflight
+
+if TYPE_CHECKING:
+    from devheal.agent.runner import NodeAgent
+    from devheal.agent.simulated import LabDeviceFeed
+    from devheal.kube.client import KubeClient
 
 KUBELET_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
@@ -38,7 +36,9 @@ def agent(
     backend: Annotated[Backend, typer.Option(help="Where device telemetry comes from.")] = Backend.NVML,
     kubeconfig: Annotated[
         str | None,
-        typer.Option(help="Kubeconfig path; in-cluster service account when absent (the lab's with --lab-dir)."),
+        typer.Option(
+            help="Kubeconfig path (the lab's with --lab-dir; else $KUBECONFIG, ~/.kube/config, the service account)."
+        ),
     ] = None,
     pod_resources_socket: Annotated[
         Path | None,
@@ -64,13 +64,23 @@ def agent(
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
     metrics_address: Annotated[str, typer.Option(help="Address to serve metrics on.")] = "0.0.0.0",
     delete_on_exit: Annotated[bool, typer.Option(help="Delete the NodeDevices objects when stopping (lab).")] = False,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: logs.LogLevel = "INFO",
+    log_format: logs.LogFormatOption = logs.LogFormat.AUTO,
 ) -> None:
-    """Publish the health of this node's GPUs (NVML) and the pods using them as NodeDevices."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
+    """Publish the health of this node's GPUs (NVML) and the pods using them as NodeDevices.
+
+    Exits 2 on bad options or a kubeconfig that cannot be used, 1 when the API server cannot
+    be reached or does not serve NodeDevices (install devheal's CRDs with `devheal crds apply`).
+    """
+    logs.setup(log_level, log_format)
+    from devheal.agent.classification import ClassificationError
+    from devheal.agent.metrics import AgentMetrics
+    from devheal.agent.nvml import NvmlBackend
+    from devheal.agent.runner import AgentOptions, ClassificationSource, NodeAgent, serve
+    from devheal.agent.simulated import LabDeviceFeed, SimulatedBackend
+    from devheal.agent.telemetry import TelemetryBackend, TelemetryUnavailable
+    from devheal.lab.cluster import Lab, LabError
+
     if poll_interval <= 0 or publish_interval < 0:
         raise typer.BadParameter("--poll-interval must be > 0 and --publish-interval >= 0")
     try:
@@ -131,6 +141,7 @@ def agent(
         return agents
 
     try:
+        preflight("agent", kubeconfig, ("nodedevices",))
         asyncio.run(
             serve(
                 kubeconfig,

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from typing import Annotated
 
 import typer
 
-from devheal.controller.loop import ControllerOptions, serve
+from devheal.cli import logs
+from devheal.cli.common import Kubeconfig, preflight
 
 
 def controller(
-    kubeconfig: Annotated[
-        str | None, typer.Option(help="Kubeconfig path; in-cluster service account when absent.")
-    ] = None,
+    kubeconfig: Kubeconfig = None,
     dry_run: Annotated[bool, typer.Option(help="Decide and record Remediations, change nothing else.")] = False,
     paused: Annotated[bool, typer.Option(help="Record findings, take no action at all.")] = False,
     leader_elect: Annotated[bool, typer.Option(help="Take the leader Lease before acting (run 2 replicas).")] = True,
@@ -30,15 +28,20 @@ def controller(
         ),
     ] = 900.0,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: logs.LogLevel = "INFO",
+    log_format: logs.LogFormatOption = logs.LogFormat.AUTO,
 ) -> None:
-    """Watch device signals, decide with the policies, remediate within the safety rails."""
+    """Watch device signals, decide with the policies, remediate within the safety rails.
+
+    Exits 2 when the kubeconfig cannot be used, 1 when the API server cannot be reached or
+    does not serve devheal's resources (install them with `devheal crds apply`).
+    """
     if gang_restart_timeout <= 0:
         raise typer.BadParameter(f"must be > 0, got {gang_restart_timeout}", param_hint="--gang-restart-timeout")
-    logging.basicConfig(
-        level=log_level.upper(),
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
+    logs.setup(log_level, log_format)
+    preflight("controller", kubeconfig)
+    from devheal.controller.loop import ControllerOptions, serve
+
     options = ControllerOptions(
         dry_run=dry_run,
         paused=paused,

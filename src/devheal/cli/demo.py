@@ -7,13 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-
-from devheal.demo import story
-from devheal.kube.errors import KubeError
-from devheal.lab.cluster import LabError
-from devheal.lab.toolchain import ToolchainError
-from devheal.lab.workloads import WaitTimeout
 
 
 def demo(
@@ -26,6 +19,14 @@ def demo(
     ] = None,
 ) -> None:
     """Fail GPUs under an inference Deployment, a training gang and an idle node; devheal heals each."""
+    from rich.console import Console
+
+    from devheal.demo import story
+    from devheal.kube.errors import KubeError
+    from devheal.lab.cluster import LabError
+    from devheal.lab.toolchain import ToolchainError
+    from devheal.lab.workloads import WaitTimeout
+
     console = Console(no_color=no_color, force_terminal=False if no_color else None, highlight=not no_color)
     try:
         results = asyncio.run(

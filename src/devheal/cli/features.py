@@ -8,15 +8,13 @@ from typing import Annotated
 
 import typer
 
-from devheal.cli.launch import Kubeconfig
+from devheal.cli.common import Context, Kubeconfig, explain, fail
 from devheal.engine.inplace import RESTART_ALL_FEATURE
-from devheal.kube import errors
-from devheal.kube.client import KubeClient
-from devheal.kube.features import RestartAllSupport, detect_restart_all
 
 
 def features(
     kubeconfig: Kubeconfig = None,
+    context: Context = None,
     namespace: Annotated[
         str, typer.Option(help="Namespace for the dry-run probe pod (nothing is created).")
     ] = "default",
@@ -27,16 +25,18 @@ def features(
     Exits 0 when it is usable (accepted, and declared by at least one node), 1 when it is not,
     2 when the cluster cannot be asked.
     """
+    from devheal.kube import errors
+    from devheal.kube.client import KubeClient
+    from devheal.kube.features import RestartAllSupport, detect_restart_all
 
     async def main() -> RestartAllSupport:
-        async with await KubeClient.connect(kubeconfig, max_connections=2) as kube:
+        async with await KubeClient.connect(kubeconfig, context=context, max_connections=2) as kube:
             return await detect_restart_all(kube, namespace)
 
     try:
         support = asyncio.run(main())
     except errors.KubeError as exc:
-        typer.echo(f"devheal features: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        fail("features", explain(exc)[0], 2)
     if as_json:
         typer.echo(json.dumps({"restartAllContainers": support.as_json()}, indent=2))
     else:

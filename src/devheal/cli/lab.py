@@ -3,25 +3,48 @@
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from devheal.lab import toolchain, versions
-from devheal.lab.cluster import Lab, LabError, LabSpec
-from devheal.lab.faults import Faults
+if TYPE_CHECKING:
+    from rich.console import Console
 
-console = Console(stderr=True)
-out = Console()
+# rich and the lab's modules (cryptography for its certificates) are imported when a command
+# runs: `devheal --help` does not pay for them.
+
+
+@cache
+def _console(stderr: bool) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def err() -> Console:
+    """Messages and progress (stderr)."""
+    return _console(True)
+
+
+def out() -> Console:
+    """Results (stdout)."""
+    return _console(False)
+
 
 app = typer.Typer(
     help="A real local Kubernetes control plane with simulated GPU nodes and fault injection.",
     no_args_is_help=True,
+    rich_markup_mode=None,
+    add_completion=False,
 )
-inject_app = typer.Typer(help="Inject a device or node fault into the running lab.", no_args_is_help=True)
+inject_app = typer.Typer(
+    help="Inject a device or node fault into the running lab.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    add_completion=False,
+)
 app.add_typer(inject_app, name="inject")
 
 LabDir = Annotated[
@@ -33,21 +56,23 @@ GpuOpt = Annotated[int, typer.Option("--gpu", help="GPU index on the node (0-bas
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
+    err().print(f"[red]error:[/red] {exc}")
     return typer.Exit(1)
 
 
 @app.command()
 def build() -> None:
     """Build (or find cached) the pinned control-plane binaries: etcd, kube-*, kubectl, kwok."""
-    with console.status("checking binaries") as status:
+    from devheal.lab import toolchain
+
+    with err().status("checking binaries") as status:
         try:
             path = toolchain.ensure_binaries(
                 lambda step, done, total: status.update(f"{step} {done}/{total}" if total else step)
             )
         except toolchain.ToolchainError as exc:
             raise _fail(exc) from exc
-    out.print(str(path))
+    out().print(str(path))
 
 
 @app.command()
@@ -58,30 +83,35 @@ def up(
     directory: LabDir = None,
 ) -> None:
     """Start etcd, kube-apiserver, controller manager, scheduler, kwok and the node simulator, detached."""
+    from devheal.lab import toolchain, versions
+    from devheal.lab.cluster import Lab, LabError, LabSpec
+
     lab = Lab(directory)
     spec = LabSpec(nodes=nodes, gpus_per_node=gpus_per_node, gpu_model=gpu_model)
-    with console.status("starting lab") as status:
+    with err().status("starting lab") as status:
         try:
             state = lab.up(spec, progress=lambda msg: status.update(msg))
         except (LabError, toolchain.ToolchainError) as exc:
             raise _fail(exc) from exc
-    console.print(
+    err().print(
         f"[green]lab ready[/green] in {state.ready_seconds:.1f}s: {nodes} nodes x {gpus_per_node} GPUs "
         f"({versions.KUBERNETES=}, {versions.ETCD=}, {versions.KWOK=})".replace("versions.", "")
     )
-    console.print(f"  export KUBECONFIG={lab.kubeconfig}")
-    console.print(f"  {toolchain.binary('kubectl')} get nodes")
+    err().print(f"  export KUBECONFIG={lab.kubeconfig}")
+    err().print(f"  {toolchain.binary('kubectl')} get nodes")
 
 
 @app.command()
 def down(directory: LabDir = None) -> None:
     """Stop every process of the lab (its directory, with logs, stays)."""
+    from devheal.lab.cluster import Lab, LabError
+
     lab = Lab(directory)
     try:
         stopped = lab.down()
     except LabError as exc:
         raise _fail(exc) from exc
-    console.print(f"stopped: {', '.join(stopped)}" if stopped else "no lab was running")
+    err().print(f"stopped: {', '.join(stopped)}" if stopped else "no lab was running")
 
 
 @app.command()
@@ -90,23 +120,27 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show each component's process and health."""
+    from rich.table import Table
+
+    from devheal.lab.cluster import Lab, LabError
+
     lab = Lab(directory)
     try:
         info = lab.status()
     except LabError as exc:
         raise _fail(exc) from exc
     if as_json:
-        out.print_json(json.dumps(info))
+        out().print_json(json.dumps(info))
         return
     if not info.get("components"):
-        out.print(f"no lab in {info['dir']}")
+        out().print(f"no lab in {info['dir']}")
         raise typer.Exit(1)
     table = Table("component", "pid", "port", "health")
     for name, comp in info["components"].items():
         health = "[green]ok[/green]" if comp["healthy"] else f"[red]{comp['detail']}[/red]"
         table.add_row(name, str(comp["pid"] or "-"), str(comp["port"] or "-"), health)
-    out.print(table)
-    out.print(f"kubeconfig: {info['kubeconfig']}")
+    out().print(table)
+    out().print(f"kubeconfig: {info['kubeconfig']}")
     if not all(c["healthy"] for c in info["components"].values()):
         raise typer.Exit(1)
 
@@ -114,10 +148,12 @@ def status(
 @app.command()
 def kubeconfig(directory: LabDir = None) -> None:
     """Print the path of the lab's admin kubeconfig."""
+    from devheal.lab.cluster import Lab, LabError
+
     lab = Lab(directory)
     if lab.state() is None:
         raise _fail(LabError(f"no lab in {lab.dir} (start one with `devheal lab up`)"))
-    out.print(str(lab.kubeconfig), soft_wrap=True)
+    out().print(str(lab.kubeconfig), soft_wrap=True)
 
 
 @app.command()
@@ -126,12 +162,15 @@ def devices(
     directory: LabDir = None,
 ) -> None:
     """Print the simulated device state (health, XIDs, holders) as JSON."""
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.faults import Faults
+
     faults = Faults(Lab(directory))
     try:
         data = faults.devices(node) if node else faults.all_devices()
     except LabError as exc:
         raise _fail(exc) from exc
-    out.print_json(json.dumps(data))
+    out().print_json(json.dumps(data))
 
 
 def _show(result: dict[str, Any], gpu: int | None = None) -> None:
@@ -141,7 +180,7 @@ def _show(result: dict[str, Any], gpu: int | None = None) -> None:
         holder = dev.get("holder")
         held = f", held by {holder['namespace']}/{holder['pod']}" if holder else ""
         line += f"; gpu {gpu} ({dev['uuid']}) {dev['health']}" + (f": {dev['reason']}" if dev["reason"] else "") + held
-    out.print(line)
+    out().print(line)
 
 
 @inject_app.command("xid")
@@ -152,6 +191,9 @@ def inject_xid(
     directory: LabDir = None,
 ) -> None:
     """An XID error on one GPU. Hardware XIDs make it Unhealthy; application XIDs (13, 31, 43, 45, 68) are counted."""
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.faults import Faults
+
     try:
         _show(Faults(Lab(directory)).xid(node, gpu, code), gpu)
     except LabError as exc:
@@ -166,6 +208,9 @@ def inject_degrade(
     directory: LabDir = None,
 ) -> None:
     """The GPU stays allocatable but is throttled (reported as Degraded in the device state)."""
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.faults import Faults
+
     try:
         _show(Faults(Lab(directory)).degrade(node, gpu, slowdown), gpu)
     except LabError as exc:
@@ -175,6 +220,9 @@ def inject_degrade(
 @inject_app.command("recover")
 def inject_recover(node: NodeOpt, gpu: GpuOpt, directory: LabDir = None) -> None:
     """The GPU is healthy again (health, speed)."""
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.faults import Faults
+
     try:
         _show(Faults(Lab(directory)).recover(node, gpu), gpu)
     except LabError as exc:
@@ -188,6 +236,9 @@ def inject_plugin_restart(
     directory: LabDir = None,
 ) -> None:
     """The device plugin restarts: the node's GPU capacity and allocatable drop to 0, then return."""
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.faults import Faults
+
     try:
         _show(Faults(Lab(directory)).plugin_restart(node, seconds))
     except LabError as exc:
@@ -197,18 +248,24 @@ def inject_plugin_restart(
 @inject_app.command("node-notready")
 def inject_node_notready(node: NodeOpt, directory: LabDir = None) -> None:
     """The node's kubelet stops reporting Ready (undo with `inject node-ready`)."""
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.faults import Faults
+
     try:
         Faults(Lab(directory)).node_not_ready(node)
     except LabError as exc:
         raise _fail(exc) from exc
-    out.print(f"{node}: NotReady injected")
+    out().print(f"{node}: NotReady injected")
 
 
 @inject_app.command("node-ready")
 def inject_node_ready(node: NodeOpt, directory: LabDir = None) -> None:
     """Undo `node-notready`: the node reports Ready again."""
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.faults import Faults
+
     try:
         Faults(Lab(directory)).node_ready(node)
     except LabError as exc:
         raise _fail(exc) from exc
-    out.print(f"{node}: Ready again")
+    out().print(f"{node}: Ready again")

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from devheal.kube import errors
-from devheal.kube.client import KubeClient
-from devheal.launch.gang import KubeGang
-from devheal.launch.launcher import DEFAULT_TERMINATION_LOG, Launcher, LaunchError, LaunchOptions
+from devheal.cli import logs
+from devheal.cli.common import USAGE_ERROR, Context, Kubeconfig, explain
 from devheal.launch.steps import DEFAULT_WINDOW
-from devheal.launch.steps_server import parse_steps_address
 from devheal.model.cluster import GANG_LABEL
 
+if TYPE_CHECKING:
+    from devheal.launch.launcher import LaunchOptions
+
+# The launcher (aiohttp, the Kubernetes client) is imported when the command runs, not for --help.
+
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-USAGE_ERROR = 2
 
 
 def parse_exit_codes(text: str) -> frozenset[int]:
@@ -51,9 +51,7 @@ PodNamespace = Annotated[
         help="This pod's namespace (in a pod: $POD_NAMESPACE, else the service account's namespace).",
     ),
 ]
-Kubeconfig = Annotated[str | None, typer.Option(help="Kubeconfig path; in-cluster service account when absent.")]
 GangLabel = Annotated[str, typer.Option(help="Pods with the same value of this label form the gang.")]
-LogLevel = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
 
 
 def own_pod(pod: str, namespace: str) -> str:
@@ -71,13 +69,6 @@ def own_pod(pod: str, namespace: str) -> str:
     return namespace
 
 
-def setup_logging(log_level: str) -> None:
-    logging.basicConfig(
-        level=log_level.upper(),
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
-
-
 def launch(
     command: Annotated[
         list[str],
@@ -86,6 +77,7 @@ def launch(
     pod: PodName = "",
     namespace: PodNamespace = "",
     kubeconfig: Kubeconfig = None,
+    context: Context = None,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when stopping the command.")] = 10.0,
     barrier_timeout: Annotated[
         float,
@@ -97,21 +89,25 @@ def launch(
         typer.Option(help="Comma-separated exit codes of the command that mean a device error, e.g. 74,79."),
     ] = "",
     termination_log: Annotated[
-        Path, typer.Option(help="Where to write the pod's termination message on a device error.")
-    ] = DEFAULT_TERMINATION_LOG,
+        Path | None,
+        typer.Option(
+            help="Where to write the pod's termination message on a device error (default: /dev/termination-log)."
+        ),
+    ] = None,
     steps_addr: Annotated[
         str, typer.Option(help="Loopback HOST:PORT for step reports (port 0: any free port).")
     ] = "127.0.0.1:0",
     steps_window: Annotated[int, typer.Option(help="How many recent steps the step-time figures cover.")] = (
         DEFAULT_WINDOW
     ),
-    log_level: LogLevel = "INFO",
+    log_level: logs.LogLevel = "INFO",
+    log_format: logs.LogFormatOption = logs.LogFormat.AUTO,
 ) -> None:
     """Run CMD; restart it in place when the gang's restart generation rises; exit with CMD's exit code.
 
     Example: devheal launch --device-error-exit-codes 74,79 -- python train.py --epochs 3
     """
-    setup_logging(log_level)
+    logs.setup(log_level, log_format)
     namespace = own_pod(pod, namespace)
     if grace < 0:
         raise typer.BadParameter(f"must be >= 0, got {grace}", param_hint="--grace")
@@ -123,6 +119,9 @@ def launch(
         codes = parse_exit_codes(device_error_exit_codes)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--device-error-exit-codes") from exc
+    from devheal.launch.launcher import DEFAULT_TERMINATION_LOG, LaunchError, LaunchOptions
+    from devheal.launch.steps_server import parse_steps_address
+
     try:
         host, port = parse_steps_address(steps_addr)
     except ValueError as exc:
@@ -132,23 +131,30 @@ def launch(
         grace=grace,
         barrier_timeout=barrier_timeout,
         device_error_exit_codes=codes,
-        termination_log=termination_log,
+        termination_log=termination_log or DEFAULT_TERMINATION_LOG,
         steps_host=host,
         steps_port=port,
         steps_window=steps_window,
     )
     try:
-        code = asyncio.run(_run(options, kubeconfig, namespace, pod, gang_label))
+        code = asyncio.run(_run(options, kubeconfig, context, namespace, pod, gang_label))
     except LaunchError as exc:
         typer.echo(f"devheal launch: {exc}", err=True)
         raise typer.Exit(USAGE_ERROR) from exc
     raise typer.Exit(code)
 
 
-async def _run(options: LaunchOptions, kubeconfig: str | None, namespace: str, pod: str, gang_label: str) -> int:
+async def _run(
+    options: LaunchOptions, kubeconfig: str | None, context: str | None, namespace: str, pod: str, gang_label: str
+) -> int:
+    from devheal.kube import errors
+    from devheal.kube.client import KubeClient
+    from devheal.launch.gang import KubeGang
+    from devheal.launch.launcher import Launcher, LaunchError
+
     try:
-        kube = await KubeClient.connect(kubeconfig, max_connections=4)
+        kube = await KubeClient.connect(kubeconfig, context=context, max_connections=4)
     except errors.PermanentError as exc:
-        raise LaunchError(f"{exc} (--kubeconfig)") from exc
+        raise LaunchError(explain(exc)[0]) from exc
     async with kube:
         return await Launcher(options, KubeGang(kube, namespace, pod, gang_label)).run()

@@ -5,23 +5,22 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from devheal.model.policy import Policy, PolicyError, parse_policy
-from devheal.simulate import plots
-from devheal.simulate.config import PRESETS, ConfigError, SimConfig, build_preset
-from devheal.simulate.failures import LLAMA3_INTERRUPTIONS, TraceError
-from devheal.simulate.fleet import Loss
-from devheal.simulate.results import StrategyResult, percentile
-from devheal.simulate.runner import Comparison, run_comparison
-from devheal.simulate.strategies import lineup
-from devheal.simulate.tracefile import read_trace
+from devheal.simulate.config import PRESETS
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from devheal.model.policy import Policy
+    from devheal.simulate.config import SimConfig
+    from devheal.simulate.results import StrategyResult
+    from devheal.simulate.runner import Comparison
+
+# rich, yaml and the simulator's engine are imported when the command runs, not for --help.
 
 
 class _InputError(Exception):
@@ -30,6 +29,10 @@ class _InputError(Exception):
 
 def load_policies(paths: list[Path]) -> list[Policy]:
     """Every ``RemediationPolicy`` document in the given YAML files."""
+    import yaml
+
+    from devheal.model.policy import PolicyError, parse_policy
+
     policies: list[Policy] = []
     for path in paths:
         try:
@@ -84,6 +87,11 @@ def _gpu_hours(value: float) -> str:
 
 
 def _tables(comparison: Comparison) -> list[Table]:
+    from rich.table import Table
+
+    from devheal.simulate.fleet import Loss
+    from devheal.simulate.results import percentile
+
     results = comparison.results
     any_result = next(iter(results.values()))[0]
     has_inference = any_result.inference_availability is not None
@@ -154,6 +162,8 @@ def _describe(config: SimConfig, seeds: list[int], replay: Path | None) -> str:
 
 
 def _write(comparison: Comparison, out: Path, console: Console, plots_wanted: bool) -> None:
+    from devheal.simulate import plots
+
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     path.write_text(json.dumps(comparison.to_json(), indent=2) + "\n", encoding="utf-8")
@@ -196,6 +206,15 @@ def simulate(
 
     Strategies: kubernetes-default, node-health-controller, pod-watcher, devheal-default (devheal's engine
     with its default policy) and one per --policy file. All replay the same failures."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from devheal.simulate.config import ConfigError, build_preset
+    from devheal.simulate.failures import TraceError
+    from devheal.simulate.runner import run_comparison
+    from devheal.simulate.strategies import lineup
+    from devheal.simulate.tracefile import read_trace
+
     console = Console(no_color=no_color, highlight=not no_color)
     if not console.is_terminal:
         console.width = max(console.width, 150)  # logs and pipes: keep table rows on one line
@@ -237,6 +256,8 @@ def simulate(
 
 
 def _report(comparison: Comparison, console: Console) -> None:
+    from devheal.simulate.failures import LLAMA3_INTERRUPTIONS
+
     traces = comparison.traces
     expected = comparison.to_json()["reference"]["expected_faults"]
     if len(traces) == 1:

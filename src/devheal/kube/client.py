@@ -1,8 +1,8 @@
 """A small asynchronous client for the Kubernetes API, speaking plain JSON.
 
-kubernetes_asyncio loads the configuration (kubeconfig or in-cluster service
-account) and owns the TLS-configured HTTP session; we send requests ourselves so
-that objects stay plain dicts (cheap to project into our own slim records), every
+``devheal.kube.kubeconfig`` finds the server and the credentials (kubeconfig or in-cluster
+service account) the way kubectl does; we send requests over one aiohttp session ourselves
+so that objects stay plain dicts (cheap to project into our own slim records), every
 failure maps onto ``devheal.kube.errors``, and watches are streamed line by line.
 A token that lives in a file (in-cluster, or a kubeconfig's ``tokenFile``) is read
 again when the file changes (``devheal.kube.tokens``): bound tokens rotate hourly.
@@ -16,15 +16,13 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import aiohttp
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
 
 from devheal.kube import errors, tokens
+from devheal.kube import kubeconfig as kubecfg
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -83,45 +81,56 @@ class Page:
 class KubeClient:
     """One connection pool to one API server. Create with ``connect``; close when done."""
 
-    def __init__(self, api: k8s_client.ApiClient, token_file: tokens.TokenFile | None = None) -> None:
-        self._api = api
-        cfg = api.configuration
-        self._host = str(cfg.host or "").rstrip("/")
-        self._session: aiohttp.ClientSession = api.rest_client.pool_manager
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        host: str,
+        *,
+        authorization: str | None = None,
+        token_file: tokens.TokenFile | None = None,
+        server_hostname: str | None = None,
+    ) -> None:
+        self._session = session
+        self._host = host.rstrip("/")
         self._headers: dict[str, str] = {"Accept": JSON, "User-Agent": "devheal"}
+        self._authorization = authorization
+        self._server_hostname = server_hostname
         self.token_file = token_file
         """Where the bearer token comes from when it rotates (in-cluster, a kubeconfig's ``tokenFile``)."""
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None, *, max_connections: int = 64) -> KubeClient:
-        """From a kubeconfig path; with None, the in-cluster service account, else ~/.kube/config."""
-        cfg = k8s_client.Configuration()
-        cfg.connection_pool_maxsize = max_connections
-        token_path: Path | None = None
-        try:
-            if kubeconfig is None:
-                try:
-                    k8s_config.load_incluster_config(
-                        client_configuration=cfg,
-                        token_filename=str(tokens.IN_CLUSTER_TOKEN),
-                        cert_filename=str(tokens.IN_CLUSTER_CA),
-                        try_refresh_token=False,
-                    )
-                    token_path = tokens.IN_CLUSTER_TOKEN
-                except k8s_config.ConfigException:
-                    await k8s_config.load_kube_config(client_configuration=cfg)
-                    token_path = tokens.kubeconfig_token_file(tokens.kubeconfig_paths(None))
-            else:
-                await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-                token_path = tokens.kubeconfig_token_file(tokens.kubeconfig_paths(kubeconfig))
-            token_file = tokens.TokenFile(token_path) if token_path is not None else None
-        except (k8s_config.ConfigException, OSError) as exc:
-            where = kubeconfig or "in-cluster config or ~/.kube/config"
-            raise errors.PermanentError(f"cannot load Kubernetes configuration from {where}: {exc}") from exc
-        return cls(k8s_client.ApiClient(configuration=cfg), token_file)
+    async def connect(
+        cls, kubeconfig: str | None = None, *, context: str | None = None, max_connections: int = 64
+    ) -> KubeClient:
+        """From ``kubeconfig`` (a path), else $KUBECONFIG, else ~/.kube/config, else in-cluster, as kubectl.
+
+        ``context`` picks a kubeconfig context. Raises ``kubecfg.ConfigError`` (a
+        ``PermanentError``) with a one-line message when the configuration cannot be used.
+        Nothing is sent yet: an unreachable server shows at the first request (``Unavailable``).
+        """
+        connection = await kubecfg.resolve(kubeconfig, context)
+        token_file = None
+        if connection.token_file is not None:
+            try:
+                token_file = tokens.TokenFile(connection.token_file)
+            except OSError as exc:
+                raise kubecfg.ConfigError(connection.source, f"{exc}: check the token file") from exc
+        ssl_context = connection.ssl_context()
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=max_connections, ssl=ssl_context),
+            trust_env=True,
+            read_bufsize=2**21,  # a watch event of a large object exceeds aiohttp's default buffer
+        )
+        return cls(
+            session,
+            connection.server,
+            authorization=connection.authorization,
+            token_file=token_file,
+            server_hostname=connection.tls_server_name,
+        )
 
     async def close(self) -> None:
-        await self._api.close()
+        await self._session.close()
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -132,14 +141,7 @@ class KubeClient:
     def _auth_headers(self) -> dict[str, str]:
         if self.token_file is not None:
             return {"Authorization": self.token_file.authorization()}
-        cfg = self._api.configuration
-        token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
-        if not token:
-            return {}
-        if not token.lower().startswith("bearer "):
-            prefix = cfg.api_key_prefix.get("authorization", "Bearer")
-            token = f"{prefix} {token}"
-        return {"Authorization": token}
+        return {"Authorization": self._authorization} if self._authorization else {}
 
     async def request(
         self,
@@ -165,7 +167,12 @@ class KubeClient:
                 headers["Content-Type"] = content_type
             try:
                 async with self._session.request(
-                    method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+                    method,
+                    url,
+                    data=data,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=timeout),
+                    server_hostname=self._server_hostname,
                 ) as resp:
                     raw = await resp.read()
                     status = resp.status
@@ -291,7 +298,9 @@ class KubeClient:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout)
         for attempt in range(2):
             headers = {**self._headers, **self._auth_headers()}
-            async with self._session.get(url, headers=headers, timeout=timeout) as resp:
+            async with self._session.get(
+                url, headers=headers, timeout=timeout, server_hostname=self._server_hostname
+            ) as resp:
                 if attempt == 0 and self._token_refused(resp.status):
                     continue
                 yield resp

@@ -7,6 +7,11 @@ each definition reports ``NamesAccepted`` and ``Established`` and a list of its 
 succeeds (right after ``Established`` the API server may still answer 429 "storage is
 (re)initializing" while it fills its watch cache), and raises ``CRDNotEstablished`` naming
 the definition otherwise.
+
+``check_installed`` tells at a command's start whether the API server serves devheal's
+resources (discovery, which every authenticated user may read), so a controller or agent
+on a cluster without the definitions stops with one line saying how to install them
+instead of retrying 404s forever.
 """
 
 from __future__ import annotations
@@ -19,20 +24,47 @@ from typing import Any
 from devheal import crds
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
-from devheal.model.api import GROUP
+from devheal.model.api import GROUP, GROUP_VERSION
 
 CRD_API = "apiextensions.k8s.io/v1"
 FIELD_MANAGER = "devheal"
 
-CRD_NAMES = tuple(f"{plural}.{GROUP}" for plural in ("remediationpolicies", "remediations", "nodedevices"))
+PLURALS = ("remediationpolicies", "remediations", "nodedevices")
+CRD_NAMES = tuple(f"{plural}.{GROUP}" for plural in PLURALS)
 """The CustomResourceDefinitions devheal installs, in the order of ``devheal.crds.manifests()``."""
 
 _READY = ("NamesAccepted", "Established")
 _POLL = 0.1
 
 
+INSTALL_HINT = "run `devheal crds apply` (with the same --kubeconfig/--context), or apply src/devheal/crds/*.yaml"
+
+
 class CRDNotEstablished(errors.KubeError):
     """A CustomResourceDefinition was applied but the API server did not start serving it."""
+
+
+class CRDsMissing(errors.PermanentError):
+    """The API server does not serve (some of) devheal's resources: the definitions are not installed."""
+
+
+async def check_installed(client: KubeClient, plurals: tuple[str, ...] = PLURALS) -> None:
+    """Raise ``CRDsMissing`` unless the API server serves every one of ``plurals`` in devheal's group.
+
+    Other errors (unreachable server, refused credentials) propagate as they are.
+    """
+    try:
+        listing = await client.get(f"/apis/{GROUP_VERSION}")
+    except errors.NotFound:
+        served: set[str] = set()
+    else:
+        served = {str(r.get("name")) for r in listing.get("resources") or [] if isinstance(r, Mapping)}
+    missing = [p for p in plurals if p not in served]
+    if missing:
+        raise CRDsMissing(
+            f"devheal's CRDs are not installed (the API server does not serve {', '.join(missing)} "
+            f"in {GROUP_VERSION}): {INSTALL_HINT}"
+        )
 
 
 def crd_path(name: str) -> str:

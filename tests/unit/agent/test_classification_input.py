@@ -19,6 +19,7 @@ from devheal.agent.classification import (
     parse_classification,
 )
 from devheal.model import times
+from devheal.model.cluster import DeviceHealth
 from devheal.model.values import INT64_MAX
 
 from ..fuzzing import FUZZ, json_values, shaped
@@ -27,13 +28,23 @@ DURATION = ("30s", "2m", 30, 0.5)
 TABLE_SHAPE = {
     "quietWindow": DURATION,
     "holdDown": DURATION,
-    "unknownXid": {"health": ("Unhealthy", "Degraded"), "remedy": ("ResetGPU", None)},
+    "unknownXid": {"health": ("Unhealthy", "Degraded"), "remedy": ("ResetGPU", None), "bucket": ("IGNORE",)},
+    "repeatedXid": {
+        "enabled": (True, False),
+        "failures": (2, 3, 1000),
+        "window": ("24h", 60),
+        "health": ("Unhealthy", "Degraded"),
+        "remedy": ("ReplaceHardware", "None"),
+    },
     "xids": [
         {
-            "code": (79, 13, 48),
-            "health": ("Unhealthy", "Healthy"),
+            "code": (79, 13, 48, 170),
+            "bucket": ("RESET_GPU", "RESTART_APP", "IGNORE", "CONTACT_SUPPORT"),
+            "application": (True, False),
+            "health": ("Unhealthy", "Healthy", "Degraded"),
             "remedy": ("ResetGPU", "None"),
             "category": ("hardware",),
+            "mnemonic": ("NVLINK_ERROR",),
             "description": ("d",),
         }
     ],
@@ -65,6 +76,12 @@ def _assert_sane(table: Classification) -> None:
     assert all(type(code) is int and abs(code) <= INT64_MAX for code in codes), codes
     for rule in table.rules:
         rule.holds(1.0)  # an anyBit mask is a whole number: no crash at run time either
+    # The guarantees hold for any table that parses: application XIDs never fail a device,
+    # and a repeat policy counts at least two failures over a real window.
+    assert not any(r.application and r.health is DeviceHealth.UNHEALTHY for r in table.xids.values())
+    if table.repeat is not None:
+        assert 2 <= table.repeat.failures <= 1000 and 0 < table.repeat.window <= times.MAX_DURATION
+        assert table.repeat.health is not DeviceHealth.HEALTHY
 
 
 def _parse(data: Any, where: str = "classification") -> None:

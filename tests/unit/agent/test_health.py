@@ -52,14 +52,14 @@ def healthy_reading(**changes: object) -> DeviceReading:
 
 
 def test_a_burst_of_xids_is_one_incident(tracker: DeviceHealthTracker) -> None:
-    opened = tracker.observe_xids([xid(94, 100.0 + i * 0.1) for i in range(10)])
+    opened = tracker.observe_xids([xid(95, 100.0 + i * 0.1) for i in range(10)])
     assert opened == 1 and tracker.incidents_opened == 1
     result = tracker.assess(101.0)
     assert result.health is DeviceHealth.UNHEALTHY and result.remedy is Remedy.RESET_GPU
     (reason,) = result.reasons
-    assert (reason.source, reason.code, reason.count) == ("xid", 94, 10)
+    assert (reason.source, reason.code, reason.count) == ("xid", 95, 10)
     assert (reason.first_seen, reason.last_seen) == (100.0, pytest.approx(100.9))
-    assert reason.message.startswith("XID 94: Contained ECC error")
+    assert reason.message == "XID 95: Uncontained ECC error (NVIDIA: RESET_GPU); remedy: ResetGPU"
 
 
 def test_a_burst_spread_over_several_samples_is_still_one_incident(tracker: DeviceHealthTracker) -> None:
@@ -70,8 +70,8 @@ def test_a_burst_spread_over_several_samples_is_still_one_incident(tracker: Devi
 
 
 def test_xids_apart_by_more_than_the_quiet_window_are_two_incidents(tracker: DeviceHealthTracker) -> None:
-    tracker.observe_xids([xid(48, 100.0)])
-    tracker.observe_xids([xid(48, 100.0 + QUIET + 1)])
+    tracker.observe_xids([xid(8, 100.0)])
+    tracker.observe_xids([xid(8, 100.0 + QUIET + 1)])
     assert tracker.incidents_opened == 2
     reasons = tracker.assess(100.0 + QUIET + 2).reasons
     assert [r.count for r in reasons] == [1, 1]
@@ -79,11 +79,11 @@ def test_xids_apart_by_more_than_the_quiet_window_are_two_incidents(tracker: Dev
 
 
 def test_mixed_codes_of_one_fault_are_one_incident_with_a_reason_per_code(tracker: DeviceHealthTracker) -> None:
-    tracker.observe_xids([xid(94, 10.0), xid(63, 10.1), xid(45, 10.2), xid(94, 10.3)])
+    tracker.observe_xids([xid(95, 10.0), xid(63, 10.1), xid(94, 10.2), xid(95, 10.3)])
     assert tracker.incidents_opened == 1
     result = tracker.assess(11.0)
-    assert [(r.code, r.count) for r in result.reasons] == [(45, 1), (63, 1), (94, 2)], "worst last"
-    assert result.health is DeviceHealth.UNHEALTHY and result.worst is not None and result.worst.code == 94
+    assert [(r.code, r.count) for r in result.reasons] == [(63, 1), (94, 1), (95, 2)], "worst last"
+    assert result.health is DeviceHealth.UNHEALTHY and result.worst is not None and result.worst.code == 95
 
 
 def test_application_xid_is_counted_and_reported_but_the_device_stays_healthy(tracker: DeviceHealthTracker) -> None:
