@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from devheal.agent.classification import REPEATED_XID, UNKNOWN_XID, Classification, Remedy, load_classification
 from devheal.agent.health import DeviceAssessment, DeviceHealthTracker
@@ -22,6 +24,7 @@ from devheal.model.plan import Finding
 from tests.unit.crds.test_crd_manifests import schema, violations
 
 from ..engine.builders import device, node, pod, policy, view
+from ..fuzzing import FUZZ
 
 UUID = "GPU-0"
 DAY = 86_400.0
@@ -153,3 +156,39 @@ def test_the_repeat_policy_is_configurable(tmp_path: Path) -> None:
     path.write_text("repeatedXid: {enabled: false}\n")
     tracker.set_table(load_classification(path))
     assert tracker.assess(T0 + 1201).remedy is Remedy.RESET_GPU, "turned off: plain failures again"
+
+
+SAMPLE_CODES = (*APPLICATION_XIDS, 4242, 8, 61, 94, 154, 48, 62, 79, 95)
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(SAMPLE_CODES), st.floats(0, 300) | st.floats(0, 3 * DAY)), max_size=40))
+def test_only_failing_xids_fail_a_device_and_repeats_follow_the_window(events: list[tuple[int, float]]) -> None:
+    table = load_classification()
+    assert table.repeat is not None
+    tracker = DeviceHealthTracker(UUID, table)
+    failures: list[float] = []
+    last: float | None = None
+    failed_incident = False
+    failing_until = -1.0
+    for code, offset in sorted(events, key=lambda e: e[1]):
+        at = T0 + offset
+        # The oracle: incidents split where XIDs are a quiet window apart; one failure per failing incident.
+        if last is None or at - last >= table.quiet_window:
+            failed_incident = False
+        last = at
+        failing = table.xid(code).health is DeviceHealth.UNHEALTHY
+        if failing and not failed_incident:
+            failed_incident = True
+            failures.append(at)
+        if failed_incident:
+            failing_until = at + table.quiet_window + table.hold_down
+        tracker.observe_xids([XidEvent(UUID, code, at, "")])
+        result = tracker.assess(at)
+        recent = [f for f in failures if at - table.repeat.window < f <= at]
+        repeated = [r for r in result.reasons if r.label == REPEATED_XID]
+        assert bool(repeated) == (len(recent) >= table.repeat.failures), (code, at, failures)
+        if repeated:
+            assert repeated[0].count == len(recent) and result.health is DeviceHealth.UNHEALTHY
+        if at >= failing_until and not repeated:
+            assert result.health is not DeviceHealth.UNHEALTHY, (code, at)
