@@ -143,6 +143,10 @@ def test_copied_sources_exist_and_pass_the_dockerignore() -> None:
     ignore = [line for line in lines if line and not line.startswith("#")]
     assert ignore[0] == "*", ".dockerignore: expected to start by leaving everything out ('*')"
     allowed = {line[1:] for line in ignore if line.startswith("!")}
+    # Re-included src/ must not bring a checkout's generated code: the image builds its own.
+    assert ignore.index("src/devheal/kubelet/podresources/api_pb2*") > ignore.index("!src"), (
+        ".dockerignore: expected to leave out src/devheal/kubelet/podresources/api_pb2* after '!src'"
+    )
     for ins in INSTRUCTIONS:
         if ins.keyword != "COPY" or "--from=" in ins.args:
             continue
