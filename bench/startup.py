@@ -53,18 +53,25 @@ current-context: refused
 """
 
 
+class Failed(Exception):
+    """The entry point did not run as expected (e.g. a command this version does not have)."""
+
+
 def once(args: list[str], env: dict[str, str], ok: set[int]) -> float:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "devheal", *args], env=env, capture_output=True, check=False)
     elapsed = time.perf_counter() - started
     if done.returncode not in ok:
-        raise SystemExit(f"devheal {' '.join(args)} exited {done.returncode}: {done.stderr.decode()[-500:]}")
+        raise Failed(f"exited {done.returncode}: {done.stderr.decode(errors='replace').strip()[-300:]}")
     return elapsed
 
 
 def measure(name: str, args: list[str], runs: int, env: dict[str, str], ok: set[int]) -> dict[str, Any]:
-    once(args, env, ok)  # warm the file cache, as a pod's second start would be
-    times = [once(args, env, ok) for _ in range(runs)]
+    try:
+        once(args, env, ok)  # warm the file cache, as a pod's second start would be
+        times = [once(args, env, ok) for _ in range(runs)]
+    except Failed as exc:
+        return {"entry_point": name, "error": str(exc)}
     median = statistics.median(times)
     return {
         "entry_point": name,
@@ -94,6 +101,9 @@ def main() -> None:
     width = max(len(r["entry_point"]) for r in rows)
     print(f"{'entry point':<{width}} {'median s':>9} {'max s':>7}  goal < {GOAL_S} s")
     for row in rows:
+        if "error" in row:
+            print(f"{row['entry_point']:<{width}} {'-':>9} {'-':>7}  {row['error'][:60]}")
+            continue
         verdict = "met" if row["goal_met"] else "NOT met"
         print(f"{row['entry_point']:<{width}} {row['median_s']:>9.3f} {row['max_s']:>7.3f}  {verdict}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
