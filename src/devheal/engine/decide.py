@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.plan import (
+    ACTIVE_PHASES,
     POD_FINDINGS,
     Action,
     Blocked,
@@ -360,6 +361,13 @@ def _candidate_actions(
     return out
 
 
+def _horizon(policies: Sequence[Policy]) -> float:
+    """How far back an ended record can still change a decision: gang restarts per hour, the workload
+    disruption interval, the lifts that lengthen a hold-down."""
+    intervals = [p.budgets.workload_disruption_interval for p in policies]
+    return max([3600.0, FLAP_WINDOW, Budgets().workload_disruption_interval, *intervals])
+
+
 def decide(
     view: ClusterView,
     findings: Iterable[Finding],
@@ -374,7 +382,16 @@ def decide(
     ``breaker``: the circuit breaker for this round, already stepped by the caller (``step_breaker``);
     None: stepped from a closed breaker over this view, so this round's findings alone open it."""
     findings = list(findings)
-    existing = {r.name: r for r in in_flight}
+    # One pass over every record: each is looked up by name; beyond that only the active and the recent ones
+    # count (budgets, intervals, hold-downs), so old records cost little more than their names.
+    existing: dict[str, InFlight] = {}
+    current: list[InFlight] = []
+    since = now - _horizon(policies)
+    for r in in_flight:
+        existing[r.name] = r
+        if r.phase in ACTIVE_PHASES or r.started >= since or (r.finished is not None and r.finished >= since):
+            current.append(r)
+    in_flight = current
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
     candidates = _candidate_actions(view, findings, policies, in_flight, now)
 

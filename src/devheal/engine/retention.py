@@ -33,17 +33,21 @@ def expired(records: Iterable[InFlight], policies: Sequence[Policy], now: float,
         return []
     rules = {p.name: p.retention for p in policies}
     default = Retention()
-    by_target: dict[tuple[TargetKind, str], list[InFlight]] = {}
-    for r in records:
-        if not r.active:
-            by_target.setdefault((r.target_kind, r.target), []).append(r)
+    fewest = min([default.max_ended_per_target, *(r.max_ended_per_target for r in rules.values())])
     chosen: list[InFlight] = []
-    for ended in by_target.values():
+    kept: dict[tuple[TargetKind, str], list[InFlight]] = {}
+    for r in records:
+        if r.active:
+            continue
+        if now - ended_at(r) > rules.get(r.policy, default).ttl_after_finished:
+            chosen.append(r)  # past its time-to-live, whatever its rank
+        else:
+            kept.setdefault((r.target_kind, r.target), []).append(r)
+    for ended in kept.values():
+        if len(ended) <= fewest:
+            continue  # within every policy's count
         ended.sort(key=lambda r: (ended_at(r), r.name), reverse=True)  # newest first
-        for rank, r in enumerate(ended):
-            keep = rules.get(r.policy, default)
-            if rank >= keep.max_ended_per_target or now - ended_at(r) > keep.ttl_after_finished:
-                chosen.append(r)
+        chosen += [r for rank, r in enumerate(ended) if rank >= rules.get(r.policy, default).max_ended_per_target]
     return heapq.nsmallest(limit, chosen, key=lambda r: (ended_at(r), r.name))
 
 
