@@ -4,6 +4,10 @@ Every decision becomes a ``Remediation`` object whose name comes from the decisi
 (``Action.name``), so a decision is recorded once however often it is made; creating one
 that exists reads it back instead. Decisions a rail stopped are recorded too (phase
 ``Blocked``, once per reason), so ``kubectl get remediations`` says why nothing happened.
+The create request says which it is (annotation ``devheal.io/decision``): the status is a
+second request, and until it lands a Blocked record must not read as work to carry out.
+Ended records are deleted after their policy's retention (``delete_ended``, paced by the
+controller's loop).
 Events go on the pod, the workload of a gang, or the node, through an ``EventRecorder``
 (repeats counted on one object, rate-limited per object); failing to record one never
 fails the action.
