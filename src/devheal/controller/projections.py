@@ -7,6 +7,7 @@ field (the informer logs it and keeps the previous copy) instead of crashing.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from devheal.engine.inplace import in_place_restart
@@ -103,6 +104,24 @@ def _labels(value: Any, where: str) -> dict[str, str]:
     return labels
 
 
+_intern = sys.intern
+"""Names that repeat across objects (namespaces, nodes, phases, label keys and values) are kept once:
+a cache of 100,000 pods holds a few copies of each instead of one per pod."""
+
+_SETS: dict[frozenset[str], frozenset[str]] = {}
+
+
+def _shared(values: frozenset[str]) -> frozenset[str]:
+    """One copy of each small set in use (pods' true conditions take a handful of shapes)."""
+    if len(_SETS) > 4096:  # input from outside: never unbounded
+        _SETS.clear()
+    return _SETS.setdefault(values, values)
+
+
+def _interned(labels: dict[str, str]) -> dict[str, str]:
+    return {_intern(k): _intern(v) for k, v in labels.items()}
+
+
 def _health(value: Any) -> DeviceHealth:
     try:
         return DeviceHealth(str(value))
@@ -118,8 +137,8 @@ def project_pod(obj: Obj) -> Pod:
     owner = None
     for ref in _objects(meta.get("ownerReferences"), f"{where}: metadata.ownerReferences"):
         if ref.get("controller"):
-            owner = OwnerRef(str(ref.get("kind")), str(ref.get("name")), str(ref.get("uid") or ""))
-    labels = _labels(meta.get("labels"), f"{where}: metadata.labels")
+            owner = OwnerRef(_intern(str(ref.get("kind"))), _intern(str(ref.get("name"))), str(ref.get("uid") or ""))
+    labels = _interned(_labels(meta.get("labels"), f"{where}: metadata.labels"))
     annotations = _labels(meta.get("annotations"), f"{where}: metadata.annotations")
     gpus = 0
     for i, c in enumerate(_objects(spec.get("containers"), f"{where}: spec.containers")):
@@ -137,13 +156,13 @@ def project_pod(obj: Obj) -> Pod:
     containers: list[ContainerState] = []
     for i, cs in enumerate(_objects(status.get("containerStatuses"), f"{where}: status.containerStatuses")):
         at = f"{where}: status.containerStatuses[{i}]"
-        cname = str(cs.get("name") or "")
+        cname = _intern(str(cs.get("name") or ""))
         for j, entry in enumerate(_objects(cs.get("allocatedResourcesStatus"), f"{at}.allocatedResourcesStatus")):
             for res in _objects(entry.get("resources"), f"{at}.allocatedResourcesStatus[{j}].resources"):
                 devices.append(
                     DeviceStatus(
                         cname,
-                        str(entry.get("name") or ""),
+                        _intern(str(entry.get("name") or "")),
                         str(res.get("resourceID") or ""),
                         _health(res.get("health")),
                         str(res.get("message") or ""),
@@ -163,18 +182,18 @@ def project_pod(obj: Obj) -> Pod:
             )
         )
     conditions = _list(status.get("conditions"), f"{where}: status.conditions")
-    true_conditions = frozenset(
-        str(c.get("type")) for c in conditions if isinstance(c, dict) and c.get("status") == "True"
+    true_conditions = _shared(
+        frozenset(_intern(str(c.get("type"))) for c in conditions if isinstance(c, dict) and c.get("status") == "True")
     )
-    namespace = str(meta.get("namespace") or "")
+    namespace = _intern(str(meta.get("namespace") or ""))
     name = str(meta.get("name") or "")
-    restart_policy = str(spec.get("restartPolicy") or "Always")
+    restart_policy = _intern(str(spec.get("restartPolicy") or "Always"))
     return Pod(
         namespace=namespace,
         name=name,
         uid=str(meta.get("uid") or ""),
-        node=str(spec.get("nodeName") or ""),
-        phase=str(status.get("phase") or "Pending"),
+        node=_intern(str(spec.get("nodeName") or "")),
+        phase=_intern(str(status.get("phase") or "Pending")),
         labels=labels,
         restart_policy=restart_policy,
         workload=classify(namespace, name, labels, owner, restart_policy),
