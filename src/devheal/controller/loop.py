@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import time
+from collections import ChainMap
 from collections.abc import Awaitable, Callable, Container, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,7 +31,7 @@ from devheal.controller.actuators import Actuators
 from devheal.controller.agent_reports import ReportAudit
 from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
-from devheal.engine.decide import Breaker, Overdue, Settings
+from devheal.engine.decide import Breaker, Overdue, Settings, relevance_horizon
 from devheal.engine.placement import Release, place_gated
 from devheal.engine.retention import expired
 from devheal.engine.rounds import DecisionRound, Pacing
@@ -40,7 +41,7 @@ from devheal.kube.supervision import LoopFailed, Supervisor
 from devheal.kube.workqueue import WorkQueue, run_workers
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView
-from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase, Rail
+from devheal.model.plan import Action, Blocked, FindingKind, InFlight, InFlightRecords, Phase, Rail
 from devheal.model.policy import (
     BREAKER_CONDITION,
     BREAKER_RESET_REASON,
@@ -89,6 +90,37 @@ class ControllerOptions:
     """Seconds a gang restart may take before it ends as Failed (reason Timeout), naming the lagging ranks."""
 
 
+class CurrentRecords:
+    """The records a round walks through, kept as the watch delivers them: every active one, and the ended ones
+    within ``relevance_horizon`` (budgets, intervals, hold-downs). Older ones are found only by name
+    (``InFlightRecords``), so a round costs the same however many old records the cluster keeps."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.horizon = 24 * 3600.0
+        self.items: dict[str, InFlight] = {}
+
+    def relevant(self, record: InFlight, now: float) -> bool:
+        ended = record.finished if record.finished is not None else record.started
+        return record.active or max(record.started, ended) >= now - self.horizon
+
+    def changed(self, key: str, old: InFlight | None, new: InFlight | None) -> None:
+        if new is not None and self.relevant(new, self.clock()):
+            self.items[key] = new
+        else:
+            self.items.pop(key, None)
+
+    def refresh(self, store: dict[str, InFlight], horizon: float, now: float) -> None:
+        """Drop what aged out; a longer horizon (a policy's wider interval) looks through every record again."""
+        if horizon > self.horizon:
+            self.horizon = horizon
+            self.items = {k: r for k, r in store.items() if self.relevant(r, now)}
+            return
+        self.horizon = horizon
+        for key in [k for k, r in self.items.items() if not self.relevant(r, now)]:
+            del self.items[key]
+
+
 class Controller:
     """The leader's decision loop and the round's host: it turns the round's decisions into queued work."""
 
@@ -127,6 +159,8 @@ class Controller:
         self._workers: asyncio.Task[None] | None = None
         self._now = clock()
         self._next_retention = 0.0
+        self._current = CurrentRecords(clock)
+        self.cache.remediations.handlers.append(self._current.changed)
         self.loops = Supervisor("controller")
         """The cache and the leader election, supervised: one that crashes starts again; /readyz says so."""
         self.heartbeat = Heartbeat("decision loop", max(DECISION_LOOP_STUCK_AFTER, 10 * options.tick))
@@ -153,17 +187,19 @@ class Controller:
 
     # ---- the round's host ----------------------------------------------------------------------
 
-    def in_flight(self, view: ClusterView) -> list[InFlight]:
-        """Recorded remediations (the watch's copies win), plus decisions whose records are on their way."""
+    def in_flight(self, view: ClusterView) -> InFlightRecords:
+        """Recorded remediations (the watch's copies win), plus decisions whose records are on their way: the
+        active and recent ones to walk through, any of them by name."""
         recorded = self.cache.remediations.store
         for name, local in list(self._local.items()):
             # Once the watch has delivered a record, the local copy is no longer needed; nor is one whose
             # work ended long ago without a record arriving (its creation failed).
             if name in recorded or (name not in self.queue and self._now - local.started > LOCAL_RECORD_TTL):
                 del self._local[name]
-        merged = dict(self._local)
-        merged.update(recorded)
-        return list(merged.values())
+        self._current.refresh(recorded, relevance_horizon(self._policies), self._now)
+        current = dict(self._local)
+        current.update(self._current.items)
+        return InFlightRecords(list(current.values()), ChainMap(recorded, self._local))
 
     def busy(self) -> Container[str]:
         return self.queue

@@ -22,7 +22,7 @@ budget.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from devheal.engine.findings import policy_for_node, policy_for_pod
@@ -35,6 +35,7 @@ from devheal.model.plan import (
     Finding,
     FindingKind,
     InFlight,
+    InFlightRecords,
     Phase,
     Plan,
     Rail,
@@ -361,9 +362,9 @@ def _candidate_actions(
     return out
 
 
-def _horizon(policies: Sequence[Policy]) -> float:
-    """How far back an ended record can still change a decision: gang restarts per hour, the workload
-    disruption interval, the lifts that lengthen a hold-down."""
+def relevance_horizon(policies: Sequence[Policy]) -> float:
+    """How far back (seconds) an ended record can still change a decision beyond its name: gang restarts per
+    hour, the workload disruption interval, the lifts that lengthen a hold-down (``InFlightRecords.current``)."""
     intervals = [p.budgets.workload_disruption_interval for p in policies]
     return max([3600.0, FLAP_WINDOW, Budgets().workload_disruption_interval, *intervals])
 
@@ -384,14 +385,18 @@ def decide(
     findings = list(findings)
     # One pass over every record: each is looked up by name; beyond that only the active and the recent ones
     # count (budgets, intervals, hold-downs), so old records cost little more than their names.
-    existing: dict[str, InFlight] = {}
-    current: list[InFlight] = []
-    since = now - _horizon(policies)
-    for r in in_flight:
-        existing[r.name] = r
-        if r.phase in ACTIVE_PHASES or r.started >= since or (r.finished is not None and r.finished >= since):
-            current.append(r)
-    in_flight = current
+    existing: Callable[[str], InFlight | None]
+    if isinstance(in_flight, InFlightRecords):  # the host keeps them indexed: no pass over old records at all
+        existing = in_flight.get
+    else:
+        by_name: dict[str, InFlight] = {}
+        current: list[InFlight] = []
+        since = now - relevance_horizon(policies)
+        for r in in_flight:
+            by_name[r.name] = r
+            if r.phase in ACTIVE_PHASES or r.started >= since or (r.finished is not None and r.finished >= since):
+                current.append(r)
+        existing, in_flight = by_name.get, current
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
     candidates = _candidate_actions(view, findings, policies, in_flight, now)
 
@@ -431,7 +436,7 @@ def decide(
         candidate, policy = queue.popleft()
         dry = settings.dry_run or policy.dry_run
         action = replace(candidate, dry_run=dry)  # before naming it: a dry-run decision has its own name
-        prior = existing.get(action.name)
+        prior = existing(action.name)
         if prior is not None and prior.phase is not Phase.BLOCKED:
             continue  # decided before (in flight, done, recorded as dry-run, or failed): never twice
         target = (action.target_kind, action.target)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import overload
 
 from devheal.model.cluster import Workload
 from devheal.model.policy import DISRUPTIVE, ActionKind
@@ -284,6 +286,32 @@ class InFlight:
     @property
     def disruptive(self) -> bool:
         return self.action in DISRUPTIVE and not self.dry_run and self.phase not in (Phase.BLOCKED, Phase.SKIPPED)
+
+
+class InFlightRecords(Sequence[InFlight]):
+    """Records in flight as a host that keeps many hands them to a round: it iterates over those a decision
+    can depend on beyond their name (``current``: every active record, and the ended ones of the last day),
+    and ``get`` finds any record by name (a decision is never taken twice). So deciding costs the same
+    however many old records are kept."""
+
+    __slots__ = ("_by_name", "_current")
+
+    def __init__(self, current: Sequence[InFlight], by_name: Mapping[str, InFlight]) -> None:
+        self._current = current
+        self._by_name = by_name
+
+    def get(self, name: str) -> InFlight | None:
+        return self._by_name.get(name)
+
+    @overload
+    def __getitem__(self, index: int) -> InFlight: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[InFlight]: ...
+    def __getitem__(self, index: int | slice) -> InFlight | Sequence[InFlight]:
+        return self._current[index]
+
+    def __len__(self) -> int:
+        return len(self._current)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from devheal.engine.decide import decide
 from devheal.engine.retention import expired
-from devheal.model.plan import InFlight, Phase, TargetKind
+from devheal.model.plan import InFlight, InFlightRecords, Phase, TargetKind
 from devheal.model.policy import DEFAULT_POLICY, ActionKind, PolicyError, Retention
 
-from .builders import policy
+from .builders import in_flight, node, node_failed, policy, view
 
 DAY = 86_400.0
 NOW = 100 * DAY
@@ -113,3 +114,13 @@ def test_retention_defaults_to_seven_days_and_twenty_per_target() -> None:
 def test_a_bad_retention_is_rejected_naming_the_field(records: object, field: str) -> None:
     with pytest.raises(PolicyError, match=f"RemediationPolicy p: {field}"):
         policy(records=records)
+
+
+def test_decide_finds_a_record_by_name_that_the_host_does_not_walk_through() -> None:
+    """A host that keeps many records hands over the current ones and a lookup by name: an old record of the
+    same decision still means it was taken."""
+    v, findings, ps = view([node("n1")]), [node_failed("n1")], [policy()]
+    [taint] = decide(v, findings, ps, [], NOW).actions
+    old = in_flight(taint, Phase.SUCCEEDED, started=NOW - 90 * DAY)
+    assert decide(v, findings, ps, InFlightRecords([], {old.name: old}), NOW).actions == ()
+    assert decide(v, findings, ps, InFlightRecords([], {}), NOW).actions == (taint,)

@@ -27,9 +27,11 @@ from tests.shell.memapi import MemApi
 from tests.shell.waiting import until
 from tests.unit.shell.controller.test_loop import (
     NODES,
+    PODS,
     POLICIES,
     REMEDIATIONS,
     gpu_node,
+    inference_pod,
     records,
     remediation_policy,
     running,
@@ -243,3 +245,50 @@ def test_a_gang_records_the_rank_that_named_it() -> None:
 
 def _fields(action: Action) -> dict[str, Any]:
     return {f: getattr(action, f) for f in action.__dataclass_fields__}
+
+
+@virtual_time
+async def test_a_round_walks_only_current_records_and_still_finds_an_old_decision_by_name(
+    api: MemApi, kube: KubeClient
+) -> None:
+    """Hundreds of old records: the round walks through the active and recent ones only; an old record of the
+    very decision the round would make is still found by name, so nothing is done twice."""
+    api.create(NODES, gpu_node())
+    api.create(POLICIES, remediation_policy(records={"ttlAfterFinished": "10000h", "maxEndedPerTarget": 1000}))
+    pod = api.create(PODS, inference_pod("infer-0"))
+    now = unix_clock()
+    for i in range(300):
+        add_record(api, f"old-{i}", "Succeeded", now - 30 * 24 * 3600 - i, node=f"n{i}")
+    add_record(api, "recent-0", "Succeeded", now - 600, node="n2")
+    finding = Finding(FindingKind.DEVICE_FAILED, "n1", "pod-status", "XID 79", now - 90 * 24 * 3600)
+    workload = Workload("ml", "ReplicaSet", "infer-7c9", WorkloadClass.INFERENCE)
+    decided = Action(
+        ActionKind.DESCHEDULE,
+        TargetKind.POD,
+        "ml/infer-0",
+        "n1",
+        finding,
+        "p",
+        workload=workload,
+        target_uid=pod["metadata"]["uid"],
+    )
+    body = remediation_body(decided)
+    api.create(REMEDIATIONS, body)
+    api.patch(
+        f"{REMEDIATIONS}/{decided.name}/status",
+        {
+            "status": {
+                "phase": "Succeeded",
+                "startedAt": format_time(finding.since),
+                "completedAt": format_time(now - 90 * 24 * 3600),
+            }
+        },
+    )
+    async with running(kube) as run:
+        await asyncio.sleep(30)
+        current = run.controller.in_flight(run.controller.cache.view())
+    assert run.rounds >= 30
+    assert [r.name for r in current] == ["recent-0"]
+    assert current.get(decided.name) is not None and current.get("old-7") is not None
+    assert not api.calls("create", f"{PODS}/infer-0/eviction")  # decided 90 days ago: never again
+    assert len(api.calls("create", REMEDIATIONS)) == 0
