@@ -33,7 +33,7 @@ from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
 from devheal.engine.decide import Breaker, Overdue, Settings, relevance_horizon
 from devheal.engine.placement import Release, place_gated
-from devheal.engine.retention import expired
+from devheal.engine.retention import ended_at, expired
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.probes import Heartbeat, ProbeServer, loops_check
@@ -294,7 +294,8 @@ class Controller:
         for record in expired(self.cache.remediations.store.values(), self._policies, now, RETENTION_PER_ROUND):
             key = f"retain/{record.name}"
             if record.name not in self.queue and key not in self.queue:
-                self._submit(key, functools.partial(self.actuators.records.delete_ended, record.name))
+                delete = functools.partial(self.actuators.records.delete_ended, record.name, ended_at(record))
+                self._submit(key, delete)
 
     def _release(self, release: Release) -> None:
         """Release a pod from devheal's placement gate (nominating a node first), once at a time per pod."""

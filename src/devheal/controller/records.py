@@ -22,6 +22,7 @@ from devheal.controller import metrics
 from devheal.controller.actuator import split_key
 from devheal.controller.events import EventRecorder
 from devheal.controller.projections import ProjectionError, project_remediation
+from devheal.engine.retention import ended_at
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.api import GROUP_VERSION
@@ -136,13 +137,15 @@ class Records:
         metrics.ACTIONS.labels(action=item.action.kind.value, result="blocked").inc()
         await self.event(item.action, EventReason.BLOCKED, f"{item.action.kind} not taken: {item.why}", "Warning")
 
-    async def delete_ended(self, name: str) -> None:
-        """Retention: delete the record if it is still ended when read back. The delete is conditional on that
-        very version, so a record a new decision took up meanwhile (a Blocked one now allowed) stays; one
-        already gone, or changed, is left alone."""
+    async def delete_ended(self, name: str, ended: float | None = None) -> None:
+        """Retention: delete the record if it is still ended when read back (and, with ``ended``, ended then:
+        the record retention chose, not a later outcome of it). The delete is conditional on that very
+        version, so a record a new decision took up meanwhile (a Blocked one now allowed) stays; one already
+        gone, or changed, is left alone."""
         try:
             obj = await self.client.get(f"{REMEDIATIONS}/{name}")
-            if project_remediation(obj).active:
+            record = project_remediation(obj)
+            if record.active or (ended is not None and ended_at(record) != ended):
                 return
             meta = obj.get("metadata") or {}
             preconditions = {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}

@@ -225,8 +225,11 @@ async def test_a_record_taken_up_again_before_its_deletion_stays(api: MemApi, ku
     api.patch(f"{REMEDIATIONS}/taken-1/status", {"status": {"phase": "InProgress"}})
     await Records(kube, unix_clock).delete_ended("taken-1")
     assert [r["metadata"]["name"] for r in records(api)] == ["taken-1"]
-    api.patch(f"{REMEDIATIONS}/taken-1/status", {"status": {"phase": "Succeeded"}})
-    await Records(kube, unix_clock).delete_ended("taken-1")
+    api.patch(f"{REMEDIATIONS}/taken-1/status", {"status": {"phase": "Succeeded", "completedAt": format_time(now)}})
+    # Chosen as it was (Blocked a month ago): its new outcome stays.
+    await Records(kube, unix_clock).delete_ended("taken-1", now - 30 * 24 * 3600)
+    assert [r["metadata"]["name"] for r in records(api)] == ["taken-1"]
+    await Records(kube, unix_clock).delete_ended("taken-1", now)
     await Records(kube, unix_clock).delete_ended("taken-1")  # gone already: nothing to do
     assert records(api) == []
 
