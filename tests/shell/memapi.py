@@ -135,6 +135,8 @@ class MemApi:
         self._resume = asyncio.Event()
         self._resume.set()
         self._sleeping: set[asyncio.Task[Any]] = set()
+        self.discovery: dict[str, Obj] = {}
+        """Answers to discovery requests (``/apis/<group>/<version>``), by path: see ``serve_discovery``."""
         self._cut_off: dict[str, int] = {}
         """Per user, the writes still to land before that client is cut off (``cut_off``)."""
         self._runner: web.AppRunner | None = None
@@ -258,6 +260,20 @@ class MemApi:
         """Just before serving the next matching request, make ``change`` (another client's write racing it)."""
         self.faults.append(Fault(0, verb, path, times, "", "", meanwhile=change, user=user))
 
+    def serve_discovery(self, group_version: str, *plurals: str) -> None:
+        """Answer ``GET /apis/<group_version>`` with an APIResourceList naming ``plurals`` (an installed CRD's group).
+
+        Without it, as on an API server without the definitions, that path is 404.
+        """
+        self.discovery[f"/apis/{group_version}"] = {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": group_version,
+            "resources": [
+                {"name": p, "namespaced": False, "kind": "", "verbs": ["get", "list", "watch"]} for p in plurals
+            ],
+        }
+
     def cut_off(self, user: str, after_writes: int) -> None:
         """Let ``after_writes`` more writes of ``user`` land, then hold every request of theirs for good.
 
@@ -349,6 +365,8 @@ class MemApi:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         params = dict(request.query)
+        if request.method == "GET" and request.path in self.discovery:
+            return self._answer(self.discovery[request.path])
         try:
             ref = Ref.parse(request.path)
         except ApiError as exc:

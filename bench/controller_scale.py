@@ -1,0 +1,244 @@
+"""Benchmark: the controller's signal-to-action latency, CPU and memory at fleet scale.
+
+    python -m bench.controller_scale --nodes 5000 --pods 40000 --rate 30 --seconds 20
+
+The lab's control plane cannot hold 5,000 nodes on a small machine, so here the Kubernetes
+API is served from memory (``tests.shell.memapi``, the in-memory API server of the shell's
+tests) in one process, and the controller runs as a real ``devheal controller`` process
+against it: the same client, cache, decision round, work queue and actuators as in a
+cluster. Inference pods (Deployments of 100 replicas, one GPU each, 8 per node) fill the
+nodes; once the controller watches, the server marks GPUs of random pods Unhealthy in their
+pod status (KEP-4680), ``--rate`` per second for ``--seconds``. Latency per fault: from the
+server storing the Unhealthy status to the server storing the controller's Remediation for
+that pod (one clock, the server's). What is not here: the kubelet's and the API server's own
+delays (see bench.controller_latency for the lab). Prints a table, writes
+bench/results/controller_scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.controller_memory import node
+
+RESULTS = Path(__file__).parent / "results"
+NAMESPACE = "ml"
+GPU = "nvidia.com/gpu"
+GOAL_P99_MS = 250.0
+DEVHEAL = (sys.executable, "-m", "devheal")
+WATCHED = ("/api/v1/nodes", "/api/v1/pods", "/apis/devheal.io/v1alpha1/remediations")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def inference_pod(i: int, nodes: int) -> dict[str, Any]:
+    deployment = f"inf-{i // 100:04d}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{deployment}-7c9-{i % 100:03d}",
+            "labels": {"app": deployment, "pod-template-hash": "7c9"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": f"{deployment}-7c9",
+                    "uid": f"rs-{deployment}",
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "nodeName": f"gpu-{i // 8 % nodes:05d}",
+            "containers": [{"name": "main", "image": "registry.invalid/serve:1", "resources": {"limits": {GPU: "1"}}}],
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {"running": {}},
+                    "allocatedResourcesStatus": [
+                        {"name": GPU, "resources": [{"resourceID": f"GPU-{i:08d}", "health": "Healthy"}]}
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def policy() -> dict[str, Any]:
+    return {
+        "apiVersion": "devheal.io/v1alpha1",
+        "kind": "RemediationPolicy",
+        "metadata": {"name": "bench"},
+        "spec": {
+            "selector": {"namespaces": [NAMESPACE]},
+            "node": {"taint": False},
+            "budgets": {
+                "maxConcurrentRemediations": 100000,
+                "workloadDisruptionInterval": "0s",
+                "maxUnhealthyNodes": "100%",
+                "circuitBreaker": {"maxFaultyNodesPercent": 100},
+            },
+        },
+    }
+
+
+async def serve(args: argparse.Namespace, kubeconfig: Path) -> None:
+    """Hold the fleet, inject the faults once the controller watches, report what happened on stdout."""
+    from tests.shell.memapi import MemApi
+    from tests.shell.store import Event
+
+    async with MemApi(window=2000) as api:
+        for i in range(args.nodes):
+            api.create("/api/v1/nodes", node(i))
+        for i in range(args.pods):
+            api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", inference_pod(i, args.nodes))
+        api.create("/apis/devheal.io/v1alpha1/remediationpolicies", policy())
+        api.serve_discovery("devheal.io/v1alpha1", "remediationpolicies", "remediations", "nodedevices")
+        api.kubeconfig(kubeconfig)
+        loop = asyncio.get_running_loop()
+        faulted: dict[str, float] = {}
+        acted: dict[str, float] = {}
+
+        def on_event(event: Event) -> None:
+            if event.type == "ADDED" and event.key[1] == "remediations":
+                target = event.obj["spec"]["target"]
+                acted.setdefault(f"{target.get('namespace')}/{target['name']}", loop.time())
+
+        api.store.listeners.append(on_event)
+        print("ready", flush=True)
+        while not all(api.watching(path) for path in WATCHED):  # noqa: ASYNC110 (polling another process's state)
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(2.0)  # the cache synced; its first round has run
+        names = random.Random(args.seed).sample(range(args.pods), args.rate * args.seconds)
+        started = loop.time()
+        for n, i in enumerate(names):
+            await asyncio.sleep(max(0.0, started + n / args.rate - loop.time()))
+            pod = inference_pod(i, args.nodes)
+            name = pod["metadata"]["name"]
+            status = pod["status"]
+            status["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][0].update(
+                health="Unhealthy", message="XID 79"
+            )
+            api.patch(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status", {"status": status})
+            faulted[f"{NAMESPACE}/{name}"] = loop.time()
+        deadline = loop.time() + args.settle
+        while len(acted) < len(faulted) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        latencies = [acted[k] - t for k, t in faulted.items() if k in acted]
+        print(json.dumps({"faults": len(faulted), "acted": len(latencies), "latencies": latencies}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=40000)
+    parser.add_argument("--rate", type=int, default=30, help="faults per second")
+    parser.add_argument("--seconds", type=int, default=20, help="seconds of faults")
+    parser.add_argument("--settle", type=float, default=60.0, help="seconds to wait for the last actions")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "controller_scale.json")
+    parser.add_argument("--role", choices=["main", "serve"], default="main", help=argparse.SUPPRESS)
+    parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.pods > args.nodes * 8:
+        parser.error(f"--pods {args.pods}: at most 8 per node ({args.nodes * 8})")
+    # The client builds a TLS context even for plain http; without a CA store to read that is instant.
+    os.environ.setdefault("SSL_CERT_FILE", os.devnull)
+    if args.role == "serve":
+        asyncio.run(serve(args, args.kubeconfig))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        kubeconfig = Path(tmp) / "kubeconfig"
+        own = [f"--{k}={getattr(args, k)}" for k in ("nodes", "pods", "rate", "seconds", "settle", "seed")]
+        print(f"filling the in-memory API with {args.nodes} nodes and {args.pods} pods ...", flush=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "bench.controller_scale", "--role=serve", f"--kubeconfig={kubeconfig}", *own],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        controller = None
+        errors = (Path(tmp) / "controller.err").open("w")
+        try:
+            assert server.stdout is not None
+            if server.stdout.readline().strip() != "ready":
+                raise SystemExit("the in-memory API server did not start")
+            print("starting the controller; faults begin once it watches ...", flush=True)
+            started = time.monotonic()
+            controller = subprocess.Popen(
+                [*DEVHEAL, "controller", f"--kubeconfig={kubeconfig}", "--no-leader-elect", "--log-level=WARNING"],
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+                text=True,
+            )
+            proc = psutil.Process(controller.pid)
+            peak = 0
+            # The server reports and exits once the faults are acted on (or --settle passed).
+            while server.poll() is None and controller.poll() is None:
+                peak = max(peak, proc.memory_info().rss)
+                time.sleep(0.5)
+            if controller.poll() is not None:
+                err = (Path(tmp) / "controller.err").read_text()
+                raise SystemExit(f"the controller exited ({controller.returncode}):\n{err[-3000:]}")
+            line = server.stdout.read()
+            cpu = proc.cpu_times()
+            rss = proc.memory_info().rss
+            wall = time.monotonic() - started
+        finally:
+            if controller is not None and controller.poll() is None:
+                controller.terminate()
+                controller.wait(timeout=30)
+            server.wait(timeout=60)
+            errors.close()
+    report = json.loads(line.strip().splitlines()[-1])
+    latencies = sorted(1000 * x for x in report["latencies"])
+    if not latencies:
+        raise SystemExit("the controller acted on none of the faults")
+    figures = {
+        "nodes": args.nodes,
+        "gpus": args.nodes * 8,
+        "pods": args.pods,
+        "faults_per_second": args.rate,
+        "faults": report["faults"],
+        "acted": report["acted"],
+        "p50_ms": round(statistics.median(latencies), 1),
+        "p99_ms": round(percentile(latencies, 99), 1),
+        "max_ms": round(latencies[-1], 1),
+        "controller_cpu_seconds": round(cpu.user + cpu.system, 1),
+        "controller_wall_seconds": round(wall, 1),
+        "controller_rss_mb": round(rss / 2**20, 1),
+        "controller_peak_rss_mb": round(max(peak, rss) / 2**20, 1),
+        "goal_p99_ms": GOAL_P99_MS,
+    }
+    for key, value in figures.items():
+        print(f"{key:>24}  {value}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
