@@ -153,6 +153,8 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             )
         if pod.gpu_request <= 0 and not pod.devices:
             continue
+        if not any(c.exit_code is not None or c.waiting_reason == "CrashLoopBackOff" for c in pod.containers):
+            continue  # nothing for a policy to judge: skip the lookup (most pods, every round)
         policy = policy_for_pod(policies, pod, view.nodes.get(pod.node))
         if policy is None:
             continue
@@ -199,21 +201,32 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
     return list(found.values())
 
 
+def _failed_in_pod_status(view: ClusterView) -> dict[str, set[str]]:
+    """Per node, the devices its active pods' status reports Unhealthy (one pass over the pods)."""
+    failed: dict[str, set[str]] = {}
+    for pod in view.pods.values():
+        if pod.devices and pod.node and pod.active:
+            bad = {d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY}
+            if bad:
+                failed.setdefault(pod.node, set()).update(bad)
+    return failed
+
+
 def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
     found = []
+    in_pod_status = _failed_in_pod_status(view)
     for node in view.nodes.values():
+        failed = set(in_pod_status.get(node.name, ()))
+        report = view.report(node.name, now)  # None when stale: its devices say nothing any more
+        if not failed and node.gap_since is None and (report is None or not report.unhealthy):
+            continue  # no sign of trouble: skip the policy lookup (most nodes, every round)
         policy = policy_for_node(policies, node)
         if policy is None:
             continue
-        failed: set[str] = set()
         sources: list[str] = []
         pods = view.pods_on(node.name)
-        for pod in pods:
-            if pod.active:
-                failed.update(d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY)
         if failed:
             sources.append("pod-status")
-        report = view.report(node.name, now)  # None when stale: its devices say nothing any more
         since_candidates = []
         if report is not None and report.unhealthy:
             failed.update(d.device_id for d in report.unhealthy)

@@ -56,6 +56,8 @@ def free_gpus(view: ClusterView) -> dict[str, int]:
 
 def _settle_claims(view: ClusterView, vacancies: list[Vacancy]) -> list[Vacancy]:
     """Vacancies whose claimant runs are filled (dropped); those whose claimant ended or is gone are free again."""
+    if not any(v.claimant for v in vacancies):
+        return vacancies
     by_uid = {p.uid: p for p in view.pods.values()}
     kept = []
     for vacancy in vacancies:
@@ -72,9 +74,12 @@ def place_gated(view: ClusterView, vacancies: list[Vacancy], now: float) -> tupl
     """The gated pods to release, each with a node to nominate or none; and the vacancies left."""
     left = _settle_claims(view, [v for v in vacancies if now - v.since <= VACANCY_TTL])
     claimed = {v.claimant: v.node for v in left if v.claimant}
+    gated = sorted((p for p in view.pods.values() if p.gated and p.active), key=lambda p: p.key)
+    if not gated:
+        return [], left
     free = free_gpus(view)
     releases = []
-    for pod in sorted((p for p in view.pods.values() if p.gated and p.active), key=lambda p: p.key):
+    for pod in gated:
         chosen = claimed.get(pod.uid, "")
         if chosen:  # nominated before and still waiting: release again to the same node
             releases.append(Release(pod.key, pod.uid, chosen))
