@@ -38,6 +38,8 @@ class ClusterCache:
         self.changed = asyncio.Event()
         self.pods_by_node: dict[str, set[str]] = {}
         self.pod_by_device: dict[tuple[str, str], str] = {}
+        self.signalled: set[str] = set()
+        """Keys of the pods detection has to look at (``Pod.signalled``): a round walks these, not every pod."""
         self.policy_errors: dict[str, str] = {}
         self.nodes: Reflector[Node] = Reflector(client, api_path("v1", "nodes"), project_node, [self._on_node])
         self.pods: Reflector[Pod] = Reflector(client, api_path("v1", "pods"), project_pod, [self._on_pod])
@@ -76,6 +78,10 @@ class ClusterCache:
         self.changed.set()
 
     def _on_pod(self, key: str, old: Pod | None, new: Pod | None) -> None:
+        if new is not None and new.signalled:
+            self.signalled.add(key)
+        else:
+            self.signalled.discard(key)
         if old is not None:
             self.pods_by_node.get(old.node, set()).discard(key)
             for dev in old.devices:
@@ -97,6 +103,7 @@ class ClusterCache:
             reports=self.reports.store,
             pods_by_node={n: frozenset(keys) for n, keys in self.pods_by_node.items() if keys},
             pod_by_device=self.pod_by_device,
+            signalled=frozenset(self.signalled),
         )
 
     def policies(self) -> list[Policy]:

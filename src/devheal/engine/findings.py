@@ -134,10 +134,8 @@ def report_mismatches(view: ClusterView, now: float) -> list[ReportMismatch]:
 
 def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
     found: dict[tuple[FindingKind, str], Finding] = {}
-    # (a) KEP-4680 device health in pod status.
-    for pod in view.pods.values():
-        if not pod.active or not pod.node:
-            continue
+    # (a) KEP-4680 device health in pod status; exits and crash loops. Only pods with such a signal.
+    for pod in view.pods_with_signals():
         bad = tuple(d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY)
         if bad:
             messages = "; ".join(sorted({d.message for d in pod.devices if d.message}))
@@ -204,8 +202,8 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
 def _failed_in_pod_status(view: ClusterView) -> dict[str, set[str]]:
     """Per node, the devices its active pods' status reports Unhealthy (one pass over the pods)."""
     failed: dict[str, set[str]] = {}
-    for pod in view.pods.values():
-        if pod.devices and pod.node and pod.active:
+    for pod in view.pods_with_signals():
+        if pod.devices:
             bad = {d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY}
             if bad:
                 failed.setdefault(pod.node, set()).update(bad)

@@ -6,7 +6,7 @@ and keeps them in a ``ClusterView``; findings and the engine read only these.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -134,6 +134,19 @@ class Pod:
     def active(self) -> bool:
         return self.phase not in ("Succeeded", "Failed") and not self.deleting
 
+    @property
+    def signalled(self) -> bool:
+        """Whether this pod carries anything detection judges: an active, bound pod with an Unhealthy device,
+        or a container that exited or crash-loops."""
+        return (
+            self.active
+            and bool(self.node)
+            and (
+                any(d.health is DeviceHealth.UNHEALTHY for d in self.devices)
+                or any(c.exit_code is not None or c.waiting_reason == "CrashLoopBackOff" for c in self.containers)
+            )
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Taint:
@@ -212,6 +225,15 @@ class ClusterView:
     """(node, device id) -> pod key."""
     report_max_age: float = REPORT_MAX_AGE
     """Seconds after which an agent's report is stale (``NodeDevicesReport.stale``)."""
+    signalled: frozenset[str] | None = None
+    """Keys of the pods with a signal to judge (``Pod.signalled``), kept by the cache as pods change, so a
+    round need not walk every pod; None: every pod is looked at."""
+
+    def pods_with_signals(self) -> Iterable[Pod]:
+        """The pods that may give a pod finding: those in ``signalled``, or every pod without that index."""
+        if self.signalled is None:
+            return [p for p in self.pods.values() if p.signalled]
+        return [self.pods[k] for k in sorted(self.signalled) if k in self.pods]
 
     def report(self, node: str, now: float) -> NodeDevicesReport | None:
         """The node's agent report, None when there is none or it is stale."""

@@ -247,3 +247,45 @@ async def test_every_change_sets_changed(api: MemApi, kube: KubeClient) -> None:
             api.create(path, body)
             await asyncio.wait_for(cache.changed.wait(), timeout=5)
         assert cache.sizes() == {"nodes": 1, "pods": 1, "nodedevices": 1, "policies": 1, "remediations": 1}
+
+
+def health(device: str, value: str) -> Obj:
+    resources = [{"resourceID": device, "health": value}]
+    return {
+        "status": {
+            "containerStatuses": [
+                {"name": "main", "allocatedResourcesStatus": [{"name": GPU_RESOURCE, "resources": resources}]}
+            ]
+        }
+    }
+
+
+async def test_the_pods_with_signals_are_indexed_as_they_change(api: MemApi, kube: KubeClient) -> None:
+    """A round walks ``view.signalled``, not every pod: the index must hold exactly the pods with a signal."""
+    for name in ("a", "b", "c"):
+        api.create(PODS, gpu_pod(name, "n1", (f"GPU-{name}",)))
+    async with synced(ClusterCache(kube, clock=unix_clock)) as cache:
+
+        def right() -> bool:
+            return cache.view().signalled == frozenset(k for k, p in cache.pods.store.items() if p.signalled)
+
+        assert cache.view().signalled == frozenset()
+        api.patch(f"{PODS}/a/status", health("GPU-a", "Unhealthy"))
+        api.patch(
+            f"{PODS}/b/status",
+            {
+                "status": {
+                    "containerStatuses": [
+                        {"name": "main", "restartCount": 7, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+                    ]
+                }
+            },
+        )
+        await until(lambda: cache.view().signalled == {"ml/a", "ml/b"}, "both signals indexed")
+        api.patch(f"{PODS}/a/status", health("GPU-a", "Healthy"))
+        api.delete(f"{PODS}/b")
+        await until(lambda: cache.view().signalled == frozenset(), "the recovery and the deletion")
+        api.patch(f"{PODS}/c/status", health("GPU-c", "Unhealthy"))
+        api.patch(f"{PODS}/c/status", {"status": {"phase": "Failed"}})  # an ended pod judges nothing
+        await until(lambda: cache.pods.store["ml/c"].phase == "Failed", "the pod to end")
+        assert right() and cache.view().signalled == frozenset()
