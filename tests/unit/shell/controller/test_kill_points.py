@@ -27,12 +27,11 @@ from tests.shell.memapi import MemApi
 from tests.shell.store import Event, Ref
 from tests.shell.waiting import until
 
-from .test_loop import NODES, PODS, POLICIES, gpu_node, inference_pod, remediation_policy
+from .test_loop import NODES, PODS, POLICIES, failed_report, gpu_node, inference_pod, remediation_policy
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
 REPORTS = api_path(GROUP_VERSION, "nodedevices")
-XID_79 = {"message": "XID 79", "code": 79}
 WRITES = frozenset({"create", "update", "patch", "delete"})
 Obj = dict[str, Any]
 
@@ -132,26 +131,7 @@ FAIL_POD = Scenario(fail_pod_seed, lambda api: the_record_succeeded(api, "FailPo
 def taint_seed(api: MemApi) -> None:
     api.create(NODES, gpu_node(gpus=2))
     api.create(POLICIES, remediation_policy(node={"taint": True}, budgets={"maxUnhealthyNodes": "100%"}))
-    api.create(
-        REPORTS,
-        {
-            "apiVersion": GROUP_VERSION,
-            "kind": "NodeDevices",
-            "metadata": {"name": "n1"},
-            "spec": {"nodeName": "n1"},
-            "status": {
-                "devices": [
-                    {
-                        "id": f"GPU-{i}",
-                        "index": i,
-                        "health": "Unhealthy",
-                        "reasons": [{"message": "XID 79", "code": 79}],
-                    }
-                    for i in range(2)
-                ]
-            },
-        },
-    )
+    api.create(REPORTS, failed_report())
 
 
 def devheal_taints(api: MemApi) -> list[Obj]:

@@ -104,6 +104,21 @@ def remediation_policy(**spec: Any) -> Obj:
     return {"apiVersion": GROUP_VERSION, "kind": "RemediationPolicy", "metadata": {"name": "p"}, "spec": base}
 
 
+def failed_report(node: str = "n1", gpus: int = 2) -> Obj:
+    """A node agent's NodeDevices saying every one of the node's ``gpus`` GPUs failed (XID 79)."""
+    failed = [
+        {"id": f"GPU-{i}", "index": i, "health": "Unhealthy", "reasons": [{"message": "XID 79", "code": 79}]}
+        for i in range(gpus)
+    ]
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": "NodeDevices",
+        "metadata": {"name": node},
+        "spec": {"nodeName": node},
+        "status": {"devices": failed},
+    }
+
+
 def seed(api: MemApi, *pods: str, **policy: Any) -> None:
     api.create(NODES, gpu_node())
     api.create(POLICIES, remediation_policy(**policy))

@@ -36,7 +36,7 @@ from .test_actuator_families import (
     policy,
     record,
 )
-from .test_loop import POLICIES, gpu_node, running
+from .test_loop import POLICIES, failed_report, gpu_node, running
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -447,26 +447,7 @@ def failed_node_cluster(api: MemApi) -> Action:
     api.create(
         POLICIES, {"apiVersion": GROUP_VERSION, "kind": "RemediationPolicy", "metadata": {"name": "p"}, "spec": spec}
     )
-    api.create(
-        REPORTS,
-        {
-            "apiVersion": GROUP_VERSION,
-            "kind": "NodeDevices",
-            "metadata": {"name": "n1"},
-            "spec": {"nodeName": "n1"},
-            "status": {
-                "devices": [
-                    {
-                        "id": f"GPU-{i}",
-                        "index": i,
-                        "health": "Unhealthy",
-                        "reasons": [{"message": "XID 79", "code": 79}],
-                    }
-                    for i in range(2)
-                ]
-            },
-        },
-    )
+    api.create(REPORTS, failed_report())
     template(api)
     return node_action(ActionKind.REMEDIATE_NODE, created)
 
