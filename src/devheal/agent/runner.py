@@ -360,12 +360,13 @@ async def serve(
     metrics_address: str = "0.0.0.0",
     delete_on_exit: bool = False,
     stop: asyncio.Event | None = None,
+    context: str | None = None,
 ) -> None:
     """Connect, run the agents until SIGTERM/SIGINT (or ``stop``), then shut down cleanly.
 
     With ``metrics_port``: /metrics, /healthz and /readyz there (``devheal.kube.probes``).
     """
-    kube = await KubeClient.connect(kubeconfig)
+    kube = await KubeClient.connect(kubeconfig, context=context)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

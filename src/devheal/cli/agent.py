@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from devheal.cli import logs
-from devheal.cli.common import preflight
+from devheal.cli.common import Context, preflight
 
 if TYPE_CHECKING:
     from devheal.agent.runner import NodeAgent
@@ -40,6 +40,7 @@ def agent(
             help="Kubeconfig path (the lab's with --lab-dir; else $KUBECONFIG, ~/.kube/config, the service account)."
         ),
     ] = None,
+    context: Context = None,
     pod_resources_socket: Annotated[
         Path | None,
         typer.Option(help=f"The kubelet's pod-resources socket (default {KUBELET_SOCKET}; the lab's with --lab-dir)."),
@@ -141,7 +142,7 @@ def agent(
         return agents
 
     try:
-        preflight("agent", kubeconfig, ("nodedevices",))
+        preflight("agent", kubeconfig, ("nodedevices",), context=context)
         asyncio.run(
             serve(
                 kubeconfig,
@@ -149,6 +150,7 @@ def agent(
                 metrics_port=metrics_port,
                 metrics_address=metrics_address,
                 delete_on_exit=delete_on_exit,
+                context=context,
             )
         )
     finally:

@@ -58,7 +58,9 @@ def explain(exc: KubeError) -> tuple[str, int]:
     return str(exc), FAILED
 
 
-def preflight(command: str, kubeconfig: str | None, plurals: tuple[str, ...] | None = None) -> None:
+def preflight(
+    command: str, kubeconfig: str | None, plurals: tuple[str, ...] | None = None, context: str | None = None
+) -> None:
     """Before the loops start (and retry for ever): the configuration loads, the API server answers, and it
     serves devheal's resources; otherwise one line saying what to fix, and exit."""
     from devheal.kube import errors
@@ -66,7 +68,7 @@ def preflight(command: str, kubeconfig: str | None, plurals: tuple[str, ...] | N
     from devheal.kube.crds import PLURALS, check_installed
 
     async def check() -> None:
-        async with await KubeClient.connect(kubeconfig, max_connections=1) as kube:
+        async with await KubeClient.connect(kubeconfig, context=context, max_connections=1) as kube:
             await check_installed(kube, plurals or PLURALS)
 
     try:

@@ -9,11 +9,12 @@ from typing import Annotated
 import typer
 
 from devheal.cli import logs
-from devheal.cli.common import Kubeconfig, preflight
+from devheal.cli.common import Context, Kubeconfig, preflight
 
 
 def controller(
     kubeconfig: Kubeconfig = None,
+    context: Context = None,
     dry_run: Annotated[bool, typer.Option(help="Decide and record Remediations, change nothing else.")] = False,
     paused: Annotated[bool, typer.Option(help="Record findings, take no action at all.")] = False,
     leader_elect: Annotated[bool, typer.Option(help="Take the leader Lease before acting (run 2 replicas).")] = True,
@@ -39,7 +40,7 @@ def controller(
     if gang_restart_timeout <= 0:
         raise typer.BadParameter(f"must be > 0, got {gang_restart_timeout}", param_hint="--gang-restart-timeout")
     logs.setup(log_level, log_format)
-    preflight("controller", kubeconfig)
+    preflight("controller", kubeconfig, context=context)
     from devheal.controller.loop import ControllerOptions, serve
 
     options = ControllerOptions(
@@ -52,4 +53,4 @@ def controller(
         renew_deadline=lease_duration * 2 / 3,
         retry_period=max(0.5, lease_duration / 7.5),
     )
-    asyncio.run(serve(kubeconfig, options, metrics_port))
+    asyncio.run(serve(kubeconfig, options, metrics_port, context=context))

@@ -471,12 +471,14 @@ def add_probes(probes: ProbeServer, controller: Controller) -> None:
     probes.add_ready("decision-loop", controller.heartbeat.started)
 
 
-async def serve(kubeconfig: str | None, options: ControllerOptions, metrics_port: int | None) -> None:
+async def serve(
+    kubeconfig: str | None, options: ControllerOptions, metrics_port: int | None, *, context: str | None = None
+) -> None:
     """Run until SIGTERM/SIGINT, then shut down gracefully (release the lease).
 
     With ``metrics_port``: /metrics, /healthz and /readyz there (``devheal.kube.probes``).
     """
-    client = await KubeClient.connect(kubeconfig)
+    client = await KubeClient.connect(kubeconfig, context=context)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -91,8 +91,10 @@ def test_the_controller_exits_1_when_the_cluster_cannot_be_reached(tmp_path: Pat
         ["features", "--context", "staging"],
         ["crds", "apply", "--context", "staging"],
         ["launch", "--pod", "p", "--namespace", "ns", "--context", "staging", "--", "true"],
+        ["controller", "--context", "staging"],
+        [*AGENT, "--context", "staging"],
     ],
-    ids=["barrier", "features", "crds-apply", "launch"],
+    ids=["barrier", "features", "crds-apply", "launch", "controller", "agent"],
 )
 def test_a_context_the_kubeconfig_does_not_have(command: list[str], tmp_path: Path, refused: Path) -> None:
     code, _, err = run(command, tmp_path, KUBECONFIG=str(refused))
