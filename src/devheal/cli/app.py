@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "barrier": ("devheal.cli.restart_all", "barrier"),
     "sidecar": ("devheal.cli.restart_all", "sidecar"),
     "features": ("devheal.cli.features", "features"),
+    "doctor": ("devheal.cli.doctor", "doctor"),
     "crds": ("devheal.cli.crds", "app"),
     "lab": ("devheal.cli.lab", "app"),
 }

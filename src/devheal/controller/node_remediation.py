@@ -46,6 +46,11 @@ def _remediations_path(ref: TemplateRef, name: str | None = None) -> str:
     return api_path(ref.api_version, ref.remediation_kind.lower() + "s", namespace=ref.namespace, name=name)
 
 
+def template_path(ref: TemplateRef) -> str:
+    """The API path of the remediation template ``ref`` names."""
+    return api_path(ref.api_version, ref.kind.lower() + "s", namespace=ref.namespace, name=ref.name)
+
+
 def marked_by(obj: Obj) -> str:
     """The Remediation record that created ``obj`` ("" when devheal did not mark it)."""
     meta = obj.get("metadata") or {}
@@ -97,10 +102,9 @@ class NodeRemediation:
         ref = self._template_ref(action)
         if _created(record):
             return _waiting(ref, action.target), []  # carried on: the object is there, the node is not back yet
-        template_path = api_path(ref.api_version, ref.kind.lower() + "s", namespace=ref.namespace, name=ref.name)
         where = f"remediation template {ref.kind} {ref.namespace}/{ref.name}"
         try:
-            template = await self.client.get(template_path)
+            template = await self.client.get(template_path(ref))
         except errors.NotFound as exc:
             raise StepFailed(f"{where} not found", retry=False, reason=RemediationReason.TEMPLATE_MISSING) from exc
         except errors.Forbidden as exc:

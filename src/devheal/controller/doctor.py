@@ -1,0 +1,220 @@
+"""``devheal doctor``: is this cluster ready for devheal, and what is missing?
+
+Each check reads the cluster (nothing is written) and says ``ok``, ``warn`` (devheal runs,
+but something it could use is missing or it will act more widely than intended) or
+``fail`` (devheal cannot do its job): devheal's CRDs served; the policies valid (and what
+no policy means); a fresh agent report for every GPU node; the remediation templates the
+policies name; KEP-4680 device health in pod status; RestartAllContainers; and what the
+controller's service account may do (SubjectAccessReviews for the writes its actions make).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from devheal.controller.node_remediation import template_path
+from devheal.controller.projections import ProjectionError, project_node, project_node_devices
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, api_path
+from devheal.kube.crds import CRDsMissing, check_installed
+from devheal.kube.features import detect_restart_all
+from devheal.model.api import GROUP, GROUP_VERSION
+from devheal.model.cluster import GPU_RESOURCE
+from devheal.model.policy import Policy, PolicyError, parse_policy
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+CONTROLLER_NEEDS: tuple[tuple[str, str, str, str], ...] = (
+    # (verb, API group, resource, subresource)
+    ("list", "", "pods", ""),
+    ("watch", "", "nodes", ""),
+    ("create", "", "pods", "eviction"),
+    ("patch", "", "pods", "status"),
+    ("update", "", "nodes", ""),
+    ("create", "", "events", ""),
+    ("patch", "", "events", ""),
+    ("create", GROUP, "remediations", ""),
+    ("patch", GROUP, "remediations", "status"),
+    ("delete", GROUP, "remediations", ""),
+    ("list", GROUP, "nodedevices", ""),
+    ("patch", GROUP, "remediationpolicies", "status"),
+    ("update", "coordination.k8s.io", "leases", ""),
+)
+"""What the controller's actions write (and the watches it needs): checked for its service account."""
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    status: str
+    """``ok``, ``warn`` or ``fail``."""
+    detail: str
+
+
+def _names(items: list[str], most: int = 5) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+async def _crds(kube: KubeClient) -> Check:
+    try:
+        await check_installed(kube)
+    except CRDsMissing as exc:
+        return Check("crds", FAIL, str(exc))
+    return Check("crds", OK, f"remediationpolicies, remediations, nodedevices served in {GROUP_VERSION}")
+
+
+async def _policies(kube: KubeClient) -> tuple[Check, list[Policy]]:
+    items, _ = await kube.list_all(api_path(GROUP_VERSION, "remediationpolicies"))
+    valid: list[Policy] = []
+    invalid: list[str] = []
+    for obj in items:
+        try:
+            valid.append(parse_policy(obj))
+        except PolicyError as exc:
+            invalid.append(str(exc))
+    if invalid:
+        return Check("policies", FAIL, f"{len(invalid)} invalid (never acted on): {'; '.join(invalid[:3])}"), valid
+    if not valid:
+        return (
+            Check(
+                "policies",
+                WARN,
+                "no RemediationPolicy: the built-in default policy acts on every namespace and node; "
+                "create one that selects what devheal may act on (docs/policy.md)",
+            ),
+            valid,
+        )
+    return Check("policies", OK, f"{len(valid)} valid: {_names([p.name for p in valid])}"), valid
+
+
+async def _agents(kube: KubeClient, now: float) -> Check:
+    nodes, _ = await kube.list_all(api_path("v1", "nodes"))
+    gpu_nodes = []
+    for obj in nodes:
+        try:
+            node = project_node(obj)
+        except ProjectionError:
+            continue
+        if node.gpu_capacity > 0:
+            gpu_nodes.append(node.name)
+    reports, _ = await kube.list_all(api_path(GROUP_VERSION, "nodedevices"))
+    fresh = set()
+    for obj in reports:
+        try:
+            report = project_node_devices(obj)
+        except ProjectionError:
+            continue
+        if not report.stale(now):
+            fresh.add(report.node)
+    silent = sorted(n for n in gpu_nodes if n not in fresh)
+    if not gpu_nodes:
+        return Check("agents", WARN, f"no node has {GPU_RESOURCE} capacity (is the device plugin running?)")
+    if silent:
+        return Check(
+            "agents",
+            WARN,
+            f"{len(gpu_nodes) - len(silent)}/{len(gpu_nodes)} GPU nodes have a current NodeDevices report; "
+            f"none from {_names(silent)} (is the devheal agent DaemonSet running there?)",
+        )
+    return Check("agents", OK, f"{len(gpu_nodes)}/{len(gpu_nodes)} GPU nodes have a current NodeDevices report")
+
+
+async def _templates(kube: KubeClient, policies: list[Policy]) -> Check:
+    named = {p.node.template for p in policies if p.node.template is not None}
+    if not named:
+        return Check("templates", OK, "no policy names a node remediation template")
+    missing = []
+    for ref in sorted(named, key=lambda r: (r.api_version, r.kind, r.namespace, r.name)):
+        try:
+            await kube.get(template_path(ref))
+        except (errors.NotFound, errors.Forbidden) as exc:
+            missing.append(f"{ref.kind} {ref.namespace}/{ref.name} ({type(exc).__name__})")
+    if missing:
+        return Check("templates", FAIL, f"named by a policy but not readable: {_names(missing)}")
+    return Check("templates", OK, f"{len(named)} remediation template(s) found")
+
+
+async def _device_health(kube: KubeClient) -> Check:
+    pods, _ = await kube.list_all(api_path("v1", "pods"), {"fieldSelector": "status.phase=Running"})
+    gpu_pods = reporting = 0
+    for pod in pods:
+        containers = (pod.get("spec") or {}).get("containers") or []
+        wants = any(
+            GPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {}) for c in containers if isinstance(c, dict)
+        )
+        if not wants:
+            continue
+        gpu_pods += 1
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if any(isinstance(s, dict) and s.get("allocatedResourcesStatus") for s in statuses):
+            reporting += 1
+    if gpu_pods == 0:
+        return Check("device-health", WARN, "no running GPU pod to tell whether kubelets report device health")
+    if reporting == 0:
+        return Check(
+            "device-health",
+            WARN,
+            f"none of {gpu_pods} running GPU pods has allocatedResourcesStatus: the kubelets' "
+            "ResourceHealthStatus feature (KEP-4680) looks off; devheal relies on its agents alone",
+        )
+    return Check("device-health", OK, f"{reporting}/{gpu_pods} running GPU pods report device health (KEP-4680)")
+
+
+async def _restart_all(kube: KubeClient, namespace: str) -> Check:
+    support = await detect_restart_all(kube, namespace)
+    if support.usable:
+        return Check("restart-all", OK, f"RestartAllContainers usable ({support.detail})")
+    return Check("restart-all", WARN, f"RestartAllContainers not usable: {support.detail}; gangs use the launcher")
+
+
+async def _permissions(kube: KubeClient, account: str) -> Check:
+    namespace, _, name = account.partition("/")
+    user = f"system:serviceaccount:{namespace}:{name}"
+    refused = []
+    for verb, group, resource, subresource in CONTROLLER_NEEDS:
+        review: dict[str, Any] = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                "resourceAttributes": {
+                    "verb": verb,
+                    "group": group,
+                    "resource": resource,
+                    "subresource": subresource,
+                    "namespace": namespace if resource == "leases" else "",
+                },
+            },
+        }
+        answer = await kube.create(api_path("authorization.k8s.io/v1", "subjectaccessreviews"), review)
+        if not (answer.get("status") or {}).get("allowed"):
+            refused.append(f"{verb} {resource}{'/' + subresource if subresource else ''}")
+    if refused:
+        return Check("permissions", FAIL, f"{user} may not {_names(refused, 8)} (apply deploy/controller.yaml)")
+    return Check("permissions", OK, f"{user} may make every write the controller's actions need")
+
+
+async def run_checks(kube: KubeClient, *, account: str, namespace: str, now: float | None = None) -> list[Check]:
+    """Every check, in order; a check the caller may not run is a ``warn`` saying so."""
+    now = time.time() if now is None else now
+    crds = await _crds(kube)
+    checks = [crds]
+    if crds.status == FAIL:
+        return checks  # nothing of devheal's can be read
+    policies_check, policies = await _policies(kube)
+    checks.append(policies_check)
+    for name, check in (
+        ("agents", lambda: _agents(kube, now)),
+        ("templates", lambda: _templates(kube, policies)),
+        ("device-health", lambda: _device_health(kube)),
+        ("restart-all", lambda: _restart_all(kube, namespace)),
+        ("permissions", lambda: _permissions(kube, account)),
+    ):
+        try:
+            checks.append(await check())
+        except errors.Forbidden as exc:
+            checks.append(Check(name, WARN, f"cannot check: {exc}"))
+    return checks
