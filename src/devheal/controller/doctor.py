@@ -122,7 +122,7 @@ async def _agents(kube: KubeClient, now: float) -> Check:
 
 
 async def _templates(kube: KubeClient, policies: list[Policy]) -> Check:
-    named = {p.node.template for p in policies if p.node.template is not None}
+    named = {s.template for p in policies for s in p.node.ladder}
     if not named:
         return Check("templates", OK, "no policy names a node remediation template")
     missing = []

@@ -88,14 +88,17 @@ class NodeRemediation:
         self.clock = clock
 
     def _template_ref(self, action: Action) -> TemplateRef:
+        """The template of the decision's rung of the policy's ladder (``node.escalation``, or ``node.template``)."""
         policy = self.policies().get(action.policy)
-        if policy is None or policy.node.template is None:
+        ladder = policy.node.ladder if policy is not None else ()
+        if action.step >= len(ladder):
             raise StepFailed(
-                f"policy {action.policy} has no node remediation template",
+                f"policy {action.policy} has no node remediation template"
+                + (f" for step {action.step + 1}" if ladder else ""),
                 retry=False,
                 reason=RemediationReason.NO_TEMPLATE,
             )
-        return policy.node.template
+        return ladder[action.step].template
 
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         """Create the external remediation object (once: it is named after the node) and wait for the node."""
@@ -165,8 +168,9 @@ class NodeRemediation:
         foreign one stays), then close the record ``name``."""
         policy = self.policies().get(policy_name)
         removed = "no external remediation to remove"
-        if policy is not None and policy.node.template is not None:
-            removed = await self._delete_ours(policy.node.template, name, node)
+        if policy is not None and policy.node.ladder:
+            # Whichever rung this record took: only an object marked with its name is removed.
+            removed = "; ".join([await self._delete_ours(s.template, name, node) for s in policy.node.ladder])
         await self.records.set_status(
             name,
             {

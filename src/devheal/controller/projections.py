@@ -388,6 +388,11 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
             _labels(meta.get("labels"), f"{where}: metadata.labels").get("devheal.io/epoch") or 0,
             f"{where}: metadata.labels.devheal.io/epoch",
         ),
+        step=_int(
+            _labels(meta.get("labels"), f"{where}: metadata.labels").get("devheal.io/step") or 0,
+            f"{where}: metadata.labels.devheal.io/step",
+            maximum=7,
+        ),
     )
     # A record whose name does not come out of its own spec was not written by this version: do not act on it.
     return recorded if recorded.name == meta.get("name") else None

@@ -33,6 +33,8 @@ from devheal.model.values import label_value
 log = logging.getLogger(__name__)
 
 REMEDIATIONS = api_path(GROUP_VERSION, "remediations")
+STEP_LABEL = "devheal.io/step"
+"""A RemediateNode record's rung of the escalation ladder (absent: the first)."""
 
 
 def remediation_body(action: Action, decision: Decision = Decision.ACT) -> Obj:
@@ -75,6 +77,8 @@ def remediation_body(action: Action, decision: Decision = Decision.ACT) -> Obj:
     }
     if action.cause:  # part of the name: kept so the decision can be rebuilt
         body["spec"]["finding"].update({"pod": action.finding.pod, "podUID": action.cause})
+    if action.step:
+        body["metadata"]["labels"][STEP_LABEL] = str(action.step)
     if action.workload is not None:
         body["spec"]["workload"] = {
             "kind": action.workload.kind,

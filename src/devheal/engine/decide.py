@@ -243,6 +243,49 @@ def gang_epochs(view: ClusterView) -> dict[str, int]:
     return epochs
 
 
+def _supersedes(action: Action, in_flight: Sequence[InFlight]) -> bool:
+    """``action`` is a step up its node's escalation ladder and every active record of its target an earlier step."""
+    if action.kind is not ActionKind.REMEDIATE_NODE or action.step == 0:
+        return False
+    return all(
+        r.action is ActionKind.REMEDIATE_NODE and r.resume is not None and r.resume.step < action.step
+        for r in in_flight
+        if r.active and (r.target_kind, r.target) == (action.target_kind, action.target)
+    )
+
+
+def escalation_step(
+    rules: NodeRules, node: str, epoch: int, in_flight: Sequence[InFlight], now: float
+) -> tuple[int, str]:
+    """The rung of the node's remediation ladder to take now, and why when it is a step up.
+
+    The highest rung recorded for this episode stays while it is in progress within its
+    timeout (its record carries it on) or once it succeeded; the next rung is taken when it
+    failed or ran past its timeout; the last rung is never left.
+    """
+    taken = [
+        r
+        for r in in_flight
+        if r.action is ActionKind.REMEDIATE_NODE and r.node == node and r.resume is not None and r.resume.epoch == epoch
+    ]
+    if not taken:
+        return 0, ""
+    last = max(taken, key=lambda r: (r.resume.step if r.resume is not None else 0, r.started))
+    step = last.resume.step if last.resume is not None else 0
+    ladder = rules.ladder
+    if step + 1 >= len(ladder):
+        return step, ""
+    current = ladder[step].template
+    if last.phase is Phase.FAILED:
+        return step + 1, f"step {step + 1} ({current.kind}) failed: escalating to {ladder[step + 1].template.kind}"
+    if last.active and now - last.started > ladder[step].timeout:
+        return step + 1, (
+            f"step {step + 1} ({current.kind}) did not bring the node back within {ladder[step].timeout:.0f}s: "
+            f"escalating to {ladder[step + 1].template.kind}"
+        )
+    return step, ""
+
+
 def _candidate_actions(
     view: ClusterView,
     findings: Iterable[Finding],
@@ -323,14 +366,17 @@ def _candidate_actions(
             if rules.cordon and "cordon" not in node.owned and not node.unschedulable:
                 out.append((replace(base, kind=ActionKind.CORDON, reason="failed GPUs: cordon the node"), policy))
             held = now - (f.all_failed_since if f.all_failed_since is not None else f.since)
-            if rules.template is not None and f.all_devices_failed and held >= rules.remediate_after:
+            if rules.ladder and f.all_devices_failed and held >= rules.remediate_after:
                 if f.node_idle:
+                    step, why = escalation_step(rules, node.name, node.lifts, in_flight, now)
                     out.append(
                         (
                             replace(
                                 base,
                                 kind=ActionKind.REMEDIATE_NODE,
-                                reason=f"all GPUs failed for {held:.0f}s (>= {rules.remediate_after:.0f}s), node idle",
+                                step=step,
+                                reason=why
+                                or f"all GPUs failed for {held:.0f}s (>= {rules.remediate_after:.0f}s), node idle",
                             ),
                             policy,
                         )
@@ -440,8 +486,9 @@ def decide(
         if prior is not None and prior.phase is not Phase.BLOCKED:
             continue  # decided before (in flight, done, recorded as dry-run, or failed): never twice
         target = (action.target_kind, action.target)
-        # One remediation at a time per target: the next step waits for the current one to end.
-        if target in planned_targets or target in active_targets:
+        # One remediation at a time per target: the next step waits for the current one to end (a step up the
+        # escalation ladder takes over from the node's earlier steps, which stay in progress).
+        if target in planned_targets or (target in active_targets and not _supersedes(action, in_flight)):
             continue
         if settings.paused or policy.paused:
             blocked.append(

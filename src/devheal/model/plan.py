@@ -180,6 +180,8 @@ class Action:
     records must not change a name): node actions, how many times devheal lifted the node's marks
     (``Node.lifts``); gang restarts, the gang's highest restart generation. A new fault after a
     recovery is a new decision, and a restarted controller computes the same number."""
+    step: int = 0
+    """RemediateNode: the rung of the policy's escalation ladder (``NodeRules.ladder``) this decision takes."""
 
     @property
     def disruptive(self) -> bool:
@@ -198,7 +200,7 @@ class Action:
 
         A dry-run decision has a name of its own, so turning dry-run off lets the real action happen."""
         return remediation_name(
-            self.kind, self.target, self.target_uid, self.finding.kind, self.epoch, self.dry_run, self.cause
+            self.kind, self.target, self.target_uid, self.finding.kind, self.epoch, self.dry_run, self.cause, self.step
         )
 
 
@@ -210,9 +212,11 @@ def remediation_name(
     epoch: int = 0,
     dry_run: bool = False,
     cause: str = "",
+    step: int = 0,
 ) -> str:
     mark = "|dry" if dry_run else ""
     mark += f"|{cause}" if cause else ""  # absent: the same names as before causes were named
+    mark += f"|step{step}" if step else ""  # the first rung keeps the names of before the ladder
     digest = hashlib.sha256(f"{kind}|{target}|{uid}|{finding}|{epoch}{mark}".encode()).hexdigest()[:10]
     readable = re.sub(r"[^a-z0-9-]+", "-", target.lower()).strip("-")[:200]
     return f"{kind.lower()}-{readable}-{digest}"

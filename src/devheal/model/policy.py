@@ -26,6 +26,7 @@ Spec, with defaults::
         remediateAfter: 5m             # all devices failed this long -> node remediation
         remediation: IdleOnly          # IdleOnly | Drain
         template: null                 # {apiVersion, kind, name, namespace}: external remediation
+        escalation: []                 # or ordered [{template, timeout: 30m}, ...]: the next on timeout/failure
         holdDown: 2m                   # healthy this long before devheal lifts its taint/cordon
       budgets:
         maxUnhealthyNodes: "10%"       # count ("3") or percent ("10%") of the selected GPU nodes
@@ -165,6 +166,18 @@ class TemplateRef:
 
 
 @dataclass(frozen=True, slots=True)
+class EscalationStep:
+    """One rung of a node's remediation ladder: a template, and how long it may take before the next rung."""
+
+    template: TemplateRef
+    timeout: float
+
+
+DEFAULT_ESCALATION_TIMEOUT = 1800.0
+"""Seconds a rung may take (``node.escalation[].timeout``, and ``node.template`` alone) before the next."""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeRules:
     taint: bool = True
     cordon: bool = False
@@ -173,6 +186,15 @@ class NodeRules:
     remediation: RemediationMode = RemediationMode.IDLE_ONLY
     template: TemplateRef | None = None
     hold_down: float = 120.0
+    escalation: tuple[EscalationStep, ...] = ()
+    """``node.escalation``: templates tried in order, each for its timeout (medik8s-style ordered escalation)."""
+
+    @property
+    def ladder(self) -> tuple[EscalationStep, ...]:
+        """The remediation rungs: ``node.escalation``, or ``node.template`` alone as one rung; empty for none."""
+        if self.escalation:
+            return self.escalation
+        return () if self.template is None else (EscalationStep(self.template, DEFAULT_ESCALATION_TIMEOUT),)
 
 
 DEFAULT_STEP_TIMEOUTS: tuple[tuple[ActionKind, float], ...] = (
@@ -412,6 +434,34 @@ def _template(value: Any, where: str) -> TemplateRef | None:
     return TemplateRef(str(spec["apiVersion"]), str(spec["kind"]), str(spec["name"]), str(spec["namespace"]))
 
 
+def _escalation(value: Any, where: str) -> tuple[EscalationStep, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise PolicyError(f"{where}: expected a list of {{template, timeout}}, got {show(value)}")
+    if len(value) > 8:
+        raise PolicyError(f"{where}: at most 8 steps, got {len(value)}")
+    steps = []
+    for i, item in enumerate(value):
+        at = f"{where}[{i}]"
+        spec = _mapping(item, at)
+        unknown = sorted(set(spec) - {"template", "timeout"})
+        if unknown:
+            raise PolicyError(f"{at}: unknown field(s) {', '.join(map(str, unknown))}; expected template, timeout")
+        template = _template(spec.get("template"), f"{at}.template")
+        if template is None:
+            raise PolicyError(f"{at}.template: required")
+        timeout = parse_duration(spec.get("timeout", "30m"), f"{at}.timeout")
+        if timeout <= 0:
+            raise PolicyError(f"{at}.timeout: must be more than 0s")
+        steps.append(EscalationStep(template, timeout))
+    kinds = [(s.template.api_version, s.template.kind) for s in steps]
+    if len(set(kinds)) != len(kinds):
+        # Each rung's object is named after the node: two rungs of one kind would be the same object.
+        raise PolicyError(f"{where}: each step needs a template of its own kind")
+    return tuple(steps)
+
+
 def _step_timeouts(value: Any, where: str) -> tuple[tuple[ActionKind, float], ...]:
     given = _mapping(value, where)
     allowed = [kind for kind, _ in DEFAULT_STEP_TIMEOUTS]
@@ -524,7 +574,10 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         mode = RemediationMode(mode_value)
     except ValueError:
         raise PolicyError(f"{prefix}.node.remediation: expected IdleOnly or Drain, got {show(mode_value)}") from None
-    if mode is RemediationMode.DRAIN and node.get("template") is None:
+    escalation = _escalation(node.get("escalation"), f"{prefix}.node.escalation")
+    if escalation and node.get("template") is not None:
+        raise PolicyError(f"{prefix}.node: give either template or escalation, not both")
+    if mode is RemediationMode.DRAIN and node.get("template") is None and not escalation:
         raise PolicyError(f"{prefix}.node.template: required when node.remediation is Drain")
     defaults = NodeRules()
     node_rules = NodeRules(
@@ -535,6 +588,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         remediation=mode,
         template=_template(node.get("template"), f"{prefix}.node.template"),
         hold_down=parse_duration(node.get("holdDown", "2m"), f"{prefix}.node.holdDown"),
+        escalation=escalation,
     )
 
     b = _mapping(spec.get("budgets"), f"{prefix}.budgets")

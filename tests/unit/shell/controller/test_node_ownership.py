@@ -508,3 +508,59 @@ async def test_a_new_controller_never_adopts_someone_elses_object_for_a_record_i
     assert api.get(f"{REBOOTS}/n1")["metadata"]["uid"] == theirs["metadata"]["uid"]
     assert not api.calls("delete", REBOOTS)
     assert warnings(api, "DevhealRemediateNodeFailed")
+
+
+# ---- ordered escalation ------------------------------------------------------------------------------
+
+RESETS = api_path("remediation.example.com/v1", "gpuresetremediations", namespace="ops")
+RESET_TEMPLATES = api_path("remediation.example.com/v1", "gpuresetremediationtemplates", namespace="ops")
+
+
+async def test_a_node_not_back_within_a_steps_timeout_gets_the_next_step_and_both_go_once_it_is(
+    api: MemApi, kube: KubeClient
+) -> None:
+    api.create(NODES, gpu_node(gpus=2))
+    ladder = [
+        {
+            "template": {
+                "apiVersion": "remediation.example.com/v1",
+                "kind": "GPUResetRemediationTemplate",
+                "namespace": "ops",
+                "name": "reset",
+            },
+            "timeout": "10m",
+        },
+        {
+            "template": {
+                "apiVersion": "remediation.example.com/v1",
+                "kind": "RebootRemediationTemplate",
+                "namespace": "ops",
+                "name": "reboot",
+            }
+        },
+    ]
+    spec = {
+        "node": {"taint": False, "remediateAfter": "0s", "escalation": ladder},
+        "budgets": {"maxUnhealthyNodes": "100%"},
+    }
+    api.create(
+        POLICIES, {"apiVersion": GROUP_VERSION, "kind": "RemediationPolicy", "metadata": {"name": "p"}, "spec": spec}
+    )
+    api.create(REPORTS, failed_report())
+    api.create(RESET_TEMPLATES, {"metadata": {"name": "reset"}, "spec": {"template": {"spec": {}}}})
+    template(api)
+    async with running(kube):
+        await until(lambda: has(api, f"{RESETS}/n1"), "the first step's object")
+        started = asyncio.get_running_loop().time()
+        await asyncio.sleep(590)
+        assert not has(api, f"{REBOOTS}/n1"), "the first step has its ten minutes"
+        await until(lambda: has(api, f"{REBOOTS}/n1"), "the second step's object", timeout=60)
+        assert asyncio.get_running_loop().time() - started >= 600
+        records = remediation_records(api)
+        assert sorted(r["metadata"]["labels"].get("devheal.io/step", "0") for r in records) == ["0", "1"]
+        assert len(api.calls("create", RESETS)) == 1 and len(api.calls("create", REBOOTS)) == 1
+        api.delete(f"{REPORTS}/n1")  # the node is repaired
+        await until(lambda: not has(api, f"{RESETS}/n1") and not has(api, f"{REBOOTS}/n1"), "both objects removed")
+        await until(
+            lambda: all(r["status"]["phase"] == "Succeeded" for r in remediation_records(api)), "both records to end"
+        )
