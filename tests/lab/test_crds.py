@@ -193,6 +193,32 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("drain-without-template", {"node": {"remediation": "Drain"}}, "spec.node.template"),
     (
+        "template-and-escalation",
+        {
+            "node": {
+                "template": {"apiVersion": "a/v1", "kind": "XTemplate", "name": "t", "namespace": "n"},
+                "escalation": [
+                    {"template": {"apiVersion": "a/v1", "kind": "YTemplate", "name": "t", "namespace": "n"}}
+                ],
+            }
+        },
+        "spec.node.escalation",
+    ),
+    (
+        "escalation-bad-timeout",
+        {
+            "node": {
+                "escalation": [
+                    {
+                        "template": {"apiVersion": "a/v1", "kind": "XTemplate", "name": "t", "namespace": "n"},
+                        "timeout": "ten minutes",
+                    }
+                ]
+            }
+        },
+        "spec.node.escalation[0].timeout",
+    ),
+    (
         "template-without-namespace",
         {"node": {"template": {"apiVersion": "a/v1", "kind": "XTemplate", "name": "t"}}},
         "spec.node.template.namespace",
