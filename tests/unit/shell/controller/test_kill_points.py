@@ -1,6 +1,6 @@
 """Kill points: the controller killed right after each of its API writes, then started again.
 
-For every action kind, a first run does the whole remediation and counts its writes; then,
+For Deschedule, FailPod, Taint, Cordon, RemediateNode and RestartGang, a first run does the whole remediation and counts its writes; then,
 for each k, a fresh cluster gets a controller that dies right after its k-th write lands
 (``MemApi.cut_off``: the write is stored, its answer never comes, nothing after it lands)
 and a new controller process that starts from what the API holds. Every kill point must end
@@ -146,6 +146,64 @@ def taint_once(api: MemApi) -> None:
 TAINT = Scenario(taint_seed, lambda api: the_record_succeeded(api, "Taint") and bool(devheal_taints(api)), taint_once)
 
 
+# ---- Cordon: the same node under a policy that cordons instead of tainting ---------------------------------
+
+
+def cordon_seed(api: MemApi) -> None:
+    api.create(NODES, gpu_node(gpus=2))
+    api.create(
+        POLICIES, remediation_policy(node={"taint": False, "cordon": True}, budgets={"maxUnhealthyNodes": "100%"})
+    )
+    api.create(REPORTS, failed_report())
+
+
+def cordoned(api: MemApi) -> bool:
+    return bool(api.get(f"{NODES}/n1")["spec"].get("unschedulable"))
+
+
+def cordon_once(api: MemApi) -> None:
+    one_record(api)
+    assert cordoned(api) and not devheal_taints(api)
+
+
+CORDON = Scenario(cordon_seed, lambda api: the_record_succeeded(api, "Cordon") and cordoned(api), cordon_once)
+
+
+# ---- RemediateNode: an idle node whose GPUs all failed, through an external remediation template ---------
+
+TEMPLATES = api_path("remediation.example.com/v1", "rebootremediationtemplates", namespace="ops")
+REBOOTS = api_path("remediation.example.com/v1", "rebootremediations", namespace="ops")
+
+
+def remediate_seed(api: MemApi) -> None:
+    api.create(NODES, gpu_node(gpus=2))
+    template = {"apiVersion": "remediation.example.com/v1", "kind": "RebootRemediationTemplate"}
+    node = {"taint": False, "remediateAfter": "0s", "template": {**template, "namespace": "ops", "name": "reboot"}}
+    api.create(POLICIES, remediation_policy(node=node, budgets={"maxUnhealthyNodes": "100%"}))
+    api.create(REPORTS, failed_report())
+    api.create(TEMPLATES, {"metadata": {"name": "reboot"}, "spec": {"template": {"spec": {"strategy": "soft"}}}})
+
+
+def reboots(api: MemApi) -> list[str]:
+    """Reboot objects stored, by name, every time one was created."""
+    return [e.key[3] for e in api.store.log if e.type == "ADDED" and e.key[1] == "rebootremediations"]
+
+
+def remediation_requested(api: MemApi) -> bool:
+    found = [r for r in records(api) if r["spec"]["action"] == "RemediateNode"]
+    steps = [s.get("name") for r in found for s in (r.get("status") or {}).get("steps") or []]
+    return len(found) == 1 and "remediation-created" in steps and reboots(api) == ["n1"]
+
+
+def remediate_once(api: MemApi) -> None:
+    one_record(api)
+    assert reboots(api) == ["n1"], "one remediation object, created once"
+    assert phase(records(api)[0]) == "InProgress", "it waits for the node to come back"
+
+
+REMEDIATE = Scenario(remediate_seed, remediation_requested, remediate_once)
+
+
 # ---- RestartGang: one broken rank of three -----------------------------------------------------------
 
 
@@ -219,7 +277,9 @@ def writes_of(api: MemApi, user: str) -> int:
 
 
 @pytest.mark.parametrize(
-    "scenario", [DESCHEDULE, FAIL_POD, TAINT, GANG], ids=["Deschedule", "FailPod", "Taint", "RestartGang"]
+    "scenario",
+    [DESCHEDULE, FAIL_POD, TAINT, CORDON, REMEDIATE, GANG],
+    ids=["Deschedule", "FailPod", "Taint", "Cordon", "RemediateNode", "RestartGang"],
 )
 async def test_a_controller_killed_after_any_write_leaves_the_remediation_done_exactly_once(
     scenario: Scenario, tmp_path: Path
