@@ -1,10 +1,12 @@
 """Kill points: the controller killed right after each of its API writes, then started again.
 
-For Deschedule, FailPod, Taint, Cordon, RemediateNode and RestartGang, a first run does the whole remediation and counts its writes; then,
-for each k, a fresh cluster gets a controller that dies right after its k-th write lands
-(``MemApi.cut_off``: the write is stored, its answer never comes, nothing after it lands)
-and a new controller process that starts from what the API holds. Every kill point must end
-with the remediation done exactly once: one record, Succeeded, no second disruption.
+For Deschedule, FailPod, Taint, Cordon, RemediateNode and RestartGang, a first run does the
+whole remediation and counts its writes; then, for each k, a fresh cluster gets a controller
+that dies right after its k-th write lands (``MemApi.cut_off``: the write is stored, its
+answer never comes, nothing after it lands) and a new controller process that starts from
+what the API holds. Every kill point must end with the remediation done exactly once: one
+record, done (RemediateNode: waiting for the node, its object created once), no second
+disruption.
 """
 
 from __future__ import annotations
