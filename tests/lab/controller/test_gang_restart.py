@@ -174,7 +174,7 @@ async def placed_gang(kube: KubeClient, namespace: str) -> tuple[dict, str]:
     await wait_until(
         lambda: pods_of(kube, namespace),
         lambda ps: any(p["metadata"]["name"] == "filler" and get_path(p, "status", "phase") == "Running" for p in ps),
-        timeout=30,
+        timeout=120,  # an earlier test's pods may still be leaving the node on a loaded machine
         what="filler running",
     )
     return first, home
