@@ -169,18 +169,26 @@ async def release_gate(client: KubeClient, release: Release) -> None:
     """Nominate ``release.node`` (when set) in the pod's status, then remove the ``devheal.io/placement`` gate.
 
     The nomination goes first: once the gate is gone the scheduler may take the pod at once.
-    A pod that is gone or was replaced is left alone; other failures are logged, and the
-    next round releases the pod again.
+    A pod that is gone or was replaced is left alone, and so is one the API server says is
+    already bound (a round that saw the gate before the cache caught up with an earlier
+    release: a bound pod has no gate left). Other failures are logged, and the next round
+    releases the pod again.
     """
     ns, name = split_key(release.pod)
     path = api_path("v1", "pods", namespace=ns, name=name)
     try:
         if release.node:
-            await client.patch(
-                f"{path}/status",
-                {"metadata": {"uid": release.uid}, "status": {"nominatedNodeName": release.node}},
-                content_type=STRATEGIC_PATCH,
-            )
+            try:
+                await client.patch(
+                    f"{path}/status",
+                    {"metadata": {"uid": release.uid}, "status": {"nominatedNodeName": release.node}},
+                    content_type=STRATEGIC_PATCH,
+                )
+            except errors.Invalid as exc:
+                if "already bound" not in str(exc):
+                    raise
+                log.debug("%s is already bound: nothing to release", release.pod)
+                return
         await client.patch(
             path,
             {

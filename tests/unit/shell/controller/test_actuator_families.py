@@ -7,6 +7,7 @@ node marks and their lifting, drain, and external node remediation from a templa
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -148,6 +149,38 @@ async def test_release_nominates_the_node_before_it_removes_the_gate(api: MemApi
     released = api.get(f"{PODS}/train-1")
     assert released["status"]["nominatedNodeName"] == "n7"
     assert released["spec"]["schedulingGates"] == [{"name": "other"}]
+
+
+async def test_a_pod_already_bound_when_its_nomination_is_refused_is_left_as_it_is(
+    api: MemApi, kube: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A round that saw the gate before the cache caught up with an earlier release: the API
+    # server refuses a nomination on a bound pod (422), and there is no gate left to remove.
+    bound = pod(api, "train-1", node="n3")
+    api.fail_next(
+        422,
+        verb="patch",
+        path=f"{PODS}/train-1/status",
+        message='Pod "train-1" is invalid: status.nominatedNodeName: Forbidden: '
+        "may not be set on pods that are already bound to a node",
+    )
+    with caplog.at_level(logging.WARNING):
+        await actuators(kube).release_gate(Release("ml/train-1", bound["metadata"]["uid"], "n7"))
+    assert [c.path for c in api.calls("patch", f"{PODS}/train-1")] == [f"{PODS}/train-1/status"]
+    assert api.get(f"{PODS}/train-1")["spec"]["nodeName"] == "n3"
+    assert not caplog.records
+
+
+async def test_a_nomination_refused_for_another_reason_is_retried_on_the_next_round(
+    api: MemApi, kube: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    gated = pod(api, "train-1", node="")
+    api.patch(f"{PODS}/train-1", {"spec": {"schedulingGates": [{"name": "devheal.io/placement"}]}})
+    api.fail_next(422, verb="patch", path=f"{PODS}/train-1/status", message="status.nominatedNodeName: Invalid value")
+    with caplog.at_level(logging.WARNING):
+        await actuators(kube).release_gate(Release("ml/train-1", gated["metadata"]["uid"], "n7"))
+    assert api.get(f"{PODS}/train-1")["spec"]["schedulingGates"] == [{"name": "devheal.io/placement"}]
+    assert "retrying on the next round" in caplog.text
 
 
 async def test_taint_and_cordon_are_marked_as_devheals_and_lifted(api: MemApi, kube: KubeClient) -> None:
