@@ -20,6 +20,10 @@ from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 
 LAB_NODES = 6
+"""Nodes with the device plugin's nvidia.com/gpu: gpu-node-000..005."""
+LAB_DRA_NODES = 2
+"""Nodes after those whose GPUs come from the simulated DRA driver: gpu-node-006, gpu-node-007."""
+DRA_NODES = [f"gpu-node-{i:03d}" for i in range(LAB_NODES, LAB_NODES + LAB_DRA_NODES)]
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +31,7 @@ def lab() -> Iterator[Lab]:
     # A short path: unix socket paths (pod-resources) must stay under 108 bytes.
     directory = Path(tempfile.mkdtemp(prefix="devheal-lab-", dir="/tmp"))
     lab = Lab(directory)
-    lab.up(LabSpec(nodes=LAB_NODES, gpus_per_node=8))
+    lab.up(LabSpec(nodes=LAB_NODES + LAB_DRA_NODES, gpus_per_node=8, dra_nodes=LAB_DRA_NODES))
     try:
         yield lab
     finally:

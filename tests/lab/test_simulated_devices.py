@@ -24,7 +24,9 @@ async def running_pods(kube: KubeClient, namespace: str, app: str, count: int) -
 
 
 async def test_nodes_are_ready_with_eight_gpus(kube: KubeClient) -> None:
-    items, _ = await kube.list_all(api_path("v1", "nodes"), {"labelSelector": "type=kwok"})
+    items, _ = await kube.list_all(
+        api_path("v1", "nodes"), {"labelSelector": "type=kwok,devheal.io/gpu-api=device-plugin"}
+    )
     assert len(items) == LAB_NODES
     for node in items:
         ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]

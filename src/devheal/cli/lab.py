@@ -80,6 +80,9 @@ def up(
     nodes: Annotated[int, typer.Option(help="Number of simulated GPU nodes.")] = 4,
     gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
     gpu_model: Annotated[str, typer.Option(help="GPU model name reported by the nodes.")] = "NVIDIA H100 80GB HBM3",
+    dra_nodes: Annotated[
+        int, typer.Option(help="The last N nodes expose their GPUs through a simulated DRA driver (gpu.devheal.io).")
+    ] = 0,
     directory: LabDir = None,
 ) -> None:
     """Start etcd, kube-apiserver, controller manager, scheduler, kwok and the node simulator, detached."""
@@ -87,7 +90,7 @@ def up(
     from devheal.lab.cluster import Lab, LabError, LabSpec
 
     lab = Lab(directory)
-    spec = LabSpec(nodes=nodes, gpus_per_node=gpus_per_node, gpu_model=gpu_model)
+    spec = LabSpec(nodes=nodes, gpus_per_node=gpus_per_node, gpu_model=gpu_model, dra_nodes=dra_nodes)
     with err().status("starting lab") as status:
         try:
             state = lab.up(spec, progress=lambda msg: status.update(msg))

@@ -42,6 +42,9 @@ FEATURE_GATES = {
     "ResourceHealthStatusMessage": True,
     "ContainerRestartRules": True,
     "RestartAllContainersOnContainerExits": True,
+    # DRA device taints (KEP-5055): GA and on by default in 1.37, set so the DRA lab never depends on a default.
+    "DRADeviceTaints": True,
+    "DRADeviceTaintRules": True,
 }
 """Beta gates later issues rely on, set explicitly so a default flip never surprises us."""
 
@@ -69,8 +72,12 @@ class LabSpec:
     gpus_per_node: int = 8
     gpu_model: str = "NVIDIA H100 80GB HBM3"
     pod_resources_sockets: bool = True
+    dra_nodes: int = 0
+    """The last this many nodes expose their GPUs through the simulated DRA driver, not the device plugin."""
 
     def validate(self) -> None:
+        if not 0 <= self.dra_nodes <= self.nodes:
+            raise LabError(f"--dra-nodes must be between 0 and --nodes ({self.nodes}), got {self.dra_nodes}")
         if not 1 <= self.nodes <= 5000:
             raise LabError(f"--nodes must be between 1 and 5000, got {self.nodes}")
         if not 0 <= self.gpus_per_node <= 64:
@@ -237,7 +244,8 @@ class Lab:
             raise
         state.ready_seconds = time.monotonic() - started
         self.state_path.write_text(state.to_json())
-        say(f"lab ready in {state.ready_seconds:.1f}s: {spec.nodes} nodes x {spec.gpus_per_node} GPUs")
+        dra = f" ({spec.dra_nodes} through DRA)" if spec.dra_nodes else ""
+        say(f"lab ready in {state.ready_seconds:.1f}s: {spec.nodes} nodes x {spec.gpus_per_node} GPUs{dra}")
         return state
 
     def _start(self, state: LabState, component: str, cmd: list[str]) -> None:
@@ -369,6 +377,7 @@ class Lab:
             f"--gpu-model={spec.gpu_model}",
             f"--state-file={self.devices_path}",
             f"--http-port={state.ports['nodesim']}",
+            f"--dra-nodes={spec.dra_nodes}",
         ]
         if spec.pod_resources_sockets:
             cmd.append(f"--socket-dir={self.socket_dir}")
@@ -450,7 +459,7 @@ class Lab:
                 nodes = self._get_json(state, "/api/v1/nodes?labelSelector=type%3Dkwok")["items"]
             except (urllib.error.URLError, OSError, ValueError):
                 nodes = []
-            ready = sum(1 for n in nodes if _node_ready(n) and _gpus(n) == state.spec.gpus_per_node)
+            ready = sum(1 for n in nodes if _node_ready(n) and _gpus(n) == _expected_gpus(n, state.spec))
             say(f"nodes ready: {ready}/{want}")
             if ready >= want:
                 return
@@ -584,6 +593,12 @@ def _node_ready(node: dict[str, Any]) -> bool:
         if cond.get("type") == "Ready":
             return bool(cond.get("status") == "True")
     return False
+
+
+def _expected_gpus(node: dict[str, Any], spec: LabSpec) -> int:
+    """A DRA node publishes no ``nvidia.com/gpu`` (its GPUs are in its ResourceSlice)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return 0 if labels.get("devheal.io/gpu-api") == "dra" else spec.gpus_per_node
 
 
 def _gpus(node: dict[str, Any]) -> int:

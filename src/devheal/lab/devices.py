@@ -60,6 +60,8 @@ class Holder:
     pod: str
     uid: str
     container: str
+    claim: str = ""
+    """DRA: the ResourceClaim the device is allocated through; "" for a device-plugin device."""
 
 
 @dataclass(slots=True)
@@ -94,6 +96,7 @@ class Device:
                 "pod": self.holder.pod,
                 "uid": self.holder.uid,
                 "container": self.holder.container,
+                "claim": self.holder.claim,
             },
         }
 
@@ -165,11 +168,13 @@ class NodeDevices:
         return tuple(d.uuid for d in chosen)
 
     def held_by(self, pod_uid: str, container: str | None = None) -> tuple[str, ...]:
+        """Device-plugin devices of a pod (or one container): DRA devices are held through claims."""
         return tuple(
             d.uuid
             for d in self.devices
             if d.holder is not None
             and d.holder.uid == pod_uid
+            and not d.holder.claim
             and (container is None or d.holder.container == container)
         )
 

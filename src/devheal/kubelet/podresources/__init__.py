@@ -11,15 +11,24 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .types import ContainerDevices, ContainerResources, PodResources, PodResourcesSource
+from .types import (
+    ClaimResource,
+    ContainerDevices,
+    ContainerResources,
+    DynamicResource,
+    PodResources,
+    PodResourcesSource,
+)
 
 if TYPE_CHECKING:
     from .client import PodResourcesClient, PodResourcesError, PodResourcesUnavailable
     from .server import PodResourcesServer, PodResourcesServerGroup
 
 __all__ = [
+    "ClaimResource",
     "ContainerDevices",
     "ContainerResources",
+    "DynamicResource",
     "PodResources",
     "PodResourcesClient",
     "PodResourcesError",

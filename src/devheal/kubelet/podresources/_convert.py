@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from . import api_pb2
-from .types import ContainerDevices, ContainerResources, PodResources
+from .types import ClaimResource, ContainerDevices, ContainerResources, DynamicResource, PodResources
 
 
 def devices_to_pb(devices: ContainerDevices) -> api_pb2.ContainerDevices:
@@ -28,12 +28,48 @@ def devices_from_pb(msg: api_pb2.ContainerDevices) -> ContainerDevices:
     )
 
 
+def dynamic_to_pb(dyn: DynamicResource) -> api_pb2.DynamicResource:
+    return api_pb2.DynamicResource(
+        claim_name=dyn.claim_name,
+        claim_namespace=dyn.claim_namespace,
+        claim_resources=[
+            api_pb2.ClaimResource(
+                driver_name=r.driver,
+                pool_name=r.pool,
+                device_name=r.device,
+                cdi_devices=[api_pb2.CDIDevice(name=name) for name in r.cdi_devices],
+            )
+            for r in dyn.resources
+        ],
+    )
+
+
+def dynamic_from_pb(msg: api_pb2.DynamicResource) -> DynamicResource:
+    return DynamicResource(
+        claim_name=msg.claim_name,
+        claim_namespace=msg.claim_namespace,
+        resources=tuple(
+            ClaimResource(
+                driver=r.driver_name,
+                pool=r.pool_name,
+                device=r.device_name,
+                cdi_devices=tuple(d.name for d in r.cdi_devices),
+            )
+            for r in msg.claim_resources
+        ),
+    )
+
+
 def pod_to_pb(pod: PodResources) -> api_pb2.PodResources:
     return api_pb2.PodResources(
         name=pod.name,
         namespace=pod.namespace,
         containers=[
-            api_pb2.ContainerResources(name=c.name, devices=[devices_to_pb(d) for d in c.devices])
+            api_pb2.ContainerResources(
+                name=c.name,
+                devices=[devices_to_pb(d) for d in c.devices],
+                dynamic_resources=[dynamic_to_pb(d) for d in c.dynamic],
+            )
             for c in pod.containers
         ],
     )
@@ -44,7 +80,11 @@ def pod_from_pb(msg: api_pb2.PodResources) -> PodResources:
         namespace=msg.namespace,
         name=msg.name,
         containers=tuple(
-            ContainerResources(name=c.name, devices=tuple(devices_from_pb(d) for d in c.devices))
+            ContainerResources(
+                name=c.name,
+                devices=tuple(devices_from_pb(d) for d in c.devices),
+                dynamic=tuple(dynamic_from_pb(d) for d in c.dynamic_resources),
+            )
             for c in msg.containers
         ),
     )

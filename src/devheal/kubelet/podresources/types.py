@@ -3,8 +3,8 @@
 Callers (the node agent's correlation logic, the lab's simulated kubelets) work with
 these frozen dataclasses; only the client and server modules know about the wire
 format. They carry the device-plugin view that devheal needs (which device IDs of
-which extended resource each container holds, and on which NUMA nodes); CPU, memory
-and DRA fields of the API are not modelled yet.
+which extended resource each container holds, and on which NUMA nodes) and the devices
+of its dynamic resource allocation (DRA) claims; CPU and memory fields are not modelled.
 """
 
 from __future__ import annotations
@@ -24,11 +24,31 @@ class ContainerDevices:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimResource:
+    """One device a DRA driver prepared for a claim: the driver, pool and device of its ResourceSlice."""
+
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicResource:
+    """The devices of one ResourceClaim a container uses (``claim_name`` is the ResourceClaim object's name)."""
+
+    claim_name: str
+    claim_namespace: str
+    resources: tuple[ClaimResource, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerResources:
     """The devices assigned to one container of a pod."""
 
     name: str
     devices: tuple[ContainerDevices, ...]
+    dynamic: tuple[DynamicResource, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

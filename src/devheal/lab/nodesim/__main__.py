@@ -16,7 +16,7 @@ from devheal.lab.nodesim.store import NodeStore
 async def _main(args: argparse.Namespace) -> None:
     client = await KubeClient.connect(args.kubeconfig, max_connections=64)
     store = NodeStore(Path(args.state_file))
-    store.load_or_create(args.nodes, args.gpus_per_node, args.gpu_model)
+    store.load_or_create(args.nodes, args.gpus_per_node, args.gpu_model, args.dra_nodes)
     sim = NodeSimulator(
         client=client,
         store=store,
@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--dra-nodes", type=int, default=0, help="the last N nodes expose GPUs through DRA")
     parser.add_argument("--gpu-model", default="NVIDIA H100 80GB HBM3")
     parser.add_argument("--state-file", required=True)
     parser.add_argument("--socket-dir", default="")

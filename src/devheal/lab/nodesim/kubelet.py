@@ -24,7 +24,7 @@ from devheal.kube.informer import Reflector
 from devheal.kube.workqueue import WorkQueue
 from devheal.lab import devices as devmod
 from devheal.lab.devices import AdmissionError, Holder, NodeDevices
-from devheal.lab.nodesim import status
+from devheal.lab.nodesim import dra, status
 from devheal.lab.nodesim.nodestatus import NodeStatus
 from devheal.lab.nodesim.pods import PodView, RunningPod
 from devheal.lab.nodesim.startup import NodeImages
@@ -33,6 +33,9 @@ from devheal.model.cluster import GPU_RESOURCE
 from devheal.model.times import format_time
 
 log = logging.getLogger(__name__)
+
+CLAIM_RETRY_SECONDS = 0.5
+"""How soon a pod whose claims are not allocated to it yet is looked at again."""
 
 
 @dataclass
@@ -150,9 +153,22 @@ class Kubelet:
                 dev = nd.by_uuid(device_id)
                 if dev is not None:
                     dev.holder = Holder(pod.namespace, pod.name, pod.uid, container)
-            self.running[pod.uid] = RunningPod(pod, now, pod_ip, starts_at=now)
+            claimed: tuple[tuple[str, str, str, int], ...] = ()
+            if pod.container_claims:
+                with contextlib.suppress(dra.ClaimNotReady):
+                    claimed = self._hold_claims(pod, nd, await dra.claim_devices(self.client, pod))
+            self.running[pod.uid] = RunningPod(pod, now, pod_ip, starts_at=now, claimed=claimed)
             self.store.schedule_save()
             return pod.run_seconds
+        claimed = ()
+        if pod.container_claims:
+            # kubelet prepares a pod's claims before its containers: wait until they are allocated to it.
+            try:
+                devices = await dra.claim_devices(self.client, pod)
+            except dra.ClaimNotReady as exc:
+                log.debug("%s", exc)
+                return CLAIM_RETRY_SECONDS
+            claimed = self._hold_claims(pod, nd, devices)
         try:
             for name, _image, gpus in pod.containers:
                 if gpus < 0:
@@ -174,7 +190,7 @@ class Kubelet:
             log.info("rejected %s on %s: %s", pod.key, pod.node, exc)
             return None
         starts_at = self._starts_at(pod, now)
-        record = RunningPod(pod, now, pod_ip, starts_at=starts_at, running=starts_at <= now)
+        record = RunningPod(pod, now, pod_ip, starts_at=starts_at, running=starts_at <= now, claimed=claimed)
         try:
             await self._patch_status(pod, self._live_body(pod, record))
         except errors.KubeError:
@@ -185,6 +201,17 @@ class Kubelet:
         if not record.running:
             return max(starts_at - time.time(), 0.0)
         return pod.run_seconds
+
+    @staticmethod
+    def _hold_claims(
+        pod: PodView, nd: NodeDevices, devices: list[dra.ClaimDevice]
+    ) -> tuple[tuple[str, str, str, int], ...]:
+        """Mark the claims' devices as the pod's (the first container naming a device holds it)."""
+        for cd in devices:
+            dev = nd.device(cd.index)
+            if dev.holder is None or dev.holder.uid != pod.uid:
+                dev.holder = Holder(pod.namespace, pod.name, pod.uid, cd.container, claim=cd.claim)
+        return tuple((cd.container, cd.resource, cd.claim, cd.index) for cd in devices)
 
     def _starts_at(self, pod: PodView, now: float) -> float:
         """When an admitted pod's containers run: at once, or after its image pulls and start time."""

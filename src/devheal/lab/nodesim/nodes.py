@@ -13,6 +13,8 @@ from devheal.model.cluster import GPU_RESOURCE
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 NOT_READY_LABEL = "node-not-ready.stage.kwok.x-k8s.io"
+GPU_API_LABEL = "devheal.io/gpu-api"
+"""``dra`` on nodes whose GPUs come from the simulated DRA driver, ``device-plugin`` on the others."""
 NODE_NAME_PREFIX = "gpu-node-"
 DECLARED_FEATURES = (RESTART_ALL_FEATURE,)
 """What the simulated kubelets declare in ``node.status.declaredFeatures``."""
@@ -22,8 +24,10 @@ def node_name(index: int) -> str:
     return f"{NODE_NAME_PREFIX}{index:03d}"
 
 
-def node_object(name: str, gpus: int, model: str) -> Obj:
+def node_object(name: str, gpus: int, model: str, dra: bool = False) -> Obj:
+    """``dra``: the GPUs are a DRA driver's devices (ResourceSlices), not the device plugin's ``nvidia.com/gpu``."""
     product = model.replace(" ", "-")
+    gpu = {} if dra else {GPU_RESOURCE: str(gpus)}
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -39,12 +43,13 @@ def node_object(name: str, gpus: int, model: str) -> Obj:
                 "nvidia.com/gpu.product": product,
                 "nvidia.com/gpu.count": str(gpus),
                 "devheal.io/pool": "default",
+                GPU_API_LABEL: "dra" if dra else "device-plugin",
             },
             "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },
         "status": {
-            "capacity": {"cpu": "96", "memory": "1536Gi", "pods": "110", GPU_RESOURCE: str(gpus)},
-            "allocatable": {"cpu": "96", "memory": "1536Gi", "pods": "110", GPU_RESOURCE: str(gpus)},
+            "capacity": {"cpu": "96", "memory": "1536Gi", "pods": "110", **gpu},
+            "allocatable": {"cpu": "96", "memory": "1536Gi", "pods": "110", **gpu},
             # As a 1.37 kubelet with its default gates: the scheduler places pods that need
             # a declared feature (e.g. RestartAllContainers rules) only on nodes listing it.
             "declaredFeatures": list(DECLARED_FEATURES),

@@ -2,7 +2,8 @@
 
 The scheduler places GPU pods by ``nvidia.com/gpu`` allocatable, so the lab must publish it
 as kubelet does from the NVIDIA device plugin: capacity is every device, allocatable the
-healthy ones, both 0 while the plugin is not registered (restarting). Pulled images go to
+healthy ones, both 0 while the plugin is not registered (restarting). A DRA node publishes
+no ``nvidia.com/gpu``; its driver's ResourceSlice is written here instead (``dra``). Pulled images go to
 ``node.status.images`` for the scheduler's ImageLocality score. One write per node per
 change, through a work queue, re-queued for when a plugin restart or an image pull ends.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.kube.workqueue import WorkQueue
+from devheal.lab.nodesim import dra
 from devheal.lab.nodesim.nodes import node_object
 from devheal.lab.nodesim.startup import SIM_IMAGE_SIZE_BYTES
 from devheal.lab.nodesim.store import NodeStore
@@ -33,13 +35,18 @@ class NodeStatus:
     queue: WorkQueue = field(default_factory=WorkQueue)
 
     async def register(self, gpus: int, model: str) -> None:
-        """Create the Node of every simulated node (kept if it exists) and publish its status."""
+        """Create the Node of every simulated node (kept if it exists) and publish its status (and, on a DRA
+        node, its ResourceSlice); with DRA nodes, install the driver's DeviceClass and example templates."""
+        if self.store.dra:
+            await dra.DraDriver(self.client).install()
         sem = asyncio.Semaphore(32)
 
         async def one(name: str) -> None:
             async with sem:
                 with contextlib.suppress(errors.AlreadyExists):
-                    await self.client.create(api_path("v1", "nodes"), node_object(name, gpus, model))
+                    await self.client.create(
+                        api_path("v1", "nodes"), node_object(name, gpus, model, dra=name in self.store.dra)
+                    )
                 self.queue.add(name)
 
         await asyncio.gather(*(one(name) for name in self.store.nodes))
@@ -51,16 +58,23 @@ class NodeStatus:
     async def reconcile(self, name: str) -> float | None:
         nd = self.store.nodes[name]
         now = time.time()
-        status: Obj = {
-            "capacity": {GPU_RESOURCE: str(nd.capacity(now))},
-            "allocatable": {GPU_RESOURCE: str(nd.allocatable_count(now))},
-        }
+        # A DRA node's GPUs are in its ResourceSlice (``dra``), not in its capacity.
+        status: Obj = (
+            {}
+            if name in self.store.dra
+            else {
+                "capacity": {GPU_RESOURCE: str(nd.capacity(now))},
+                "allocatable": {GPU_RESOURCE: str(nd.allocatable_count(now))},
+            }
+        )
         images = self.store.images.get(name)
         present = images.present(now) if images is not None else []
         if present:
             # As kubelet: the images the node holds (the scheduler's ImageLocality score reads them).
             status["images"] = [{"names": [image], "sizeBytes": SIM_IMAGE_SIZE_BYTES} for image in present]
         await self.client.patch(api_path("v1", "nodes", name=name, subresource="status"), {"status": status})
+        if name in self.store.dra:
+            await dra.DraDriver(self.client).publish(nd)
         waits = []
         if not nd.plugin_registered(now):
             waits.append(nd.plugin_down_until - now)

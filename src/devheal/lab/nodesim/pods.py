@@ -45,6 +45,10 @@ class PodView:
     stop_seconds: float | None = None
     stop_jitter_seconds: float | None = None
     deletion_grace_seconds: float | None = None
+    container_claims: tuple[tuple[str, str, str], ...] = ()
+    """DRA: (container, pod claim name, request or "") for each claim a container uses."""
+    claim_names: tuple[tuple[str, str], ...] = ()
+    """DRA: pod claim name -> its ResourceClaim object's name (given, or generated from a template)."""
 
     @property
     def images(self) -> tuple[str, ...]:
@@ -103,6 +107,20 @@ class PodView:
                 if entry.get("name") == GPU_RESOURCE:
                     for res in entry.get("resources") or []:
                         devices_in_status.append((str(cs.get("name")), str(res.get("resourceID"))))
+        container_claims = tuple(
+            (str(c.get("name") or ""), str(ref.get("name") or ""), str(ref.get("request") or ""))
+            for c in spec.get("containers") or []
+            for ref in ((c.get("resources") or {}).get("claims") or [])
+            if isinstance(ref, dict)
+        )
+        claim_names = {
+            str(rc.get("name")): str(rc["resourceClaimName"])
+            for rc in spec.get("resourceClaims") or []
+            if isinstance(rc, dict) and rc.get("resourceClaimName")
+        }
+        for rcs in status.get("resourceClaimStatuses") or []:
+            if isinstance(rcs, dict) and rcs.get("resourceClaimName"):
+                claim_names[str(rcs.get("name"))] = str(rcs["resourceClaimName"])
         return PodView(
             key=f"{meta.get('namespace')}/{meta.get('name')}",
             namespace=str(meta.get("namespace") or ""),
@@ -124,6 +142,8 @@ class PodView:
             stop_seconds=seconds(annotations, startup.STOP_SECONDS_ANNOTATION, meta),
             stop_jitter_seconds=seconds(annotations, startup.STOP_JITTER_SECONDS_ANNOTATION, meta),
             deletion_grace_seconds=finite(grace, minimum=0, maximum=INT64_MAX),
+            container_claims=container_claims,
+            claim_names=tuple(sorted(claim_names.items())),
         )
 
 
@@ -145,3 +165,5 @@ class RunningPod:
     """Whether a terminal status is written; no other status write may follow it."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     """Orders this pod's status writes (a fault's rewrite against the start or the end)."""
+    claimed: tuple[tuple[str, str, str, int], ...] = ()
+    """DRA: (container, ``claim:<name>/<request>``, ResourceClaim name, device index) the pod holds."""

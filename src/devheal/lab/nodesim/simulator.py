@@ -41,7 +41,7 @@ class NodeSimulator:
         self.faults = FaultAPI(self.client, self.store, self.node_status, self.kubelet)
 
     def pod_resources_source(self, node: str) -> NodePodResources:
-        return NodePodResources(node, self.store.nodes[node], self.kubelet.running)
+        return NodePodResources(node, self.store.nodes[node], self.kubelet.running, self.store.dra)
 
     async def run(self, gpus: int, model: str, http_port: int, workers: int = 16) -> None:
         pods = self.kubelet.watch()

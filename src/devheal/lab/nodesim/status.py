@@ -15,6 +15,7 @@ import time
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
 from devheal.lab import devices as devmod
 from devheal.lab.devices import NodeDevices
+from devheal.lab.nodesim import dra
 from devheal.lab.nodesim.pods import PodView, RunningPod
 from devheal.model.cluster import GPU_RESOURCE
 from devheal.model.times import format_time
@@ -39,8 +40,31 @@ def resource_health(nd: NodeDevices, device_id: str) -> Obj:
     return entry
 
 
+def claim_statuses(
+    pod: PodView, nd: NodeDevices, claimed: tuple[tuple[str, str, str, int], ...], name: str
+) -> list[Obj]:
+    """DRA: one ``claim:<claim>/<request>`` entry per claim request of the container, its devices' health
+    under ``<driver>/<pool>/<device>``, as kubelet's DRA manager writes them."""
+    entries: dict[str, list[Obj]] = {}
+    for container, resource, _claim, index in claimed:
+        if container == name:
+            dev = nd.device(index)
+            entry: Obj = {"resourceID": dra.resource_id(pod.node, index), "health": devmod.kubelet_health(dev)}
+            if dev.health is devmod.Health.UNHEALTHY and dev.reason:
+                entry["message"] = dev.reason
+            entries.setdefault(resource, []).append(entry)
+    return [{"name": resource, "resources": found} for resource, found in entries.items()]
+
+
 def container_status(
-    pod: PodView, nd: NodeDevices, name: str, image: str, started: float, ended: bool, waiting: str = ""
+    pod: PodView,
+    nd: NodeDevices,
+    name: str,
+    image: str,
+    started: float,
+    ended: bool,
+    waiting: str = "",
+    claimed: tuple[tuple[str, str, str, int], ...] = (),
 ) -> Obj:
     cid = hashlib.sha256(f"{pod.uid}/{name}".encode()).hexdigest()
     status: Obj = {
@@ -71,13 +95,11 @@ def container_status(
     else:
         status |= {"ready": True, "started": True, "state": {"running": {"startedAt": format_time(started)}}}
     held = nd.held_by(pod.uid, name)
+    allocated = claim_statuses(pod, nd, claimed, name)
     if held:
-        status["allocatedResourcesStatus"] = [
-            {
-                "name": GPU_RESOURCE,
-                "resources": [resource_health(nd, device_id) for device_id in held],
-            }
-        ]
+        allocated.append({"name": GPU_RESOURCE, "resources": [resource_health(nd, device_id) for device_id in held]})
+    if allocated:
+        status["allocatedResourcesStatus"] = allocated
     return status
 
 
@@ -108,7 +130,8 @@ def started_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str, e
         "podIPs": [{"ip": record.pod_ip}],
         "startTime": admitted,
         "containerStatuses": [
-            container_status(pod, nd, name, image, container_start, ended) for name, image, _ in pod.containers
+            container_status(pod, nd, name, image, container_start, ended, claimed=record.claimed)
+            for name, image, _ in pod.containers
         ],
     }
     if pod.init_containers:
@@ -159,7 +182,7 @@ def starting_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str) 
         "hostIPs": [{"ip": host}],
         "startTime": admitted,
         "containerStatuses": [
-            container_status(pod, nd, name, image, record.starts_at, False, waiting=waiting)
+            container_status(pod, nd, name, image, record.starts_at, False, waiting=waiting, claimed=record.claimed)
             for name, image, _ in pod.containers
         ],
     }

@@ -33,9 +33,11 @@ class NodeStore:
     nodes: dict[str, NodeDevices] = field(default_factory=dict)
     node_index: dict[str, int] = field(default_factory=dict)
     images: dict[str, NodeImages] = field(default_factory=dict)  # node -> its images
+    dra: set[str] = field(default_factory=set)
+    """Nodes whose GPUs are the DRA driver's (the last ``dra_nodes`` of them)."""
     _save_pending: bool = False
 
-    def load_or_create(self, count: int, gpus: int, model: str) -> None:
+    def load_or_create(self, count: int, gpus: int, model: str, dra_nodes: int = 0) -> None:
         saved: dict[str, Any] = {}
         if self.state_file.exists():
             try:
@@ -58,6 +60,8 @@ class NodeStore:
                         for x in dev_json.get("xids", [])
                     ]
             self.nodes[name] = nd
+            if i >= count - dra_nodes:
+                self.dra.add(name)
 
     def index(self, node: str) -> int:
         """The node's number (``gpu-node-007`` is 7); 0 for a node this process does not serve."""
