@@ -122,7 +122,7 @@ async def test_printer_columns_are_in_the_crds_and_shown_by_kubectl(
 ) -> None:
     expected = {
         "remediationpolicies.devheal.io": ["DryRun", "Paused", "MaxUnhealthy", "Age"],
-        "remediations.devheal.io": ["Action", "Target", "Node", "Phase", "Reason", "Age"],
+        "remediations.devheal.io": ["Finding", "Target", "Node", "Action", "Phase", "Reason", "Age"],
         "nodedevices.devheal.io": ["Healthy", "Total", "Worst", "Age"],
     }
     for name, columns in expected.items():

@@ -179,9 +179,10 @@ def test_manifests_are_fresh_copies() -> None:
         (
             "Remediation",
             [
-                ("Action", ".spec.action"),
+                ("Finding", ".spec.finding.kind"),
                 ("Target", ".spec.target.name"),
                 ("Node", ".spec.target.node"),
+                ("Action", ".spec.action"),
                 ("Phase", ".status.phase"),
                 ("Reason", ".status.reason"),
                 ("Age", ".metadata.creationTimestamp"),
