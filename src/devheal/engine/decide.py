@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from devheal.engine.findings import policy_for_node, policy_for_pod
+from devheal.engine.stragglers import STEP_FINDINGS, step_actions
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.plan import (
     ACTIVE_PHASES,
@@ -445,6 +446,8 @@ def decide(
         existing, in_flight = by_name.get, current
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
     candidates = _candidate_actions(view, findings, policies, in_flight, now)
+    if any(f.kind in STEP_FINDINGS for f in findings):  # slow ranks, stalled gangs (engine.stragglers)
+        candidates += step_actions(findings, view, policies, gang_epochs(view))
 
     # Circuit breaker: too many GPU nodes faulting within the window stops disruptive actions.
     if breaker is None:

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from devheal.engine.decide import Breaker, Overdue, Settings, decide, overdue, step_breaker
 from devheal.engine.findings import FindingTracker, detect
+from devheal.engine.stragglers import StragglerTracker
 from devheal.model.cluster import ClusterView
 from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan, Rail
 from devheal.model.policy import ActionKind, Policy
@@ -120,6 +121,8 @@ class DecisionRound:
 
     pacing: Pacing = field(default_factory=Pacing)
     tracker: FindingTracker = field(default_factory=FindingTracker)
+    stragglers: StragglerTracker = field(default_factory=StragglerTracker)
+    """Ranks' runs of outlier step-time reports (slow ranks), kept between rounds."""
     blocked_seen: dict[str, str] = field(default_factory=dict)
     """Blocked decision name -> the reason it was last recorded with."""
     next_try: dict[str, float] = field(default_factory=dict)
@@ -157,7 +160,8 @@ class DecisionRound:
         """One round. ``ignore_pods``: pod UIDs whose findings are already handled (ranks a gang
         restart just replaced, whose old pods linger until they are gone)."""
         settings = settings or Settings()
-        detected = [f for f in detect(view, policies, now) if not (f.pod_uid and f.pod_uid in ignore_pods)]
+        detected = detect(view, policies, now) + self.stragglers.observe(view, policies, now)
+        detected = [f for f in detected if not (f.pod_uid and f.pod_uid in ignore_pods)]
         findings = self.tracker.observe(detected, view, policies, now)
         busy = host.busy()
         self._carry_on(host, view, host.in_flight(view), findings, policies, settings, now, busy)

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from devheal.model.steps import StepReport
 from devheal.model.values import whole_number
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -125,6 +126,8 @@ class Pod:
     """The generation the member's in-place agent acknowledged (LAUNCHER_GENERATION_ANNOTATION; 0 when absent)."""
     in_place: str = "none"
     """How the pod restarts in place when its restart generation rises (a ``devheal.engine.inplace.InPlaceRestart``)."""
+    steps: StepReport | None = None
+    """What the pod's launcher last published of its step times (``devheal.io/steps``); None: nothing (valid)."""
 
     @property
     def key(self) -> str:

@@ -24,6 +24,11 @@ class FindingKind(StrEnum):
     """A node has failed devices, reported by pods, the agent, or allocatable below capacity for too long."""
     NODE_RECOVERED = "NodeRecovered"
     """A node devheal marked is healthy again."""
+    # Gangs' step times (``devheal.engine.stragglers``).
+    STRAGGLER = "Straggler"
+    """A gang's rank whose median step time is a sustained outlier among its gang's ranks."""
+    GANG_STALLED = "GangStalled"
+    """No rank of a gang has reported a step for too long while every rank runs (a hang)."""
 
 
 POD_FINDINGS = frozenset({FindingKind.DEVICE_FAILED, FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE})

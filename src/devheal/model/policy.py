@@ -51,6 +51,17 @@ Spec, with defaults::
         maxEndedPerTarget: 20          # ...or beyond this many per target (oldest first); never active ones
       allowDelete: false               # Deschedule may delete a pod when eviction is impossible
       # failedDeviceGracePeriodSeconds: 5  # grace for pods evicted off a failed device (unset: the pod's own)
+      stragglers:                      # slow ranks, hung gangs (straggler_policy.py, docs/stragglers.md)
+        action: ReplaceAtRestart       # Notify | ReplaceAtRestart | ReplaceNow
+        minSlowdownPercent: 10         # a rank's median step 10 % above its gang's median...
+        outlierMADs: 3                 # ...and 3 scaled MADs above it...
+        minSamples: 5                  # ...with 5 steps in its current run...
+        sustainedReports: 3            # ...in 3 reports in a row is a straggler
+        minRanks: 3                    # ranks with enough steps before a gang is judged
+        stall:                         # no rank reported a step for the longer of
+          after: 45s                   # 45s and 5 median steps: the gang is stalled
+          steps: 5
+          action: RestartGang          # Notify | RestartGang (replacing the rank that stalled first)
       dryRun: false
       paused: false
 """
@@ -65,6 +76,7 @@ from typing import Any
 
 from devheal.model import times
 from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
+from devheal.model.straggler_policy import StragglerRules, parse_stragglers
 from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
 
 RESET_BREAKER_ANNOTATION = "devheal.io/reset-breaker"
@@ -278,6 +290,8 @@ class Policy:
     node: NodeRules = NodeRules()
     budgets: Budgets = Budgets()
     retention: Retention = Retention()
+    stragglers: StragglerRules = field(default_factory=StragglerRules)
+    """Slow ranks and stalled gangs, from the launchers' step times (``devheal.model.straggler_policy``)."""
     allow_delete: bool = False
     failed_device_grace_period: int | None = None
     """Seconds of grace for pods devheal evicts off a failed device (Deschedule, gang ranks it
@@ -322,6 +336,7 @@ _SPEC_FIELDS = frozenset(
         "failedDeviceGracePeriodSeconds",
         "dryRun",
         "paused",
+        "stragglers",
     }
 )
 
@@ -654,6 +669,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         node=node_rules,
         budgets=budgets,
         retention=_retention(spec.get("records"), f"{prefix}.records"),
+        stragglers=parse_stragglers(spec.get("stragglers"), f"{prefix}.stragglers", PolicyError),
         allow_delete=_bool(spec.get("allowDelete"), f"{prefix}.allowDelete", False),
         failed_device_grace_period=_grace(spec.get("failedDeviceGracePeriodSeconds"), prefix),
         dry_run=_bool(spec.get("dryRun"), f"{prefix}.dryRun", False),

@@ -1,0 +1,268 @@
+"""Stragglers and stalled gangs, from the step times each rank's launcher publishes (``Pod.steps``).
+
+A degraded GPU rarely fails: it throttles, retries, and slows its rank, and in synchronous
+training every other rank waits for it. A rank is a **straggler** when its median step time
+is a robust outlier among its gang's ranks:
+
+- only ranks with at least ``minSamples`` steps in their current run are judged, and only
+  when at least ``minRanks`` of the gang are (a median of two says nothing about which is slow);
+- the gang's centre is the median of the ranks' medians, its spread the median absolute
+  deviation (MAD, scaled by 1.4826 to estimate a standard deviation): one slow rank moves
+  neither, unlike a mean and a standard deviation;
+- a rank is an outlier when its median exceeds the centre by more than ``outlierMADs`` scaled
+  MADs **and** by ``minSlowdownPercent`` of the centre (the floor keeps a gang whose ranks
+  agree to the microsecond from flagging noise);
+- it is a straggler once it was an outlier in ``sustainedReports`` consecutive reports of its
+  own (a new report: its step count moved); one report within the bound starts it over.
+
+A gang is **stalled** when every active member runs and has reported steps in its current
+run, no restart is under way, and no rank has reported a step for ``stall.limit`` (the policy's
+``after``, or ``steps`` of the gang's median step when longer). The rank that stalled first is
+the one whose last report is older than every other's by at least half a median step: with
+``report_step`` called after the rank's own compute and before its collectives, the others
+have reported the step that rank never finished and wait for it in the collective. When no
+rank stands out, the whole gang restarts in place and nobody is replaced.
+
+Pure; the tracker keeps the streaks between rounds, and time is passed in.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from devheal.engine.findings import policy_for_pod
+from devheal.model.cluster import ClusterView, Pod, WorkloadClass
+from devheal.model.plan import Action, Finding, FindingKind, TargetKind
+from devheal.model.policy import ActionKind, Policy
+from devheal.model.steps import StepReport
+from devheal.model.straggler_policy import StallAction, StragglerAction, StragglerRules
+
+MAD_SCALE = 1.4826
+"""MAD x 1.4826 estimates the standard deviation of normally distributed values."""
+STEP_FINDINGS = frozenset({FindingKind.STRAGGLER, FindingKind.GANG_STALLED})
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A gang's centre and the median step time above which a rank is an outlier."""
+
+    centre: float
+    mad: float
+    limit: float
+
+
+def outlier_bound(medians: Sequence[float], rules: StragglerRules) -> Bound:
+    """The centre (median of ``medians``), their MAD, and the outlier limit the rules give."""
+    centre = statistics.median(medians)
+    mad = statistics.median([abs(m - centre) for m in medians])
+    margin = max(rules.outlier_mads * MAD_SCALE * mad, rules.min_slowdown_percent / 100.0 * centre)
+    return Bound(centre, mad, centre + margin)
+
+
+def gangs(view: ClusterView) -> dict[str, list[Pod]]:
+    """Active gang members by gang (workload key), for gangs where at least one member publishes step times."""
+    reporting = {p.workload.key for p in view.pods.values() if p.steps is not None and p.active}
+    out: dict[str, list[Pod]] = {}
+    for pod in view.pods.values():
+        if pod.active and pod.workload.key in reporting and pod.workload.cls is WorkloadClass.GANG:
+            out.setdefault(pod.workload.key, []).append(pod)
+    for members in out.values():
+        members.sort(key=lambda p: p.key)
+    return out
+
+
+@dataclass(slots=True)
+class _Streak:
+    count: int
+    """The rank's step count at its last judged report."""
+    outliers: int
+    """Consecutive reports it was an outlier in."""
+    since: float
+    """When the current run of outlier reports began."""
+
+
+def _judged(pod: Pod, rules: StragglerRules) -> StepReport | None:
+    r = pod.steps
+    if r is None or r.p50 is None or r.window < rules.min_samples or pod.phase != "Running" or not pod.node:
+        return None
+    return r
+
+
+@dataclass
+class StragglerTracker:
+    """Keeps each rank's run of outlier reports between rounds; ``observe`` gives this round's findings."""
+
+    streaks: dict[str, _Streak] = field(default_factory=dict)
+    """Pod UID -> its run of outlier reports."""
+    slow: dict[str, bool] = field(default_factory=dict)
+    """UIDs of the ranks found straggling at the last ``observe`` -> whether their policy replaces them."""
+
+    def replaceable(self) -> frozenset[str]:
+        """UIDs of straggling ranks to replace when their gang restarts (``ReplaceAtRestart``, ``ReplaceNow``)."""
+        return frozenset(uid for uid, replace in self.slow.items() if replace)
+
+    def observe(self, view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
+        found: list[Finding] = []
+        seen: set[str] = set()
+        slow: dict[str, bool] = {}
+        for members in gangs(view).values():
+            policy = next(
+                (p for p in (policy_for_pod(policies, m, view.nodes.get(m.node)) for m in members) if p is not None),
+                None,
+            )
+            if policy is None:
+                continue
+            rules = policy.stragglers
+            for f in self._stragglers(members, rules, now, seen):
+                found.append(f)
+                slow[f.pod_uid] = rules.replaces
+            stalled = stall(members, rules, now)
+            if stalled is not None:
+                found.append(stalled)
+        for uid in [u for u in self.streaks if u not in seen]:
+            del self.streaks[uid]
+        self.slow = slow
+        return found
+
+    def _stragglers(self, members: Sequence[Pod], rules: StragglerRules, now: float, seen: set[str]) -> list[Finding]:
+        judged = [(p, r) for p in members if (r := _judged(p, rules)) is not None]
+        if len(judged) < rules.min_ranks:
+            return []
+        bound = outlier_bound([r.p50 for _, r in judged if r.p50 is not None], rules)
+        out = []
+        for pod, report in judged:
+            assert report.p50 is not None
+            seen.add(pod.uid)
+            streak = self.streaks.get(pod.uid)
+            if streak is None or streak.count != report.count:  # a new report: judge it
+                if report.p50 <= bound.limit:
+                    streak = _Streak(report.count, 0, now)
+                elif streak is None or streak.outliers == 0:
+                    streak = _Streak(report.count, 1, now)
+                else:
+                    streak = _Streak(report.count, streak.outliers + 1, streak.since)
+                self.streaks[pod.uid] = streak
+            if streak.outliers < rules.sustained_reports:
+                continue
+            ratio = report.p50 / bound.centre if bound.centre > 0 else float("inf")
+            out.append(
+                Finding(
+                    kind=FindingKind.STRAGGLER,
+                    node=pod.node,
+                    source="step-times",
+                    evidence=f"rank {pod.key}'s median step {report.p50:.3f}s is {ratio:.2f}x its gang's median "
+                    f"{bound.centre:.3f}s (limit {bound.limit:.3f}s: {rules.outlier_mads} MADs of "
+                    f"{bound.mad:.3f}s, at least +{rules.min_slowdown_percent}%) in {streak.outliers} reports "
+                    f"in a row, over {len(members)} ranks",
+                    since=streak.since,
+                    pod=pod.key,
+                    pod_uid=pod.uid,
+                    device_ids=tuple(sorted({d.device_id for d in pod.devices})),
+                )
+            )
+        return out
+
+
+def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding | None:
+    """A ``GangStalled`` finding when no rank of the gang has advanced for the stall limit (None: not stalled)."""
+    reports: list[tuple[Pod, StepReport]] = []
+    for pod in members:
+        r = pod.steps
+        if pod.phase != "Running" or not pod.node or r is None or r.window == 0 or r.last is None:
+            return None  # a rank not running or not reporting in this run yet: nothing to judge
+        if pod.restart_generation > pod.acknowledged_generation:
+            return None  # a restart is under way
+        reports.append((pod, r))
+    if not reports:
+        return None
+    medians = [r.p50 for _, r in reports if r.p50 is not None]
+    median_step = statistics.median(medians) if medians else None
+    limit = rules.stall.limit(median_step)
+    progress = max(r.last for _, r in reports if r.last is not None)
+    quiet = now - progress
+    if quiet <= limit:
+        return None
+    ordered = sorted(reports, key=lambda pr: (pr[1].last or 0.0, pr[0].key))
+    first, report = ordered[0]
+    margin = 0.5 * (median_step or 0.0)
+    culprit = len(ordered) == 1 or (ordered[1][1].last or 0.0) - (report.last or 0.0) >= max(margin, 1e-9)
+    assert report.last is not None
+    who = (
+        f"rank {first.key} stalled first (its last step {now - report.last:.0f}s ago, the others' at most "
+        f"{quiet:.0f}s ago)"
+        if culprit
+        else "no rank stalled first (their last steps are within half a median step)"
+    )
+    return Finding(
+        kind=FindingKind.GANG_STALLED,
+        node=first.node,
+        source="step-times",
+        evidence=f"no rank of gang {first.workload.key} reported a step for {quiet:.0f}s (limit {limit:.0f}s); "
+        f"{len(reports)} ranks running; {who}",
+        since=progress + limit,
+        pod=first.key,
+        pod_uid=first.uid if culprit else "",
+        device_ids=tuple(sorted({d.device_id for d in first.devices})) if culprit else (),
+    )
+
+
+def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy], epoch: int) -> Action | None:
+    """What a policy makes of a step-time finding: a RestartGang that replaces the rank (``ReplaceNow``, a
+    stall with ``RestartGang``), else a Notify on the rank (the record and its Event say it)."""
+    pod = view.pods.get(finding.pod)
+    if pod is None or not pod.active:
+        return None
+    policy = policy_for_pod(policies, pod, view.nodes.get(pod.node))
+    if policy is None:
+        return None
+    rules = policy.stragglers
+    gang = finding.kind is FindingKind.STRAGGLER and rules.action is StragglerAction.REPLACE_NOW
+    gang |= finding.kind is FindingKind.GANG_STALLED and rules.stall.action is StallAction.RESTART_GANG
+    if gang:
+        replaced = f"replace rank {pod.key}" if finding.pod_uid else "replace no rank"
+        return Action(
+            kind=ActionKind.RESTART_GANG,
+            target_kind=TargetKind.GANG,
+            target=pod.workload.key,
+            node=pod.node,
+            finding=finding,
+            policy=policy.name,
+            workload=pod.workload,
+            epoch=epoch,
+            reason=f"{finding.kind} in gang {pod.workload.key}: policy {policy.name} restarts it in place, {replaced}",
+        )
+    later = (
+        "; it is replaced at the gang's next restart"
+        if finding.kind is FindingKind.STRAGGLER and rules.replaces
+        else ""
+    )
+    return Action(
+        kind=ActionKind.NOTIFY,
+        target_kind=TargetKind.POD,
+        target=pod.key,
+        node=pod.node,
+        finding=finding,
+        policy=policy.name,
+        workload=pod.workload,
+        target_uid=pod.uid,
+        epoch=epoch,
+        reason=f"{finding.kind} on rank {pod.key}: policy {policy.name} says Notify{later}",
+    )
+
+
+def step_actions(
+    findings: Iterable[Finding], view: ClusterView, policies: Sequence[Policy], epochs: dict[str, int]
+) -> list[tuple[Action, Policy]]:
+    """``step_action`` for each step-time finding, with the policy that decided it."""
+    by_name = {p.name: p for p in policies}
+    out = []
+    for f in findings:
+        if f.kind not in STEP_FINDINGS:
+            continue
+        pod = view.pods.get(f.pod)
+        action = step_action(f, view, policies, epochs.get(pod.workload.key, 0) if pod is not None else 0)
+        if action is not None:
+            out.append((action, by_name[action.policy]))
+    return out

@@ -1,0 +1,102 @@
+"""A rank's step-time report, as its launcher publishes it on its pod (annotation ``devheal.io/steps``).
+
+The launcher keeps every step time in memory (``devheal.launch.steps``); what leaves the
+pod is this compact summary, written at most once per publish interval (``devheal launch
+--steps-publish-interval``) and only when something changed, so a gang of 1,000 ranks costs
+the API server about as much as its nodes' heartbeats do. The controller's cache reads it
+into ``Pod.steps``; the engine judges stragglers and stalled gangs from it
+(``devheal.engine.stragglers``).
+
+The value is a JSON object::
+
+    {"count": 1234, "window": 10, "p50": 0.412, "last": 1764587000.25, "run": 1764586000.0}
+
+- ``count``: steps reported since the launcher started (all runs);
+- ``window``: how many recent steps of the current run ``p50`` covers (0 right after a restart);
+- ``p50``: their median duration in seconds (null without steps);
+- ``last``: when the last step report arrived (Unix seconds, the launcher's wall clock; null: none yet);
+- ``run``: when the current run of the training command started (Unix seconds).
+
+Pure. ``parse_step_report`` never raises: a value that is not this (wrong type, a negative,
+infinite or absurd number) is refused with the reason, and the pod counts as not reporting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from devheal.model.values import show, whole_number
+
+STEPS_ANNOTATION = "devheal.io/steps"
+MAX_ANNOTATION_LENGTH = 512
+"""Longer is not what a launcher writes: not read at all."""
+MAX_STEP_SECONDS = 86400.0
+"""A median step longer than a day is no step time: refused as absurd."""
+MIN_TIMESTAMP = 1e9
+"""Unix seconds before 2001-09-09 are no wall-clock time of a running launcher."""
+MAX_TIMESTAMP = 1e11
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """What one rank's launcher last published about its step times."""
+
+    count: int
+    window: int
+    p50: float | None
+    last: float | None
+    run: float | None = None
+
+    def to_annotation(self) -> str:
+        """The annotation value the launcher writes (compact JSON, short floats)."""
+        body: dict[str, object] = {"count": self.count, "window": self.window}
+        body["p50"] = None if self.p50 is None else round(self.p50, 6)
+        body["last"] = None if self.last is None else round(self.last, 3)
+        if self.run is not None:
+            body["run"] = round(self.run, 3)
+        return json.dumps(body, separators=(",", ":"))
+
+
+def _seconds(body: dict[str, object], key: str, low: float, high: float) -> tuple[float | None, str]:
+    value = body.get(key)
+    if value is None:
+        return None, ""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None, f"{key}: expected a finite number or null, got {show(value)}"
+    if not low <= value <= high:
+        return None, f"{key}: expected a number within {low:g}..{high:g}, got {show(value)}"
+    return float(value), ""
+
+
+def parse_step_report(text: object) -> tuple[StepReport | None, str]:
+    """The report in an annotation value, or (None, why it is refused)."""
+    if not isinstance(text, str):
+        return None, f"expected a JSON object as a string, got {show(text)}"
+    if len(text) > MAX_ANNOTATION_LENGTH:
+        return None, f"longer than {MAX_ANNOTATION_LENGTH} characters ({len(text)})"
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None, f"not JSON: {show(text)}"
+    if not isinstance(body, dict):
+        return None, f"expected a JSON object, got {show(body)}"
+    count = whole_number(body.get("count"))
+    if count is None:
+        return None, f"count: expected a whole number >= 0, got {show(body.get('count'))}"
+    window = whole_number(body.get("window"), maximum=count)
+    if window is None:
+        return None, f"window: expected a whole number within 0..count ({count}), got {show(body.get('window'))}"
+    p50, why = _seconds(body, "p50", 0.0, MAX_STEP_SECONDS)
+    if why:
+        return None, why
+    last, why = _seconds(body, "last", MIN_TIMESTAMP, MAX_TIMESTAMP)
+    if why:
+        return None, why
+    run, why = _seconds(body, "run", MIN_TIMESTAMP, MAX_TIMESTAMP)
+    if why:
+        return None, why
+    if window > 0 and p50 is None:
+        return None, f"p50: null although window is {window}"
+    return StepReport(count=count, window=window, p50=p50, last=last, run=run), ""

@@ -1,0 +1,269 @@
+"""Stragglers and stalled gangs from the launchers' step times (``devheal.engine.stragglers``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from devheal.engine.decide import decide
+from devheal.engine.rounds import DecisionRound
+from devheal.engine.stragglers import StragglerTracker, _Streak, outlier_bound, stall
+from devheal.model.cluster import ClusterView, Pod
+from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase, TargetKind
+from devheal.model.policy import ActionKind, Policy
+from devheal.model.steps import StepReport
+from devheal.model.straggler_policy import StragglerRules
+from devheal.simulate.step_streams import EPOCH, GangStream
+
+from .builders import policy
+
+
+def straggler_policy(**stragglers: object) -> Policy:
+    return policy(actions={"gang": "RestartGang"}, stragglers=stragglers)
+
+
+def first_detection(stream: GangStream, policies: list[Policy], steps: int) -> tuple[int | None, set[str]]:
+    """The step (counted from the slowdown's start) at which the slow rank is first found, and every rank found."""
+    tracker = StragglerTracker()
+    found: set[str] = set()
+    first = None
+    for view in stream.views(steps):
+        for f in tracker.observe(view, policies, stream.now):
+            if f.kind is FindingKind.STRAGGLER:
+                found.add(f.pod)
+                if first is None and f.pod == f"train/{stream.pod_name(3)}":
+                    first = stream.step - stream.slow_from
+    return first, found
+
+
+def test_a_rank_slowed_1_3x_in_an_8_rank_gang_is_found_within_10_steps() -> None:
+    stream = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7)
+    first, found = first_detection(stream, [straggler_policy()], 60)
+    assert first is not None and first <= 10
+    assert found == {"train/llm-3"}
+
+
+def test_a_healthy_gang_with_10_percent_noise_has_no_straggler_in_1000_steps() -> None:
+    for seed in range(5):
+        stream = GangStream(ranks=8, noise=0.1, seed=seed)
+        _first, found = first_detection(stream, [straggler_policy()], 1000)
+        assert found == set(), f"seed {seed}"
+
+
+def test_the_finding_names_the_rank_its_node_and_devices_and_the_figures() -> None:
+    stream = GangStream(ranks=8, slowdown={3: 1.5}, noise=0.0)
+    tracker = StragglerTracker()
+    findings = []
+    for view in stream.views(7):  # judged from the 5th step: outlier in reports 5, 6 and 7
+        findings = tracker.observe(view, [straggler_policy()], stream.now)
+    (f,) = findings
+    assert (f.kind, f.pod, f.pod_uid, f.node, f.source) == (
+        FindingKind.STRAGGLER,
+        "train/llm-3",
+        "uid-llm-3",
+        "gpu-003",
+        "step-times",
+    )
+    assert "1.50x" in f.evidence and "3 reports in a row" in f.evidence
+    assert tracker.replaceable() == {"uid-llm-3"}
+
+
+def test_a_rank_is_judged_only_after_min_samples_and_sustained_reports() -> None:
+    stream = GangStream(ranks=8, slowdown={3: 2.0}, noise=0.0)
+    tracker = StragglerTracker()
+    rules = straggler_policy(minSamples=4, sustainedReports=2)
+    steps_to_find = []
+    for view in stream.views(10):
+        if tracker.observe(view, [rules], stream.now):
+            steps_to_find.append(stream.step)
+    assert steps_to_find[0] == 5  # judged from the 4th step, an outlier in the 4th and 5th reports
+
+
+def test_an_unchanged_report_does_not_count_twice() -> None:
+    stream = GangStream(ranks=8, slowdown={3: 2.0}, noise=0.0)
+    tracker = StragglerTracker()
+    views = list(stream.views(5))
+    for _ in range(10):  # rounds with no new report from anyone
+        assert tracker.observe(views[-1], [straggler_policy()], stream.now) == []
+    assert tracker.streaks["uid-llm-3"].outliers == 1
+
+
+def test_one_report_within_the_bound_starts_the_run_over() -> None:
+    tracker = StragglerTracker()
+    gang = GangStream(ranks=4, noise=0.0)
+    base = next(iter(gang.views(1)))
+
+    def at(count: int, slow_p50: float) -> ClusterView:
+        pods = {}
+        for key, p in base.pods.items():
+            p50 = slow_p50 if p.name == "llm-0" else 1.0
+            pods[key] = replace(p, steps=StepReport(count, 10, p50, EPOCH + count, EPOCH))
+        return replace(base, pods=pods)
+
+    policies = [straggler_policy(sustainedReports=3)]
+    assert tracker.observe(at(10, 2.0), policies, EPOCH) == []
+    assert tracker.observe(at(11, 2.0), policies, EPOCH) == []
+    assert tracker.observe(at(12, 1.0), policies, EPOCH) == []  # back within the bound
+    assert tracker.observe(at(13, 2.0), policies, EPOCH) == []
+    assert tracker.observe(at(14, 2.0), policies, EPOCH) == []
+    assert [f.pod for f in tracker.observe(at(15, 2.0), policies, EPOCH)] == ["train/llm-0"]
+
+
+def test_fewer_ranks_than_min_ranks_are_not_judged() -> None:
+    stream = GangStream(ranks=2, slowdown={1: 3.0}, noise=0.0)
+    _, found = first_detection(stream, [straggler_policy()], 30)
+    assert found == set()
+
+
+def test_the_bound_is_robust_to_the_outlier_and_has_a_floor() -> None:
+    rules = StragglerRules()
+    bound = outlier_bound([1.0] * 7 + [5.0], rules)
+    assert (bound.centre, bound.mad) == (1.0, 0.0)
+    assert bound.limit == 1.1  # identical ranks: the 10 % floor, not 0 MADs
+    spread = outlier_bound([0.8, 0.9, 1.0, 1.1, 1.2], rules)
+    assert spread.limit > 1.0 + 3 * 1.4826 * 0.1 - 1e-9
+
+
+def test_ranks_outside_every_policy_are_not_judged() -> None:
+    stream = GangStream(ranks=8, slowdown={3: 2.0}, noise=0.0)
+    _, found = first_detection(stream, [policy(selector={"namespaces": ["elsewhere"]})], 20)
+    assert found == set()
+
+
+# ---- decisions ------------------------------------------------------------------------------------
+
+
+def decided(stream: GangStream, policies: list[Policy], steps: int) -> tuple[list[Action], list[Blocked]]:
+    rounds = DecisionRound()
+    host = RecordingHost()
+    for view in stream.views(steps):
+        rounds.run(host, view, policies, stream.now)
+    return host.started, host.blocked
+
+
+class RecordingHost:
+    def __init__(self) -> None:
+        self.started: list[Action] = []
+        self.blocked: list[Blocked] = []
+        self.records: list[InFlight] = []
+
+    def in_flight(self, view: ClusterView) -> list[InFlight]:
+        return self.records
+
+    def busy(self) -> frozenset[str]:
+        return frozenset()
+
+    def start(self, action: Action, resumed: bool) -> None:
+        if not resumed:
+            self.started.append(action)
+            self.records.append(InFlight.of(action, Phase.IN_PROGRESS, 0.0))
+
+    def finish(self, record: InFlight) -> None: ...
+
+    def record_blocked(self, item: Blocked) -> None:
+        self.blocked.append(item)
+
+    def hold(self, record: InFlight, why: str) -> None: ...
+
+    def report_overdue(self, item: object) -> None: ...
+
+    def wider_views(self) -> list[ClusterView]:
+        return []
+
+
+def test_replace_now_restarts_the_gang_replacing_the_slow_rank() -> None:
+    stream = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7)
+    started, _ = decided(stream, [straggler_policy(action="ReplaceNow")], 40)
+    (action,) = started
+    assert (action.kind, action.target_kind, action.target) == (
+        ActionKind.RESTART_GANG,
+        TargetKind.GANG,
+        "train/JobSet/llm",
+    )
+    assert action.finding.kind is FindingKind.STRAGGLER and action.finding.pod_uid == "uid-llm-3"
+    assert action.cause == "uid-llm-3"
+    assert "replace rank train/llm-3" in action.reason
+
+
+def test_replace_at_restart_and_notify_only_record_the_rank() -> None:
+    for mode in ("ReplaceAtRestart", "Notify"):
+        stream = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7)
+        started, _ = decided(stream, [straggler_policy(action=mode)], 40)
+        (action,) = started  # once, not once per round
+        assert (action.kind, action.target, action.target_uid) == (ActionKind.NOTIFY, "train/llm-3", "uid-llm-3")
+        assert ("next restart" in action.reason) == (mode == "ReplaceAtRestart")
+
+
+def test_the_restart_is_within_the_gang_budget() -> None:
+    stream = GangStream(ranks=8, slowdown={3: 1.3}, noise=0.0)
+    view = list(stream.views(10))[-1]
+    policies = [
+        policy(
+            actions={"gang": "RestartGang"},
+            stragglers={"action": "ReplaceNow"},
+            budgets={"gangRestartsPerHour": 0},
+        )
+    ]
+    findings = StragglerTracker(streaks={"uid-llm-3": _Streak(stream.step, 3, stream.now)}).observe(
+        view, policies, stream.now
+    )
+    assert [f.kind for f in findings] == [FindingKind.STRAGGLER]
+    plan = decide(view, findings, policies, [], stream.now)
+    assert [b.rail.value for b in plan.blocked] == ["gang-budget"]
+
+
+# ---- stalled gangs ------------------------------------------------------------------------------------
+
+
+def ranks(last: list[float], *, p50: float = 1.0, window: int = 10) -> list[Pod]:
+    stream = GangStream(ranks=len(last), noise=0.0)
+    view = next(iter(stream.views(1)))
+    pods = sorted(view.pods.values(), key=lambda p: p.name)
+    return [replace(p, steps=StepReport(100, window, p50, t, EPOCH)) for p, t in zip(pods, last, strict=True)]
+
+
+def test_a_gang_silent_past_the_limit_is_stalled_and_the_rank_behind_is_named() -> None:
+    rules = StragglerRules()
+    t = EPOCH + 1000
+    members = ranks([t - 1.0, t, t, t])  # rank 0 never reported the step the others did
+    assert stall(members, rules, t + 45.0) is None  # within 45 s
+    f = stall(members, rules, t + 46.0)
+    assert f is not None and f.kind is FindingKind.GANG_STALLED
+    assert (f.pod, f.pod_uid) == ("train/llm-0", "uid-llm-0")
+    assert "rank train/llm-0 stalled first" in f.evidence
+
+
+def test_a_stall_with_no_rank_behind_names_none() -> None:
+    t = EPOCH + 1000
+    f = stall(ranks([t, t + 0.1, t, t]), StragglerRules(), t + 60.0)
+    assert f is not None and f.pod_uid == "" and "no rank stalled first" in f.evidence
+
+
+def test_the_stall_limit_grows_with_long_steps() -> None:
+    t = EPOCH + 1000
+    members = ranks([t - 20, t, t, t], p50=20.0)  # 5 steps of 20 s: 100 s
+    assert stall(members, StragglerRules(), t + 90) is None
+    assert stall(members, StragglerRules(), t + 101) is not None
+
+
+def test_no_stall_while_a_rank_is_restarting_pending_or_has_no_step_in_its_run() -> None:
+    t = EPOCH + 1000
+    members = ranks([t, t, t, t])
+    later = t + 600
+    assert stall([replace(members[0], restart_generation=1), *members[1:]], StragglerRules(), later) is None
+    assert stall([replace(members[0], phase="Pending"), *members[1:]], StragglerRules(), later) is None
+    fresh = replace(members[0], steps=StepReport(100, 0, None, t, EPOCH))  # restarted: no step in this run yet
+    assert stall([fresh, *members[1:]], StragglerRules(), later) is None
+    assert stall([replace(members[0], steps=None), *members[1:]], StragglerRules(), later) is None
+
+
+def test_a_stalled_gang_restarts_in_place_replacing_the_rank_behind() -> None:
+    t = EPOCH + 1000
+    members = ranks([t - 1.0, t, t, t])
+    view = ClusterView(nodes=next(iter(GangStream(ranks=4).views(1))).nodes, pods={p.key: p for p in members})
+    policies = [straggler_policy()]
+    findings = StragglerTracker().observe(view, policies, t + 50)
+    plan = decide(view, findings, policies, [], t + 50)
+    (action,) = plan.actions
+    assert (action.kind, action.target, action.cause) == (ActionKind.RESTART_GANG, "train/JobSet/llm", "uid-llm-0")
+    notify = decide(view, findings, [straggler_policy(stall={"action": "Notify"})], [], t + 50)
+    assert [a.kind for a in notify.actions] == [ActionKind.NOTIFY]

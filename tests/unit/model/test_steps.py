@@ -1,0 +1,47 @@
+"""The launcher's published step report (``devheal.io/steps``): written compactly, read strictly."""
+
+from __future__ import annotations
+
+import pytest
+
+from devheal.model.steps import MAX_ANNOTATION_LENGTH, StepReport, parse_step_report
+
+T = 1_764_587_000.25
+
+
+def test_round_trip() -> None:
+    report = StepReport(count=1234, window=10, p50=0.4123456789, last=T, run=T - 1000)
+    text = report.to_annotation()
+    assert text == '{"count":1234,"window":10,"p50":0.412346,"last":1764587000.25,"run":1764586000.25}'
+    assert parse_step_report(text) == (StepReport(1234, 10, 0.412346, T, T - 1000), "")
+
+
+def test_a_new_run_has_an_empty_window() -> None:
+    report = StepReport(count=50, window=0, p50=None, last=T, run=T)
+    assert parse_step_report(report.to_annotation()) == (report, "")
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (None, "expected a JSON object as a string"),
+        ("x" * (MAX_ANNOTATION_LENGTH + 1), "longer than 512 characters"),
+        ("{", "not JSON"),
+        ("[1]", "expected a JSON object"),
+        ('{"window":1,"p50":1}', "count: expected a whole number >= 0, got None"),
+        ('{"count":-1,"window":0}', "count: expected a whole number >= 0"),
+        ('{"count":true,"window":0}', "count: expected a whole number >= 0"),
+        ('{"count":1.5,"window":0}', "count: expected a whole number >= 0"),
+        ('{"count":5,"window":6,"p50":1}', "window: expected a whole number within 0..count (5)"),
+        ('{"count":5,"window":5,"p50":-1}', "p50: expected a number within 0..86400"),
+        ('{"count":5,"window":5,"p50":1e9}', "p50: expected a number within 0..86400"),
+        ('{"count":5,"window":5,"p50":"1"}', "p50: expected a finite number or null"),
+        ('{"count":5,"window":5,"p50":NaN}', "p50: expected a finite number or null"),
+        ('{"count":5,"window":5,"p50":Infinity}', "p50: expected a finite number or null"),
+        ('{"count":5,"window":5,"p50":1,"last":12}', "last: expected a number within 1e+09..1e+11"),
+        ('{"count":5,"window":5,"p50":null}', "p50: null although window is 5"),
+    ],
+)
+def test_bad_values_are_refused_with_the_reason(text: object, why: str) -> None:
+    report, reason = parse_step_report(text)
+    assert report is None and why in reason

@@ -1,0 +1,93 @@
+"""``spec.stragglers``: parsed by ``parse_policy`` and checked by the CRD's schema alike."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from devheal.model.policy import PolicyError, parse_policy
+from devheal.model.straggler_policy import StallAction, StallRules, StragglerAction, StragglerRules
+from tests.unit.crds.test_crd_manifests import spec_schema, violations
+
+SELECTOR = {"podSelector": {}}
+
+
+def parsed(stragglers: Any) -> StragglerRules:
+    spec = {"selector": SELECTOR, "stragglers": stragglers}
+    return parse_policy({"metadata": {"name": "p"}, "spec": spec}).stragglers
+
+
+def test_defaults() -> None:
+    assert parsed(None) == parsed({}) == StragglerRules()
+    rules = StragglerRules()
+    assert (rules.action, rules.min_slowdown_percent, rules.outlier_mads) == (StragglerAction.REPLACE_AT_RESTART, 10, 3)
+    assert (rules.min_samples, rules.sustained_reports, rules.min_ranks) == (5, 3, 3)
+    assert rules.stall == StallRules(45.0, 5, StallAction.RESTART_GANG)
+
+
+def test_every_field() -> None:
+    spec = {
+        "action": "ReplaceNow",
+        "minSlowdownPercent": 25,
+        "outlierMADs": 0,
+        "minSamples": 10,
+        "sustainedReports": 1,
+        "minRanks": 4,
+        "stall": {"after": "1m30s", "steps": 20, "action": "Notify"},
+    }
+    assert violations({"selector": SELECTOR, "stragglers": spec}, spec_schema("RemediationPolicy")) == []
+    assert parsed(spec) == StragglerRules(
+        StragglerAction.REPLACE_NOW, 25, 0, 10, 1, 4, StallRules(90.0, 20, StallAction.NOTIFY)
+    )
+
+
+def test_the_stall_limit_is_after_or_steps_of_the_median_step_when_longer() -> None:
+    stall = StallRules(after=45.0, steps=5)
+    assert (stall.limit(None), stall.limit(1.0), stall.limit(20.0)) == (45.0, 45.0, 100.0)
+
+
+@pytest.mark.parametrize(
+    ("stragglers", "field"),
+    [
+        ({"action": "Evict"}, "stragglers.action"),
+        ({"minSlowdownPercent": 0}, "stragglers.minSlowdownPercent"),
+        ({"minSlowdownPercent": "10%"}, "stragglers.minSlowdownPercent"),
+        ({"outlierMADs": -1}, "stragglers.outlierMADs"),
+        ({"minSamples": 0}, "stragglers.minSamples"),
+        ({"sustainedReports": 0}, "stragglers.sustainedReports"),
+        ({"minRanks": 2}, "stragglers.minRanks"),
+        ({"stall": {"after": "5 minutes"}}, "stragglers.stall.after"),
+        ({"stall": {"steps": 0}}, "stragglers.stall.steps"),
+        ({"stall": {"action": "Drain"}}, "stragglers.stall.action"),
+        ({"window": 10}, "stragglers"),
+    ],
+)
+def test_the_schema_and_parse_policy_refuse_the_same_field(stragglers: Any, field: str) -> None:
+    spec = {"selector": SELECTOR, "stragglers": stragglers}
+    found = violations(spec, spec_schema("RemediationPolicy"))
+    assert found and all(field in f for f in found), found
+    with pytest.raises(PolicyError, match=re.escape(f"RemediationPolicy p: spec.{field}")):
+        parse_policy({"metadata": {"name": "p"}, "spec": spec})
+
+
+def test_a_zero_stall_is_refused_naming_the_field() -> None:
+    with pytest.raises(PolicyError, match=r"spec\.stragglers\.stall\.after: expected a duration above 0, got '0s'"):
+        parsed({"stall": {"after": "0s"}})
+
+
+def test_the_schema_has_no_unknown_field_pruned() -> None:
+    """Each field parse_policy reads is in the schema: the API server would drop any other silently."""
+    node = spec_schema("RemediationPolicy")["properties"]["stragglers"]
+    assert node["additionalProperties"] is False
+    assert set(node["properties"]) == {
+        "action",
+        "minSlowdownPercent",
+        "outlierMADs",
+        "minSamples",
+        "sustainedReports",
+        "minRanks",
+        "stall",
+    }
+    assert set(node["properties"]["stall"]["properties"]) == {"after", "steps", "action"}
