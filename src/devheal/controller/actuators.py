@@ -21,6 +21,7 @@ from typing import Any
 from devheal.controller import metrics
 from devheal.controller.actuator import Actuator, Outcome, Policies, StepFailed, Steps
 from devheal.controller.cache import ClusterCache
+from devheal.controller.device_taints import TaintDevice, UntaintDevice
 from devheal.controller.gangs import GangRestarter
 from devheal.controller.node_actions import Cordon, Drain, Lift, Taint
 from devheal.controller.node_remediation import NodeRemediation
@@ -69,6 +70,8 @@ class Actuators:
             ActionKind.LIFT: Lift(client),
             ActionKind.DRAIN: Drain(client),
             ActionKind.REMEDIATE_NODE: self.node_remediation,
+            ActionKind.TAINT_DEVICE: TaintDevice(client, policies),
+            ActionKind.UNTAINT_DEVICE: UntaintDevice(client),
         }
         """The actuator of each action kind."""
 

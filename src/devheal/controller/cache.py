@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from devheal.controller.dra_cache import DraCache
 from devheal.controller.projections import (
     project_node,
     project_node_devices,
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 
 
 class ClusterCache:
-    def __init__(self, client: KubeClient, clock: Any = time.time) -> None:
+    def __init__(self, client: KubeClient, clock: Any = time.time, *, dra: bool = False) -> None:
+        """``dra``: also watch ResourceSlices and devheal's DeviceTaintRules (``controller.dra_cache``)."""
         self.clock = clock
         self.changed = asyncio.Event()
         self.pods_by_node: dict[str, set[str]] = {}
@@ -59,6 +61,9 @@ class ClusterCache:
             self.policy_objects,
             self.remediations,
         ]
+        self.dra = DraCache(client, self.changed.set) if dra else None
+        if self.dra is not None:
+            self.reflectors += self.dra.reflectors
         self.loops = Supervisor("cache")
         """The reflectors' loops: ``loops.problems()`` names one that is down."""
 
@@ -104,6 +109,8 @@ class ClusterCache:
             pods_by_node={n: frozenset(keys) for n, keys in self.pods_by_node.items() if keys},
             pod_by_device=self.pod_by_device,
             signalled=frozenset(self.signalled),
+            dra_devices=self.dra.devices if self.dra is not None else {},
+            quarantined=self.dra.quarantined if self.dra is not None else {},
         )
 
     def policies(self) -> list[Policy]:

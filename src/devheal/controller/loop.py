@@ -88,6 +88,8 @@ class ControllerOptions:
     retry_after: float = 5.0
     gang_restart_timeout: float = 900.0
     """Seconds a gang restart may take before it ends as Failed (reason Timeout), naming the lagging ranks."""
+    dra: bool = False
+    """Watch ResourceSlices and devheal's DeviceTaintRules: quarantine failed DRA devices (``engine.dra``)."""
 
 
 class CurrentRecords:
@@ -129,7 +131,7 @@ class Controller:
         self.options = options
         self.clock = clock
         """Wall-clock seconds; tests inject a fake one."""
-        self.cache = ClusterCache(client, clock=clock)
+        self.cache = ClusterCache(client, clock=clock, dra=options.dra)
         self.rounds = DecisionRound(Pacing(retry=options.retry_after))
         self.actuators = Actuators(
             client,

@@ -16,6 +16,7 @@ from typing import Any
 from devheal.controller.actuator import Outcome, Policies, StepFailed, Steps, split_key
 from devheal.controller.eviction import delete_options, eviction, failed_device_grace
 from devheal.engine.placement import Release
+from devheal.engine.spares import SPARE_TOLERATION
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, PLACEMENT_GATE
@@ -169,6 +170,10 @@ async def release_gate(client: KubeClient, release: Release) -> None:
     """Nominate ``release.node`` (when set) in the pod's status, then remove the ``devheal.io/placement`` gate.
 
     The nomination goes first: once the gate is gone the scheduler may take the pod at once.
+    A pod nominated to a warm spare gets the toleration of devheal's spare taint in the same
+    write that removes the gate (tolerations can be added to a pod, never removed), at the
+    version read, so a concurrent change to its tolerations is not lost (a conflict: the next
+    round tries again).
     A pod that is gone or was replaced is left alone, and so is one the API server says is
     already bound (a round that saw the gate before the cache caught up with an earlier
     release: a bound pod has no gate left). Other failures are logged, and the next round
@@ -189,18 +194,21 @@ async def release_gate(client: KubeClient, release: Release) -> None:
                     raise
                 log.debug("%s is already bound: nothing to release", release.pod)
                 return
-        await client.patch(
-            path,
-            {
-                "metadata": {"uid": release.uid},
-                "spec": {"schedulingGates": [{"name": PLACEMENT_GATE, "$patch": "delete"}]},
-            },
-            content_type=STRATEGIC_PATCH,
-        )
+        body: Obj = {
+            "metadata": {"uid": release.uid},
+            "spec": {"schedulingGates": [{"name": PLACEMENT_GATE, "$patch": "delete"}]},
+        }
+        if release.spare:
+            pod = await client.get(path)
+            tolerations = list((pod.get("spec") or {}).get("tolerations") or [])
+            if SPARE_TOLERATION not in tolerations:
+                body["spec"]["tolerations"] = [*tolerations, SPARE_TOLERATION]
+                body["metadata"]["resourceVersion"] = (pod.get("metadata") or {}).get("resourceVersion")
+        await client.patch(path, body, content_type=STRATEGIC_PATCH)
     except (errors.NotFound, errors.Conflict):
         return  # gone or replaced: nothing to release
     except errors.KubeError as exc:
         log.warning("cannot release %s from %s: %s; retrying on the next round", release.pod, PLACEMENT_GATE, exc)
         return
-    where = f" nominated to {release.node}" if release.node else ""
+    where = f" nominated to {'spare ' if release.spare else ''}{release.node}" if release.node else ""
     log.info("released %s from %s%s", release.pod, PLACEMENT_GATE, where)

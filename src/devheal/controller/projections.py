@@ -210,12 +210,25 @@ def project_pod(obj: Obj) -> Pod:
         restart_generation=_restart_generation(annotations.get(RESTART_GENERATION_ANNOTATION)),
         acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
         in_place=in_place_restart(spec, annotations).value,
+        claims=_pod_claims(spec, status, where),
     )
 
 
 MALFORMED_GENERATION = -1
 """A pod's ``restart_generation`` when its annotation is there but is not a generation: the gang
 restarter ends the restart Failed naming the pod and the annotation, rather than guess."""
+
+
+def _pod_claims(spec: Obj, status: Obj, where: str) -> tuple[tuple[str, str], ...]:
+    """DRA: (pod claim name, ResourceClaim name), given in the spec or generated from a template (pod status)."""
+    names: dict[str, str] = {}
+    for rc in _objects(spec.get("resourceClaims"), f"{where}: spec.resourceClaims"):
+        if isinstance(rc.get("resourceClaimName"), str):
+            names[str(rc.get("name") or "")] = rc["resourceClaimName"]
+    for rcs in _objects(status.get("resourceClaimStatuses"), f"{where}: status.resourceClaimStatuses"):
+        if isinstance(rcs.get("resourceClaimName"), str):
+            names[str(rcs.get("name") or "")] = rcs["resourceClaimName"]
+    return tuple(sorted(names.items()))
 
 
 def _restart_generation(value: object) -> int:

@@ -25,6 +25,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from devheal.engine import dra
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.engine.stragglers import STEP_FINDINGS, step_actions
 from devheal.model.cluster import ClusterView, Node
@@ -446,6 +447,7 @@ def decide(
         existing, in_flight = by_name.get, current
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
     candidates = _candidate_actions(view, findings, policies, in_flight, now)
+    candidates += dra.candidates(view, findings, policies, now)  # DRA devices: device taints (engine.dra)
     if any(f.kind in STEP_FINDINGS for f in findings):  # slow ranks, stalled gangs (engine.stragglers)
         candidates += step_actions(findings, view, policies, gang_epochs(view))
 

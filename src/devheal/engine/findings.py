@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from devheal.engine import dra
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.plan import Finding, FindingKind
 from devheal.model.policy import Policy
@@ -204,7 +205,12 @@ def _failed_in_pod_status(view: ClusterView) -> dict[str, set[str]]:
     failed: dict[str, set[str]] = {}
     for pod in view.pods_with_signals():
         if pod.devices:
-            bad = {d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY}
+            # A DRA claim's device is quarantined alone (``engine.dra``): it does not make its node faulty.
+            bad = {
+                d.device_id
+                for d in pod.devices
+                if d.health is DeviceHealth.UNHEALTHY and not dra.is_claim_entry(d.resource)
+            }
             if bad:
                 failed.setdefault(pod.node, set()).update(bad)
     return failed
@@ -227,7 +233,8 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
             sources.append("pod-status")
         since_candidates = []
         if report is not None and report.unhealthy:
-            failed.update(d.device_id for d in report.unhealthy)
+            own = dra.agent_dra_devices(view, node.name) if view.dra_devices else frozenset()
+            failed.update(d.device_id for d in report.unhealthy if d.device_id not in own)
             sources.append("nodedevices")
             since_candidates += [d.since for d in report.unhealthy if d.since is not None]
         gap_held = node.gap_since is not None and now - node.gap_since >= policy.node.capacity_gap_after
@@ -261,6 +268,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
 def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
     """Every current finding, pod-level and node-level, in a stable order."""
     findings = _pod_findings(view, policies, now) + _node_findings(view, policies, now)
+    findings += dra.detect(view, policies, now)
     return sorted(findings, key=lambda f: f.key)
 
 

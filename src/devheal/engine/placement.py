@@ -8,6 +8,10 @@ replaced left, when that node still has enough free healthy GPUs, and then relea
 gate. The scheduler tries a nominated node first and binds there when it fits. Pods with
 no vacancy to fill (a gang's first pods, say) are released without a nomination.
 
+When the node a rank left has no room (its GPU failed and its other GPUs are taken), the
+replacement goes to an idle warm spare of its policy's pool instead (``devheal.engine.spares``):
+the vacancy moves to the spare, and the release adds the toleration of devheal's spare taint.
+
 A vacancy is claimed by the replacement nominated to it and stays claimed while that pod
 waits: a release that failed is retried with the same node. It is filled once the claimant
 runs; a claimant that ends or vanishes first (refused at admission, deleted) gives the
@@ -18,9 +22,10 @@ Pure: the cluster view and the vacancies in, what to release (with which node) o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from devheal.model.cluster import ClusterView
+from devheal.model.cluster import ClusterView, Pod
 
 VACANCY_TTL = 600.0
 """Seconds a vacated node is kept for its gang's replacement."""
@@ -34,6 +39,8 @@ class Vacancy:
     since: float
     claimant: str = ""
     """UID of the replacement nominated to this node, while it waits; empty when unclaimed."""
+    spare: bool = False
+    """``node`` is a warm spare the vacancy moved to: its replacement needs the spare taint's toleration."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +50,8 @@ class Release:
     uid: str
     node: str
     """The node to nominate; empty for none."""
+    spare: bool = False
+    """``node`` is a reserved spare: add the toleration of devheal's spare taint before releasing."""
 
 
 def free_gpus(view: ClusterView) -> dict[str, int]:
@@ -70,20 +79,29 @@ def _settle_claims(view: ClusterView, vacancies: list[Vacancy]) -> list[Vacancy]
     return kept
 
 
-def place_gated(view: ClusterView, vacancies: list[Vacancy], now: float) -> tuple[list[Release], list[Vacancy]]:
-    """The gated pods to release, each with a node to nominate or none; and the vacancies left."""
+SpareFinder = Callable[[Pod, str], tuple[str, ...]]
+"""For a replacement and the node its predecessor left: the idle spares it may go to (``engine.spares``)."""
+
+
+def place_gated(
+    view: ClusterView, vacancies: list[Vacancy], now: float, spares: SpareFinder | None = None
+) -> tuple[list[Release], list[Vacancy]]:
+    """The gated pods to release, each with a node to nominate or none; and the vacancies left.
+
+    ``spares``: where a replacement may go when its vacated node has no room (none: nowhere else)."""
     left = _settle_claims(view, [v for v in vacancies if now - v.since <= VACANCY_TTL])
-    claimed = {v.claimant: v.node for v in left if v.claimant}
+    claimed = {v.claimant: v for v in left if v.claimant}
     gated = sorted((p for p in view.pods.values() if p.gated and p.active), key=lambda p: p.key)
     if not gated:
         return [], left
     free = free_gpus(view)
     releases = []
     for pod in gated:
-        chosen = claimed.get(pod.uid, "")
-        if chosen:  # nominated before and still waiting: release again to the same node
-            releases.append(Release(pod.key, pod.uid, chosen))
+        held = claimed.get(pod.uid)
+        if held is not None:  # nominated before and still waiting: release again to the same node
+            releases.append(Release(pod.key, pod.uid, held.node, held.spare))
             continue
+        chosen, spare = "", False
         for index, vacancy in enumerate(left):
             node = view.nodes.get(vacancy.node)
             if (
@@ -94,9 +112,28 @@ def place_gated(view: ClusterView, vacancies: list[Vacancy], now: float) -> tupl
                 and not node.unschedulable
                 and free.get(vacancy.node, 0) >= pod.gpu_request
             ):
-                chosen = vacancy.node
+                chosen, spare = vacancy.node, vacancy.spare
                 free[chosen] -= pod.gpu_request
                 left[index] = replace(vacancy, claimant=pod.uid)
                 break
-        releases.append(Release(pod.key, pod.uid, chosen))
+        if not chosen and spares is not None:
+            chosen = _to_spare(view, left, free, pod, spares)
+            spare = bool(chosen)
+        releases.append(Release(pod.key, pod.uid, chosen, spare))
     return releases, left
+
+
+def _to_spare(view: ClusterView, left: list[Vacancy], free: dict[str, int], pod: Pod, spares: SpareFinder) -> str:
+    """Move the first unclaimed vacancy of ``pod``'s gang to an idle spare with room, claimed by ``pod``; the
+    spare's name, or "" when there is no such vacancy or spare."""
+    for index, vacancy in enumerate(left):
+        if vacancy.claimant or vacancy.gang != pod.workload.key:
+            continue
+        for name in spares(pod, vacancy.node):
+            node = view.nodes.get(name)
+            if node is not None and node.ready and not node.unschedulable and free.get(name, 0) >= pod.gpu_request:
+                free[name] -= pod.gpu_request
+                left[index] = replace(vacancy, node=name, claimant=pod.uid, spare=True)
+                return name
+        return ""
+    return ""

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from devheal.model.dra import DeviceQuarantine, SliceDevice
 from devheal.model.steps import StepReport
 from devheal.model.values import whole_number
 
@@ -126,6 +127,8 @@ class Pod:
     """The generation the member's in-place agent acknowledged (LAUNCHER_GENERATION_ANNOTATION; 0 when absent)."""
     in_place: str = "none"
     """How the pod restarts in place when its restart generation rises (a ``devheal.engine.inplace.InPlaceRestart``)."""
+    claims: tuple[tuple[str, str], ...] = ()
+    """DRA: (pod claim name, ResourceClaim object name) from ``status.resourceClaimStatuses`` and the spec."""
     steps: StepReport | None = None
     """What the pod's launcher last published of its step times (``devheal.io/steps``); None: nothing (valid)."""
 
@@ -231,6 +234,11 @@ class ClusterView:
     signalled: frozenset[str] | None = None
     """Keys of the pods with a signal to judge (``Pod.signalled``), kept by the cache as pods change, so a
     round need not walk every pod; None: every pod is looked at."""
+    dra_devices: Mapping[str, SliceDevice] = field(default_factory=dict)
+    """DRA devices as their drivers publish them in ResourceSlices, by ``driver/pool/device`` (``devheal.model.dra``);
+    empty when the controller does not watch ResourceSlices."""
+    quarantined: Mapping[str, DeviceQuarantine] = field(default_factory=dict)
+    """devheal's DeviceTaintRules, by the ``driver/pool/device`` each quarantines."""
 
     def pods_with_signals(self) -> Iterable[Pod]:
         """The pods that may give a pod finding: those in ``signalled``, or every pod without that index."""

@@ -24,6 +24,11 @@ class FindingKind(StrEnum):
     """A node has failed devices, reported by pods, the agent, or allocatable below capacity for too long."""
     NODE_RECOVERED = "NodeRecovered"
     """A node devheal marked is healthy again."""
+    # Devices of DRA drivers (``devheal.engine.dra``).
+    DRA_DEVICE_FAILED = "DRADeviceFailed"
+    """A DRA device (driver, pool, device) failed: a claim's status, its driver's ResourceSlice taint, the agent."""
+    DRA_DEVICE_RECOVERED = "DRADeviceRecovered"
+    """A DRA device devheal quarantined is published healthy again by its driver."""
     # Gangs' step times (``devheal.engine.stragglers``).
     STRAGGLER = "Straggler"
     """A gang's rank whose median step time is a sustained outlier among its gang's ranks."""
@@ -55,6 +60,8 @@ class Finding:
 
     @property
     def key(self) -> str:
+        if self.kind in (FindingKind.DRA_DEVICE_FAILED, FindingKind.DRA_DEVICE_RECOVERED):
+            return f"{self.kind}/{self.node}/{self.device_ids[0] if self.device_ids else ''}"
         return f"{self.kind}/{self.node}/{self.pod}"
 
 
@@ -90,11 +97,13 @@ class TargetKind(StrEnum):
     POD = "Pod"
     NODE = "Node"
     GANG = "Gang"
+    DEVICE = "Device"
+    """A DRA device, named ``driver/pool/device``."""
 
     @property
     def namespaced(self) -> bool:
         """Pods and gangs live in a namespace: their target key is ``namespace/name``."""
-        return self is not TargetKind.NODE
+        return self in (TargetKind.POD, TargetKind.GANG)
 
 
 class Rail(StrEnum):

@@ -49,6 +49,10 @@ Spec, with defaults::
       records:                         # retention of ended Remediation records (Succeeded, Failed,
         ttlAfterFinished: 168h         # Blocked, DryRun, Skipped): deleted this long after they ended...
         maxEndedPerTarget: 20          # ...or beyond this many per target (oldest first); never active ones
+      devices:                         # single DRA devices (device_policy.py, docs/dra.md)
+        taint: true                    # a failed DRA device gets a DeviceTaintRule, not its node a taint
+        taintEffect: NoSchedule        # NoExecute: Kubernetes also evicts the pods using the device
+        holdDown: 2m                   # published healthy this long before the rule is removed
       allowDelete: false               # Deschedule may delete a pod when eviction is impossible
       # failedDeviceGracePeriodSeconds: 5  # grace for pods evicted off a failed device (unset: the pod's own)
       stragglers:                      # slow ranks, hung gangs (straggler_policy.py, docs/stragglers.md)
@@ -76,6 +80,7 @@ from typing import Any
 
 from devheal.model import times
 from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
+from devheal.model.device_policy import DeviceRules, parse_devices
 from devheal.model.straggler_policy import StragglerRules, parse_stragglers
 from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
 
@@ -98,6 +103,10 @@ class ActionKind(StrEnum):
     DRAIN = "Drain"
     REMEDIATE_NODE = "RemediateNode"
     LIFT = "Lift"
+    TAINT_DEVICE = "TaintDevice"
+    """Quarantine one failed DRA device with devheal's DeviceTaintRule (``spec.devices``)."""
+    UNTAINT_DEVICE = "UntaintDevice"
+    """Remove devheal's DeviceTaintRule: the device is published healthy again."""
 
 
 POD_ACTIONS = (ActionKind.DESCHEDULE, ActionKind.FAIL_POD, ActionKind.RESTART_GANG, ActionKind.NOTIFY)
@@ -296,6 +305,8 @@ class Policy:
     failed_device_grace_period: int | None = None
     """Seconds of grace for pods devheal evicts off a failed device (Deschedule, gang ranks it
     replaces); None: each pod's own ``terminationGracePeriodSeconds``."""
+    devices: DeviceRules = field(default_factory=DeviceRules)
+    """``spec.devices``: failed DRA devices quarantined with DeviceTaintRules (``devheal.model.device_policy``)."""
     dry_run: bool = False
     paused: bool = False
     breaker_reset: str = ""
@@ -334,6 +345,7 @@ _SPEC_FIELDS = frozenset(
         "records",
         "allowDelete",
         "failedDeviceGracePeriodSeconds",
+        "devices",
         "dryRun",
         "paused",
         "stragglers",
@@ -672,6 +684,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         stragglers=parse_stragglers(spec.get("stragglers"), f"{prefix}.stragglers", PolicyError),
         allow_delete=_bool(spec.get("allowDelete"), f"{prefix}.allowDelete", False),
         failed_device_grace_period=_grace(spec.get("failedDeviceGracePeriodSeconds"), prefix),
+        devices=parse_devices(spec.get("devices"), f"{prefix}.devices", PolicyError),
         dry_run=_bool(spec.get("dryRun"), f"{prefix}.dryRun", False),
         paused=_bool(spec.get("paused"), f"{prefix}.paused", False)
         or str(annotations.get(PAUSE_ANNOTATION, "")).lower() == "true",
