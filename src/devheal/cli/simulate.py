@@ -137,6 +137,8 @@ def _tables(comparison: Comparison) -> list[Table]:
     for name, rs in results.items():
         losses.add_row(name, *(_gpu_hours(sum(r.loss_gpu_hours[loss.value] for r in rs) / len(rs)) for loss in Loss))
 
+    by_cause = _cause_table(comparison)
+
     remediations = Table(title="Remediations by type (mean per run)")
     remediations.add_column("strategy", no_wrap=True)
     remediations.add_column("who did what, how often")
@@ -144,7 +146,36 @@ def _tables(comparison: Comparison) -> list[Table]:
         kinds = sorted({k for r in rs for k in r.remediations})
         text = ", ".join(f"{k} {_count(sum(r.remediations.get(k, 0) for r in rs) / len(rs))}" for k in kinds)
         remediations.add_row(name, text)
-    return [summary, losses, remediations]
+    return [summary, losses, by_cause, remediations]
+
+
+def _cause_table(comparison: Comparison) -> Table:
+    """Training GPU-hours lost by what caused them: per strategy, all losses and (in brackets) the time spent
+    awaiting remediation, so the largest remediable share stands out."""
+    from rich.table import Table
+
+    from devheal.simulate.failures import CLASSES
+    from devheal.simulate.results import mean_by_cause
+
+    means = {name: mean_by_cause(rs) for name, rs in comparison.results.items()}
+    causes = sorted(
+        {c for per in means.values() for c in per},
+        key=lambda c: -max(sum(m.get(c, {}).values()) for m in means.values()),
+    )
+    table = Table(title="Training GPU-hours lost by cause (mean per run): all losses (awaiting remediation)")
+    table.add_column("cause", no_wrap=True)
+    table.add_column("seen by", no_wrap=True)
+    for name in means:
+        table.add_column(name, justify="right")
+    for cause in causes:
+        row = [cause, str(CLASSES[cause].signal) if cause in CLASSES else "-"]
+        for per in means.values():
+            losses = per.get(cause, {})
+            awaiting = losses.get("awaiting-remediation", 0.0)
+            cell = _gpu_hours(sum(losses.values()))
+            row.append(f"{cell} ({_gpu_hours(awaiting)})" if awaiting >= 0.5 else cell)
+        table.add_row(*row)
+    return table
 
 
 def _describe(config: SimConfig, seeds: list[int], replay: Path | None) -> str:
@@ -189,6 +220,13 @@ def simulate(
         float | None,
         typer.Option("--rate", help="Failures per GPU-hour, all classes (default 1.97e-5, Llama 3 405B's)."),
     ] = None,
+    checkpointing: Annotated[
+        str,
+        typer.Option(
+            help="Training checkpoints: periodic (15 min to remote storage, the preset's) or in-memory "
+            "(every 2 min to peers' host memory, the best practice)."
+        ),
+    ] = "periodic",
     seed: Annotated[int, typer.Option(help="Seed of the first generated trace.")] = 0,
     seeds: Annotated[int, typer.Option(help="How many seeds to run: seed, seed+1, ...")] = 1,
     policy: Annotated[
@@ -209,7 +247,7 @@ def simulate(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from devheal.simulate.config import ConfigError, build_preset
+    from devheal.simulate.config import ConfigError, build_preset, with_checkpointing
     from devheal.simulate.failures import TraceError
     from devheal.simulate.runner import run_comparison
     from devheal.simulate.strategies import lineup
@@ -221,7 +259,7 @@ def simulate(
     try:
         if seeds < 1:
             raise _InputError("--seeds: expected at least 1")
-        config = build_preset(preset, nodes, gpus_per_node, days)
+        config = with_checkpointing(build_preset(preset, nodes, gpus_per_node, days), checkpointing)
         if spare_nodes is not None:
             config = replace(config, fleet=replace(config.fleet, spare_nodes=spare_nodes))
         if rate is not None:

@@ -8,8 +8,8 @@ few numbers a user can override on the command line.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 
 from devheal.simulate.failures import DAY, LLAMA3_DAYS, LLAMA3_GPUS, TraceSpec
 
@@ -39,6 +39,10 @@ class CostModel:
     """kube-controller-manager --node-monitor-grace-period (50 s by default in current Kubernetes)."""
     eviction_toleration_s: float = 300.0
     """kube-apiserver --default-not-ready-toleration-seconds: pods leave a NotReady node after this."""
+    step_s: float = 6.0
+    """A training step of the gang (the launcher's step reports; stall and straggler detection scale with it)."""
+    steps_publish_s: float = 15.0
+    """How often a rank's launcher rewrites its step report (``devheal.io/steps``)."""
     # People.
     human_response_s: float = 3600.0
     """Mean time for an on-call engineer to act on a failure nothing automated handles."""
@@ -169,6 +173,40 @@ class SimConfig:
         self.fleet.validate()
         self.costs.validate()
         self.trace.validate()
+
+
+# ---- checkpointing ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpointing:
+    """How a training gang saves and restores its state (docs/simulator.md gives the sources)."""
+
+    interval_s: float
+    stall_s: float
+    restart_s: float
+    """Rendezvous, NCCL initialisation and checkpoint load."""
+
+
+CHECKPOINTING: Mapping[str, Checkpointing] = {
+    "periodic": Checkpointing(interval_s=900.0, stall_s=20.0, restart_s=180.0),
+    "in-memory": Checkpointing(interval_s=120.0, stall_s=1.0, restart_s=60.0),
+}
+"""``periodic``: the presets' default, asynchronous checkpoints to remote storage every 15 minutes.
+``in-memory``: the best practice (Gemini, ByteRobust): checkpoints to peers' host memory every 2 minutes,
+restored from memory on restart."""
+
+
+def with_checkpointing(config: SimConfig, name: str) -> SimConfig:
+    """Every training gang of ``config`` checkpoints as ``CHECKPOINTING[name]`` says."""
+    if name not in CHECKPOINTING:
+        raise ConfigError(f"checkpointing: unknown {name!r}; expected one of {', '.join(CHECKPOINTING)}")
+    c = CHECKPOINTING[name]
+    gangs = tuple(
+        replace(g, checkpoint_interval_s=c.interval_s, checkpoint_stall_s=c.stall_s, restart_s=c.restart_s)
+        for g in config.fleet.gangs
+    )
+    return replace(config, fleet=replace(config.fleet, gangs=gangs))
 
 
 # ---- presets ---------------------------------------------------------------------------------

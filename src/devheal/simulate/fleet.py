@@ -30,6 +30,12 @@ class Loss(StrEnum):
     """A slow (gray) member held the whole gang back."""
 
 
+CHECKPOINT_CAUSE = "checkpoints"
+SLOW_NODE_CAUSE = "slow-node"
+OTHER_CAUSE = "other"
+"""An outage no failure started (a drain of a healthy node, say)."""
+
+
 class UnitKind(StrEnum):
     GANG = "gang"
     INFERENCE = "inference"
@@ -103,6 +109,15 @@ class Unit:
     straggler_check_pending: bool = False
     useful_s: float = 0.0
     losses: dict[Loss, float] = field(default_factory=lambda: dict.fromkeys(Loss, 0.0))
+    cause: str = ""
+    """What stopped the unit for the current outage: a failure class, or a planned swap."""
+    stalled_at: float | None = None
+    """When the unit stopped in the middle of a run (its ranks' last step); None once a restart began."""
+    culprit: int | None = None
+    """The member node whose rank stopped first (it never finished the step the others wait on); None: none did."""
+    by_cause: dict[tuple[str, Loss], float] = field(default_factory=dict)
+    """The same losses split by cause: the outage's cause, ``checkpoints`` and ``slow-node`` for running costs.
+    Overlapping failures are booked to the one that stopped the unit."""
     interruptions: int = 0
     recoveries: list[float] = field(default_factory=list)
     """Seconds from each unplanned stop to running again."""
@@ -136,8 +151,13 @@ class Unit:
         """Book the time since the last change to the current loss category (running time is booked at stop)."""
         category = self._category()
         if category is not None:
-            self.losses[category] += now - self.since
+            self._book(self.cause, category, now - self.since)
         self.since = now
+
+    def _book(self, cause: str, loss: Loss, seconds: float) -> None:
+        self.losses[loss] += seconds
+        key = (cause, loss)
+        self.by_cause[key] = self.by_cause.get(key, 0.0) + seconds
 
     def _commit(self, end: float, keep_until: float, to_the_end: bool = False) -> None:
         """The run from run_start ends at ``end``. Work up to the last checkpoint at or before ``keep_until``
@@ -152,16 +172,20 @@ class Unit:
         stalls = k * self.stall_s
         work = committed - stalls
         useful = work / self.slowdown
-        self.losses[Loss.CHECKPOINTS] += stalls
-        self.losses[Loss.STRAGGLERS] += work - useful
-        self.losses[Loss.ROLLBACK] += end - kept_until
+        self._book(CHECKPOINT_CAUSE, Loss.CHECKPOINTS, stalls)
+        self._book(SLOW_NODE_CAUSE, Loss.STRAGGLERS, work - useful)
+        self._book(self.cause, Loss.ROLLBACK, end - kept_until)
         self.useful_s += useful
         if committed > 0:
             self.commits.append((self.run_start, kept_until, useful / committed))
 
-    def stop(self, now: float, rollback_to: float | None = None, planned: bool = False) -> None:
-        """Something stopped the unit. ``rollback_to``: the last moment whose work can be kept (default: now)."""
+    def stop(self, now: float, rollback_to: float | None = None, planned: bool = False, cause: str = "") -> None:
+        """Something stopped the unit. ``rollback_to``: the last moment whose work can be kept (default: now).
+        ``cause``: what stopped it (kept for the whole outage)."""
         if self.state is UnitState.RUNNING:
+            self.cause = cause or OTHER_CAUSE
+            self.stalled_at = now
+            self.culprit = None
             keep = now if rollback_to is None else max(min(rollback_to, now), self.run_start)
             self._commit(now, keep)
             self.state = UnitState.DOWN
@@ -181,6 +205,8 @@ class Unit:
         self.accrue(now)
         self.state = UnitState.RESTARTING
         self.restart_token += 1
+        self.stalled_at = None
+        self.culprit = None
 
     def finish_restart(self, now: float, slowdown: float) -> None:
         self.accrue(now)

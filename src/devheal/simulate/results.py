@@ -54,6 +54,9 @@ class StrategyResult:
     events: int
     engine: dict[str, Any] = field(default_factory=dict)
     """Engine-driven strategies: decision rounds, full-fleet rounds, blocked decisions by rail."""
+    training_loss_by_cause: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Training gangs: GPU-hours lost, by what caused the loss (a failure class, ``checkpoints``, ``slow-node``,
+    ``straggler-swap``) and then by loss category."""
     run_seconds: float = 0.0
 
     @property
@@ -126,6 +129,30 @@ def summarize_units(
     )
 
 
+def losses_by_cause(units: Iterable[Unit]) -> dict[str, dict[str, float]]:
+    """Training gangs' GPU-hours lost, by cause then by loss category (non-zero entries only)."""
+    out: dict[str, dict[str, float]] = {}
+    for u in units:
+        if u.kind is not UnitKind.GANG:
+            continue
+        for (cause, loss), seconds in u.by_cause.items():
+            if seconds > 0:
+                per = out.setdefault(cause, {})
+                per[loss.value] = per.get(loss.value, 0.0) + seconds * u.gpus / 3600
+    return {cause: dict(sorted(per.items())) for cause, per in sorted(out.items())}
+
+
+def mean_by_cause(results: Sequence[StrategyResult]) -> dict[str, dict[str, float]]:
+    """``training_loss_by_cause`` averaged over runs (a cause absent from a run counts as 0 there)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in results:
+        for cause, per in r.training_loss_by_cause.items():
+            into = out.setdefault(cause, {})
+            for loss, hours in per.items():
+                into[loss] = into.get(loss, 0.0) + hours / len(results)
+    return {cause: dict(sorted(per.items())) for cause, per in sorted(out.items())}
+
+
 @dataclass(frozen=True)
 class Spread:
     mean: float
@@ -159,6 +186,7 @@ def summarize_seeds(results: Sequence[StrategyResult]) -> dict[str, Any]:
         "interruptions": spread(float(r.interruptions) for r in results),
         "lost_gpu_hours": spread(r.lost_gpu_hours for r in results),
         "loss_gpu_hours_mean": dict(causes),
+        "training_loss_by_cause_mean": mean_by_cause(results),
         "remediations_mean": {
             k: statistics.fmean(r.remediations.get(k, 0) for r in results) for k in remediation_kinds
         },

@@ -26,9 +26,14 @@ from typing import Any
 
 from devheal.simulate.config import CostModel, SimConfig
 from devheal.simulate.events import Event, EventKind, EventQueue
-from devheal.simulate.failures import DAY, HOUR, PERSISTENT, Signal, Trace, TraceError
+from devheal.simulate.failures import DAY, HOUR, PERSISTENT, Fault, Signal, Trace, TraceError
 from devheal.simulate.fleet import NodeState, Unit, UnitKind, UnitState
-from devheal.simulate.results import StrategyResult, summarize_units
+from devheal.simulate.results import StrategyResult, losses_by_cause, summarize_units
+
+STALLING = frozenset({Signal.DEVICE, Signal.HIDDEN, Signal.NODE_DOWN})
+"""Faults whose node's rank stops mid-step while the other ranks wait for it in a collective."""
+STRAGGLER_SWAP_CAUSE = "straggler-swap"
+"""A planned stop to swap a slow member out."""
 
 
 class Strategy:
@@ -45,6 +50,12 @@ class Strategy:
 
     def on_signal(self, event: Event) -> None:
         """An event this strategy scheduled with ``EventKind.SIGNAL`` fires."""
+
+    def on_unit_stopped(self, unit: Unit, fault: int) -> None:
+        """A fault stopped a running workload (whatever its signal)."""
+
+    def on_unit_running(self, unit: Unit) -> None:
+        """A workload's restart finished: it runs again."""
 
     def on_node_repaired(self, node: int) -> None:
         """A node's reboot, repair or replacement finished (its faults may or may not be gone)."""
@@ -144,15 +155,15 @@ class Simulation:
         uid = self.nodes[node].unit
         return None if uid is None else self.units[uid]
 
-    def release(self, node: int, recreate: bool, why: str | None) -> bool:
+    def release(self, node: int, recreate: bool, why: str | None, cause: str = "") -> bool:
         """The workload's pod on ``node`` is gone (deleted, failed, evicted): the unit needs a new node.
 
         ``recreate``: every pod of the unit is recreated on restart (else only the replaced pod is new).
-        ``why``: the remediation to count (None: the caller counts it)."""
+        ``why``: the remediation to count (None: the caller counts it). ``cause``: what stopped a running unit."""
         unit = self.unit_of(node)
         if unit is None:
             return False
-        unit.stop(self.now)  # a running unit stops; a restart in progress starts over without this member
+        unit.stop(self.now, cause=cause)  # a running unit stops; a restart in progress starts over without this member
         unit.stuck.discard(node)
         slot = unit.members.pop(node)
         unit.free_slots.append(slot)
@@ -235,8 +246,8 @@ class Simulation:
         if unit.missing and unit.uid not in self.waiting:
             self.waiting.append(unit.uid)
 
-    def _stop(self, unit: Unit, rollback_to: float | None = None, planned: bool = False) -> None:
-        unit.stop(self.now, rollback_to, planned)
+    def _stop(self, unit: Unit, cause: str, rollback_to: float | None = None, planned: bool = False) -> None:
+        unit.stop(self.now, rollback_to, planned, cause)
 
     def _try_restart(self, unit: Unit) -> None:
         if not unit.can_restart():
@@ -282,6 +293,14 @@ class Simulation:
         unit = self.unit_of(fault.node)
         if unit is not None and unit.kind is UnitKind.GANG:
             unit.interruptions += 1
+        was_running = unit is not None and unit.state is UnitState.RUNNING
+        self._handle_fault(index, fault, node, signal, unit)
+        if unit is not None and was_running and unit.state is not UnitState.RUNNING:
+            if signal in STALLING:
+                unit.culprit = fault.node
+            self.strategy.on_unit_stopped(unit, index)
+
+    def _handle_fault(self, index: int, fault: Fault, node: NodeState, signal: Signal, unit: Unit | None) -> None:
         costs = self.costs
         if signal in PERSISTENT:
             node.faults.append(index)
@@ -290,7 +309,7 @@ class Simulation:
         if signal in (Signal.CRASH, Signal.HANG):
             if unit is None:
                 return
-            self._stop(unit)
+            self._stop(unit, fault.cls)
             unit.stuck.add(-(index + 1))
             self._transient_unit[index] = unit.uid
             delay = costs.crash_detect_s if signal is Signal.CRASH else costs.nccl_timeout_s
@@ -300,7 +319,7 @@ class Simulation:
         elif signal is Signal.NODE_DOWN:
             node.down = True
             if unit is not None:
-                self._stop(unit)
+                self._stop(unit, fault.cls)
                 unit.stuck.add(fault.node)
             self.queue.push(
                 self.now + costs.node_not_ready_s + costs.eviction_toleration_s, EventKind.EVICT, fault.node, index
@@ -311,13 +330,24 @@ class Simulation:
                 self.queue.push(human_at, EventKind.HUMAN, fault.node, index)
         else:  # DEVICE, HIDDEN: the workload stops on the node and stays there until something acts.
             if unit is not None:
-                self._stop(unit)
+                self._stop(unit, fault.cls)
                 unit.stuck.add(fault.node)
             self.queue.push(human_at, EventKind.HUMAN, fault.node, index)
             if signal is Signal.DEVICE:
                 self.strategy.on_device_fault(fault.node, index)
 
+    def restart_in_place(self, unit: Unit) -> None:
+        """The workload's processes restart in their pods (a strategy's in-place gang restart): a crashed or
+        hung run no longer waits for its own controller's restart."""
+        for entry in [m for m in unit.stuck if m < 0]:
+            unit.accrue(self.now)
+            unit.stuck.discard(entry)
+            self._transient_unit.pop(-entry - 1, None)
+        self._try_restart(unit)
+
     def _on_transient_release(self, index: int) -> None:
+        if index not in self._transient_unit:
+            return  # restarted in place already
         unit = self.units[self._transient_unit.pop(index)]
         unit.accrue(self.now)
         unit.stuck.discard(-(index + 1))
@@ -346,7 +376,7 @@ class Simulation:
             return
         unit = self.unit_of(fault.node)
         if unit is not None:
-            self._stop(unit, rollback_to=fault.time)
+            self._stop(unit, fault.cls, rollback_to=fault.time)
             unit.stuck.add(fault.node)
         self.queue.push(self.now + self.costs.human_response_s * fault.human_factor, EventKind.HUMAN, fault.node, index)
 
@@ -378,6 +408,7 @@ class Simulation:
             return
         unit.finish_restart(self.now, self._slowdown(unit))
         self._schedule_straggler_check(unit)
+        self.strategy.on_unit_running(unit)
 
     def _on_straggler_check(self, uid: int) -> None:
         unit = self.units[uid]
@@ -394,7 +425,7 @@ class Simulation:
     def _on_straggler_swap(self, uid: int) -> None:
         unit = self.units[uid]
         if unit.state is UnitState.RUNNING:
-            self._stop(unit, planned=True)
+            self._stop(unit, STRAGGLER_SWAP_CAUSE, planned=True)
         self._swap_stragglers(unit)
         self._try_restart(unit)
 
@@ -405,6 +436,7 @@ class Simulation:
         for unit in self.units:
             unit.slowdown = self._slowdown(unit)
             self._schedule_straggler_check(unit)
+            self.strategy.on_unit_running(unit)
         handlers: dict[EventKind, Callable[[Event], None]] = {
             EventKind.TRANSIENT_RELEASE: lambda e: self._on_transient_release(e.ref),
             EventKind.EVICT: lambda e: self._on_evict(e.ref),
@@ -451,5 +483,6 @@ class Simulation:
             repair_node_hours=self.repair_seconds / HOUR,
             events=processed,
             engine=self.strategy.engine_stats(),
+            training_loss_by_cause=losses_by_cause(self.units),
             run_seconds=time.perf_counter() - started,
         )

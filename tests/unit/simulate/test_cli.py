@@ -32,7 +32,7 @@ def test_a_policy_file_adds_a_strategy(tmp_path: Path) -> None:
     policy = tmp_path / "restart.yaml"
     policy.write_text(
         "apiVersion: devheal.io/v1alpha1\nkind: RemediationPolicy\nmetadata: {name: restart-in-place}\n"
-        "spec:\n  actions: {gang: RestartGang}\n"
+        "spec:\n  selector: {podSelector: {}}\n  actions: {gang: RestartGang}\n"
     )
     result = runner.invoke(app, [*SMALL, "--policy", str(policy), "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output

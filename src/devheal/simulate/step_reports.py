@@ -1,0 +1,65 @@
+"""What each training rank's launcher publishes about its step times (``devheal.io/steps``), simulated.
+
+devheal's engine finds stragglers and stalled gangs from these reports
+(``devheal.engine.stragglers``); the simulator gives every gang rank the report its launcher
+would have written by now:
+
+- while the gang runs: the rank's median step is the gang's step time times its node's
+  slowdown (a gray node computes slower; the others then wait for it in the collectives), the
+  window fills one step at a time from the run's start, and the report is rewritten every
+  publish interval;
+- once the gang stops mid-run (a fault): every rank's last report is of the step it finished
+  when the gang stopped, except the rank on the failing node, which never finished that step
+  (its last step is one step older): the rank that stalled first;
+- while a restart is under way, or before the new run's first step: a report with an empty
+  window (nothing to judge).
+
+Pure: the unit's state and the time in, the report out.
+"""
+
+from __future__ import annotations
+
+import math
+
+from devheal.model.steps import StepReport
+from devheal.simulate.fleet import Unit, UnitState
+
+WINDOW = 20
+"""Steps a launcher's median covers (the recent steps of the current run)."""
+RUN_COUNT = 10_000_000
+"""Step counts of successive runs are kept apart by this much, so a new run's count is always new."""
+
+
+def step_report(unit: Unit, node: int, slow: float, step_s: float, publish_s: float, now: float) -> StepReport:
+    """The report the launcher of ``unit``'s rank on ``node`` last published, as of ``now``."""
+    base = unit.restart_token * RUN_COUNT
+    run = unit.run_start  # times are the simulation's clock, as the engine's ``now`` is
+    if unit.state is UnitState.RUNNING:
+        pace = step_s * unit.slowdown  # the gang steps at its slowest rank's pace
+        published = unit.run_start + math.floor((now - unit.run_start) / publish_s) * publish_s
+        steps = math.floor((published - unit.run_start) / pace)
+        if steps <= 0:
+            return StepReport(count=base, window=0, p50=None, last=None, run=run)
+        return StepReport(
+            count=base + steps,
+            window=min(steps, WINDOW),
+            p50=step_s * slow,
+            last=unit.run_start + steps * pace,
+            run=run,
+        )
+    if unit.state is UnitState.DOWN and unit.stalled_at is not None and unit.stalled_at > unit.run_start:
+        # Stopped mid-run: the reports stay as they were when the gang stopped.
+        pace = step_s * unit.slowdown
+        steps = math.floor((unit.stalled_at - unit.run_start) / pace)
+        if steps <= 1:
+            return StepReport(count=base, window=0, p50=None, last=None, run=run)
+        if unit.culprit == node:
+            steps -= 1
+        return StepReport(
+            count=base + steps,
+            window=min(steps, WINDOW),
+            p50=step_s * slow,
+            last=unit.stalled_at if unit.culprit != node else unit.stalled_at - pace,
+            run=run,
+        )
+    return StepReport(count=base, window=0, p50=None, last=None, run=run)
