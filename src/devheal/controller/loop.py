@@ -31,10 +31,12 @@ from devheal.controller.actuators import Actuators
 from devheal.controller.agent_reports import ReportAudit
 from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
+from devheal.controller.spares import Spares
 from devheal.engine.decide import Breaker, Overdue, Settings, relevance_horizon
 from devheal.engine.placement import Release, place_gated
 from devheal.engine.retention import ended_at, expired
 from devheal.engine.rounds import DecisionRound, Pacing
+from devheal.engine.spares import plan_spares, spare_finder
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.probes import Heartbeat, ProbeServer, loops_check
 from devheal.kube.supervision import LoopFailed, Supervisor
@@ -140,6 +142,7 @@ class Controller:
             clock=clock,
             cache=self.cache,
         )
+        self.spares = Spares(client)
         self.report_audit = ReportAudit(self.actuators.records.events)
         self.leading = not options.leader_elect
         self.elector = LeaderElector(
@@ -283,9 +286,24 @@ class Controller:
         for key, work in self.report_audit.check(view, now):  # agents' claims the cluster contradicts, once each
             self._submit(key, work)
         self._retain(now)
-        releases, self.actuators.gangs.vacancies = place_gated(view, self.actuators.gangs.vacancies, now)
+        records = self.in_flight(view)
+        spares = spare_finder(view, self._policies, now, records)
+        releases, self.actuators.gangs.vacancies = place_gated(view, self.actuators.gangs.vacancies, now, spares)
         for release in releases:
             self._release(release)
+        self._keep_spares(view, now, records)
+
+    def _keep_spares(self, view: ClusterView, now: float, records: InFlightRecords) -> None:
+        """Keep each policy's pool of warm spares at its size (``engine.spares``); nothing while dry-run or paused,
+        and no spare released for want of a pool while some policy cannot be read."""
+        if self.options.dry_run or self.options.paused:
+            return
+        claimed = {v.node for v in self.actuators.gangs.vacancies if v.claimant and v.spare}
+        orphans = not self.cache.policy_errors
+        for change in plan_spares(view, self._policies, now, records, claimed, release_orphans=orphans):
+            key = f"spare/{change.node}"
+            if key not in self.queue:
+                self._submit(key, functools.partial(self.spares.apply, change))
 
     def _retain(self, now: float) -> None:
         """Delete ended records past their policy's retention, a bounded number per look, oldest first; never one

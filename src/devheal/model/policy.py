@@ -55,6 +55,10 @@ Spec, with defaults::
         holdDown: 2m                   # published healthy this long before the rule is removed
       allowDelete: false               # Deschedule may delete a pod when eviction is impossible
       # failedDeviceGracePeriodSeconds: 5  # grace for pods evicted off a failed device (unset: the pod's own)
+      # spares:                        # no default (no pool): warm spare nodes for gang ranks (spares_policy.py)
+      #   nodeSelector: {matchLabels: {devheal.io/spare-pool: "true"}}  # the nodes that may be spares
+      #   size: 2                      # idle, healthy spares kept reserved
+      #   promoteIdleNodes: true       # false: only nodes back from repair refill the pool
       stragglers:                      # slow ranks, hung gangs (straggler_policy.py, docs/stragglers.md)
         action: ReplaceAtRestart       # Notify | ReplaceAtRestart | ReplaceNow
         minSlowdownPercent: 10         # a rank's median step 10 % above its gang's median...
@@ -81,6 +85,7 @@ from typing import Any
 from devheal.model import times
 from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
 from devheal.model.device_policy import DeviceRules, parse_devices
+from devheal.model.spares_policy import SparePool, parse_spares
 from devheal.model.straggler_policy import StragglerRules, parse_stragglers
 from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
 
@@ -301,6 +306,8 @@ class Policy:
     retention: Retention = Retention()
     stragglers: StragglerRules = field(default_factory=StragglerRules)
     """Slow ranks and stalled gangs, from the launchers' step times (``devheal.model.straggler_policy``)."""
+    spares: SparePool | None = None
+    """``spec.spares``: the warm spare nodes replaced gang ranks go to (``devheal.model.spares_policy``)."""
     allow_delete: bool = False
     failed_device_grace_period: int | None = None
     """Seconds of grace for pods devheal evicts off a failed device (Deschedule, gang ranks it
@@ -349,6 +356,7 @@ _SPEC_FIELDS = frozenset(
         "dryRun",
         "paused",
         "stragglers",
+        "spares",
     }
 )
 
@@ -690,4 +698,5 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         or str(annotations.get(PAUSE_ANNOTATION, "")).lower() == "true",
         breaker_reset=reset or "",
         breaker_record=_breaker_record(obj),
+        spares=parse_spares(spec.get("spares"), f"{prefix}.spares", PolicyError, _selector),
     )
