@@ -28,6 +28,13 @@ def controller(
             help="Seconds a gang restart may take before it ends as Failed (reason Timeout), naming the lagging ranks."
         ),
     ] = 900.0,
+    dra: Annotated[
+        bool,
+        typer.Option(
+            help="Watch DRA ResourceSlices and quarantine failed DRA devices with DeviceTaintRules "
+            "(resource.k8s.io/v1, Kubernetes 1.37; docs/dra.md)."
+        ),
+    ] = False,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
     log_level: logs.LogLevel = "INFO",
     log_format: logs.LogFormatOption = logs.LogFormat.AUTO,
@@ -50,6 +57,7 @@ def controller(
         lease_namespace=lease_namespace or os.environ.get("POD_NAMESPACE") or "kube-system",
         lease_duration=lease_duration,
         gang_restart_timeout=gang_restart_timeout,
+        dra=dra,
         renew_deadline=lease_duration * 2 / 3,
         retry_period=max(0.5, lease_duration / 7.5),
     )

@@ -10,7 +10,7 @@ from devheal.model.plan import Rail, RemediationReason, TargetKind
 
 
 def test_target_kinds_are_the_crds_enum_and_serialise_as_strings() -> None:
-    assert [str(k) for k in TargetKind] == ["Pod", "Node", "Gang"]
+    assert [str(k) for k in TargetKind] == ["Pod", "Node", "Gang", "Device"]
     assert TargetKind.POD == "Pod"
     assert json.dumps({"kind": TargetKind.GANG}) == '{"kind": "Gang"}'
     assert [k for k in TargetKind if k.namespaced] == [TargetKind.POD, TargetKind.GANG]
