@@ -100,6 +100,13 @@ def launch(
     steps_window: Annotated[int, typer.Option(help="How many recent steps the step-time figures cover.")] = (
         DEFAULT_WINDOW
     ),
+    steps_publish_interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between publications of the step-time summary on the pod (devheal.io/steps), "
+            "for the controller's straggler and stall detection; 0: never publish."
+        ),
+    ] = 10.0,
     log_level: logs.LogLevel = "INFO",
     log_format: logs.LogFormatOption = logs.LogFormat.AUTO,
 ) -> None:
@@ -115,6 +122,11 @@ def launch(
         raise typer.BadParameter(f"must be >= 0, got {barrier_timeout}", param_hint="--barrier-timeout")
     if steps_window < 1:
         raise typer.BadParameter(f"must be >= 1, got {steps_window}", param_hint="--steps-window")
+    if not 0 <= steps_publish_interval <= 3600 or (0 < steps_publish_interval < 1):
+        raise typer.BadParameter(
+            f"must be 0 (never) or within 1..3600 seconds, got {steps_publish_interval}",
+            param_hint="--steps-publish-interval",
+        )
     try:
         codes = parse_exit_codes(device_error_exit_codes)
     except ValueError as exc:
@@ -135,6 +147,7 @@ def launch(
         steps_host=host,
         steps_port=port,
         steps_window=steps_window,
+        steps_publish_interval=steps_publish_interval,
     )
     try:
         code = asyncio.run(_run(options, kubeconfig, context, namespace, pod, gang_label))

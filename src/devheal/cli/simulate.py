@@ -60,18 +60,18 @@ def load_policies(paths: list[Path]) -> list[Policy]:
     return policies
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+def _pct(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{100 * value:.{digits}f}%"
 
 
-def _spread_pct(values: list[float | None]) -> str:
+def _spread_pct(values: list[float | None], digits: int = 1) -> str:
     present = [v for v in values if v is not None]
     if not present:
         return "-"
     mean = sum(present) / len(present)
     if len(present) == 1:
-        return _pct(mean)
-    return f"{_pct(mean)} ({100 * min(present):.1f}-{100 * max(present):.1f})"
+        return _pct(mean, digits)
+    return f"{_pct(mean, digits)} ({100 * min(present):.{digits}f}-{100 * max(present):.{digits}f})"
 
 
 def _minutes(seconds: float | None) -> str:
@@ -104,7 +104,7 @@ def _tables(comparison: Comparison) -> list[Table]:
     summary.add_column("strategy", no_wrap=True)
     summary.add_column("training ETTR", justify="right")
     if has_inference:
-        summary.add_column("inference avail.", justify="right")
+        summary.add_column("inference requests served", justify="right")
     if has_batch:
         summary.add_column("batch goodput", justify="right")
     if has_inference or has_batch:
@@ -117,7 +117,7 @@ def _tables(comparison: Comparison) -> list[Table]:
         recoveries = [r for res in rs for r in res.recoveries_s]
         row = [name, _spread_pct([r.training_ettr for r in rs])]
         if has_inference:
-            row.append(_spread_pct([r.inference_availability for r in rs]))
+            row.append(_spread_pct([r.inference_availability for r in rs], digits=3))  # serving SLOs count nines
         if has_batch:
             row.append(_spread_pct([r.batch_goodput for r in rs]))
         if has_inference or has_batch:

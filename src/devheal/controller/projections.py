@@ -7,6 +7,7 @@ field (the informer logs it and keeps the previous copy) instead of crashing.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -45,6 +46,7 @@ from devheal.model.plan import (
     TargetKind,
 )
 from devheal.model.policy import ActionKind
+from devheal.model.steps import STEPS_ANNOTATION, StepReport, parse_step_report
 from devheal.model.times import parse_time
 from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
 
@@ -211,7 +213,27 @@ def project_pod(obj: Obj) -> Pod:
         acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
         in_place=in_place_restart(spec, annotations).value,
         claims=_pod_claims(spec, status, where),
+        steps=_steps(annotations.get(STEPS_ANNOTATION), f"{namespace}/{name}"),
     )
+
+
+log = logging.getLogger(__name__)
+_REFUSED_STEPS: dict[str, str] = {}
+"""Pod key -> the step report last refused for it, so each bad value is logged once, not at every update."""
+_REFUSED_STEPS_MAX = 10_000
+
+
+def _steps(value: object, pod: str) -> StepReport | None:
+    """The launcher's step report, or None (absent, or refused with a warning: the pod counts as not reporting)."""
+    if value is None:
+        return None
+    report, why = parse_step_report(value)
+    if report is None and _REFUSED_STEPS.get(pod) != why:
+        if len(_REFUSED_STEPS) >= _REFUSED_STEPS_MAX:
+            _REFUSED_STEPS.clear()
+        _REFUSED_STEPS[pod] = why
+        log.warning("pod %s: annotation %s ignored: %s", pod, STEPS_ANNOTATION, why)
+    return report
 
 
 MALFORMED_GENERATION = -1

@@ -29,6 +29,7 @@ Pure; the tracker keeps the streaks between rounds, and time is passed in.
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +42,8 @@ from devheal.model.straggler_policy import StallAction, StragglerAction, Straggl
 
 MAD_SCALE = 1.4826
 """MAD x 1.4826 estimates the standard deviation of normally distributed values."""
+POOLED_SPREADS = 20
+"""A gang's MADs of this many recent reports are pooled into the spread its ranks are judged by."""
 STEP_FINDINGS = frozenset({FindingKind.STRAGGLER, FindingKind.GANG_STALLED})
 
 
@@ -53,10 +56,14 @@ class Bound:
     limit: float
 
 
-def outlier_bound(medians: Sequence[float], rules: StragglerRules) -> Bound:
-    """The centre (median of ``medians``), their MAD, and the outlier limit the rules give."""
+def outlier_bound(medians: Sequence[float], rules: StragglerRules, pooled: Sequence[float] = ()) -> Bound:
+    """The centre (median of ``medians``), their MAD, and the outlier limit the rules give.
+
+    ``pooled``: the gang's MADs of earlier reports; the median of them and this one is the spread used. A MAD
+    of a handful of ranks is itself noisy, and a run of small ones would let ordinary noise pass for a
+    straggler; pooled over time it is steady."""
     centre = statistics.median(medians)
-    mad = statistics.median([abs(m - centre) for m in medians])
+    mad = statistics.median([*pooled, statistics.median([abs(m - centre) for m in medians])])
     margin = max(rules.outlier_mads * MAD_SCALE * mad, rules.min_slowdown_percent / 100.0 * centre)
     return Bound(centre, mad, centre + margin)
 
@@ -96,6 +103,8 @@ class StragglerTracker:
 
     streaks: dict[str, _Streak] = field(default_factory=dict)
     """Pod UID -> its run of outlier reports."""
+    spreads: dict[str, deque[float]] = field(default_factory=dict)
+    """Gang (workload key) -> its MADs at its last ``POOLED_SPREADS`` reports (``outlier_bound``)."""
     slow: dict[str, bool] = field(default_factory=dict)
     """UIDs of the ranks found straggling at the last ``observe`` -> whether their policy replaces them."""
 
@@ -107,7 +116,9 @@ class StragglerTracker:
         found: list[Finding] = []
         seen: set[str] = set()
         slow: dict[str, bool] = {}
-        for members in gangs(view).values():
+        by_gang = gangs(view)
+        gangs_seen = set(by_gang)
+        for members in by_gang.values():
             policy = next(
                 (p for p in (policy_for_pod(policies, m, view.nodes.get(m.node)) for m in members) if p is not None),
                 None,
@@ -123,6 +134,8 @@ class StragglerTracker:
                 found.append(stalled)
         for uid in [u for u in self.streaks if u not in seen]:
             del self.streaks[uid]
+        for gang in [g for g in self.spreads if g not in gangs_seen]:
+            del self.spreads[gang]
         self.slow = slow
         return found
 
@@ -130,7 +143,13 @@ class StragglerTracker:
         judged = [(p, r) for p in members if (r := _judged(p, rules)) is not None]
         if len(judged) < rules.min_ranks:
             return []
-        bound = outlier_bound([r.p50 for _, r in judged if r.p50 is not None], rules)
+        medians = [r.p50 for _, r in judged if r.p50 is not None]
+        gang = members[0].workload.key
+        pooled = self.spreads.setdefault(gang, deque(maxlen=POOLED_SPREADS))
+        bound = outlier_bound(medians, rules, pooled)
+        if any(self.streaks.get(p.uid, _Streak(-1, 0, now)).count != r.count for p, r in judged):
+            centre = statistics.median(medians)
+            pooled.append(statistics.median([abs(m - centre) for m in medians]))  # once per new report
         out = []
         for pod, report in judged:
             assert report.p50 is not None

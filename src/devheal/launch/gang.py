@@ -4,8 +4,9 @@ Three things, each as cheap for the API server as it can be:
 - its own pod, by list+watch with ``fieldSelector=metadata.name=<pod>`` (one object; re-list
   on 410 Gone, reconnect with backoff, through ``devheal.kube.informer.Reflector``);
 - the gang's pods (same gang label value), list+watch only while waiting at a barrier;
-- one merge patch of its own pod's ``devheal.io/launcher-generation`` per restart.
-Step times never come here: they stay in the launcher's memory.
+- one merge patch of its own pod's ``devheal.io/launcher-generation`` per restart;
+- its step-time summary (``devheal.io/steps``), one merge patch at most per publish interval
+  and only when it changed (every step time stays in the launcher's memory).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import Reflector
 from devheal.launch.restarts import LAUNCHER_GENERATION_ANNOTATION, PodView, acknowledgements, pod_view
+from devheal.model.steps import STEPS_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +89,24 @@ class KubeGang:
         finally:
             task.cancel()
 
-    async def acknowledge(self, generation: int) -> None:
+    async def publish_steps(self, report: str) -> None:
+        """Write the step-time summary (``devheal.io/steps``) on the launcher's own pod, once: a failure is the
+        caller's to log; the next interval publishes again."""
+        path = api_path("v1", "pods", namespace=self.namespace, name=self.pod)
+        await self.kube.patch(path, {"metadata": {"annotations": {STEPS_ANNOTATION: report}}})
+
+    async def acknowledge(self, generation: int, steps: str | None = None) -> None:
         """Set ``devheal.io/launcher-generation`` on the launcher's own pod; retries temporary errors until done.
 
+        ``steps``: a step-time summary written in the same patch (the new run's, with no step yet), so the
+        controller never sees the generation acknowledged next to the last run's step times.
         Raises ``devheal.kube.errors.PermanentError`` (e.g. Forbidden: RBAC lacks ``patch`` on pods).
         """
         path = api_path("v1", "pods", namespace=self.namespace, name=self.pod)
-        body = {"metadata": {"annotations": {LAUNCHER_GENERATION_ANNOTATION: str(generation)}}}
+        notes = {LAUNCHER_GENERATION_ANNOTATION: str(generation)}
+        if steps is not None:
+            notes[STEPS_ANNOTATION] = steps
+        body = {"metadata": {"annotations": notes}}
         delay = 0.2
         while True:
             try:

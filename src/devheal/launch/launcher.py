@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
 MAX_SHOWN_COMMAND = 200
 ORPHAN_REAP_INTERVAL = 1.0
+DEFAULT_PUBLISH_INTERVAL = 10.0
+"""As often as a node renews its heartbeat Lease: a gang of 1,000 ranks costs the API server 100 small patches a
+second at most, and a straggler is still found within a few intervals."""
 
 
 class LaunchError(Exception):
@@ -55,7 +58,9 @@ class GangPods(Protocol):
 
     async def watch_members(self, gang: str | None, on_members: Callable[[dict[str, int]], None]) -> None: ...
 
-    async def acknowledge(self, generation: int) -> None: ...
+    async def acknowledge(self, generation: int, steps: str | None = None) -> None: ...
+
+    async def publish_steps(self, report: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class LaunchOptions:
     steps_host: str = "127.0.0.1"
     steps_port: int = 0
     steps_window: int = DEFAULT_WINDOW
+    steps_publish_interval: float = DEFAULT_PUBLISH_INTERVAL
+    """Seconds between publications of the step-time summary on the pod (``devheal.io/steps``); 0: never."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -119,10 +126,18 @@ def write_termination_message(path: Path, message: str) -> bool:
 class Launcher:
     """Run ``options.command``; restart it in place on every restart generation; exit as it exits."""
 
-    def __init__(self, options: LaunchOptions, gang: GangPods, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        options: LaunchOptions,
+        gang: GangPods,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.options = options
         self.gang = gang
         self.clock = clock
+        self.wall = wall
         self.cycle = RestartCycle(options.barrier_timeout)
         self.stats = StepStats(window=options.steps_window)
         self.server = StepsServer(
@@ -160,12 +175,15 @@ class Launcher:
             loop.add_signal_handler(signum, self.terminate, signum)
         try:
             try:
+                self.stats.new_run(self.clock())
                 await self._start_child(restarts=0)
             except ChildStartError as exc:
                 log.error("%s", exc)
                 return exc.exit_code
             log.info("started %s (pid %d); step reports on %s", self._shown(), self._pid(), self.steps_address)
             self._spawn(self.gang.watch_own_pod(lambda view: self._queue.put_nowait(_OwnPodSeen(view))), "own pod")
+            if self.options.steps_publish_interval > 0:
+                self._spawn(self._publish_steps(self.options.steps_publish_interval), "step publisher")
             if os.getpid() == 1:
                 self._spawn(self._reap_orphans(), "orphan reaper")
             while True:
@@ -247,7 +265,7 @@ class Launcher:
                     self.options.barrier_timeout,
                     ", ".join(action.lagging) or "(none)",
                 )
-            self.stats.new_run()
+            self.stats.new_run(self.clock())
             try:
                 await self._start_child(restarts=self.cycle.restarts)
             except ChildStartError as exc:
@@ -278,6 +296,31 @@ class Launcher:
 
     # ---- the child -----------------------------------------------------------------------------
 
+    def _steps_summary(self) -> str:
+        return self.stats.published(self.clock(), self.wall()).to_annotation()
+
+    async def _publish_steps(self, interval: float) -> None:
+        """Publish the step-time summary on the pod every ``interval`` seconds while it changes; a failure is
+        logged once until a publication succeeds again, and never stops the training."""
+        published = None
+        failing = False
+        while True:
+            await asyncio.sleep(interval)
+            report = self.stats.published(self.clock(), self.wall())
+            if published is not None and (report.count, report.window, report.run) == published:
+                continue  # nothing new: the last publication stands (a stall shows as its age)
+            try:
+                await self.gang.publish_steps(report.to_annotation())
+            except errors.KubeError as exc:
+                if not failing:
+                    log.warning("cannot publish step times on the pod: %s; trying again every %.0fs", exc, interval)
+                failing = True
+                continue
+            if failing:
+                log.info("publishing step times on the pod again")
+            failing = False
+            published = (report.count, report.window, report.run)
+
     async def _start_child(self, *, restarts: int) -> None:
         env = {
             **os.environ,
@@ -307,10 +350,16 @@ class Launcher:
     def _acknowledge(self, generation: int) -> None:
         if self._ack_task is not None and not self._ack_task.done():
             self._ack_task.cancel()
+        steps = None
+        if self.child is None or not self.child.running:
+            # The run stopped: its step times go with the acknowledgement, an empty window in their place, so
+            # the controller never judges the restarted gang by the old run's last steps.
+            self.stats.new_run(self.clock())
+            steps = self._steps_summary()
 
         async def patch() -> None:
             try:
-                await self.gang.acknowledge(generation)
+                await self.gang.acknowledge(generation, steps)
             except errors.PermanentError as exc:
                 log.error("cannot acknowledge restart generation %d on the pod: %s", generation, exc)
                 return

@@ -3,7 +3,9 @@
 The training command reports each step's duration to its launcher (``report_step``); the
 launcher keeps the figures here, in memory, and serves them at ``GET /steps``. Pure: the
 caller passes the time, so tests use a fake clock. Nothing is ever written to the API
-server per step.
+server per step: the launcher publishes a compact summary (``published``: the median of
+the last ``PUBLISHED_WINDOW`` steps, the count, when the last step came) on its pod at most
+once per publish interval (``devheal.model.steps``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from devheal.model.steps import StepReport
+
 DEFAULT_WINDOW = 100
+PUBLISHED_WINDOW = 10
+"""Steps the published median covers: few enough that a rank that slows down shows within about ten steps,
+enough that one slow step (a garbage collection, a data-loader hiccup) does not move it."""
 
 
 def percentile(ordered: list[float], q: float) -> float:
@@ -42,6 +49,8 @@ class StepStats:
     last_report: float | None = None
     durations: deque[float] = field(default_factory=deque)
     arrivals: deque[float] = field(default_factory=deque)
+    run_started: float | None = None
+    """When the current run of the training command started (monotonic seconds), if known."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -64,10 +73,28 @@ class StepStats:
         self.durations.append(float(duration_seconds))
         self.arrivals.append(now)
 
-    def new_run(self) -> None:
+    def new_run(self, now: float | None = None) -> None:
         """The training command was restarted: forget the window (the figures describe this run), keep the totals."""
         self.durations.clear()
         self.arrivals.clear()
+        self.run_started = now
+
+    def published(self, now: float, wall_now: float, window: int = PUBLISHED_WINDOW) -> StepReport:
+        """What the launcher publishes on its pod: the median of the last ``window`` steps of this run, the
+        count, and (in wall-clock seconds, which the controller can compare) when the last step and the run
+        began. ``now`` is monotonic, ``wall_now`` the wall clock at the same moment."""
+        recent = sorted(list(self.durations)[-window:])
+
+        def wall(t: float | None) -> float | None:
+            return None if t is None else wall_now - (now - t)
+
+        return StepReport(
+            count=self.count,
+            window=len(recent),
+            p50=percentile(recent, 0.5) if recent else None,
+            last=wall(self.last_report),
+            run=wall(self.run_started),
+        )
 
     def steps_per_second(self) -> float | None:
         """Throughput over the window, from arrival times (so time outside the reported steps counts too)."""

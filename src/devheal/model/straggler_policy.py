@@ -4,8 +4,8 @@ Spec, with defaults (docs/stragglers.md gives each default's rationale)::
 
     stragglers:
       action: ReplaceAtRestart       # Notify | ReplaceAtRestart | ReplaceNow
-      minSlowdownPercent: 10         # a rank's median step at least 10 % above the gang's median...
-      outlierMADs: 3                 # ...and more than 3 scaled MADs above it
+      minSlowdownPercent: 12         # a rank's median step at least 12 % above the gang's median...
+      outlierMADs: 5                 # ...and more than 5 scaled MADs above it
       minSamples: 5                  # steps of the current run before a rank is judged
       sustainedReports: 3            # consecutive reports a rank must stay an outlier
       minRanks: 3                    # ranks reporting before a gang is judged
@@ -58,8 +58,8 @@ class StallRules:
 @dataclass(frozen=True, slots=True)
 class StragglerRules:
     action: StragglerAction = StragglerAction.REPLACE_AT_RESTART
-    min_slowdown_percent: int = 10
-    outlier_mads: int = 3
+    min_slowdown_percent: int = 12
+    outlier_mads: int = 5
     min_samples: int = 5
     sustained_reports: int = 3
     min_ranks: int = 3

@@ -96,6 +96,10 @@ class InferenceSpec:
     replicas: int
     start_s: float = 300.0
     """Container start and model load."""
+    peak_load: float = 0.9
+    """Requests at the daily peak, as a share of what every replica together serves."""
+    trough_load: float = 0.5
+    """... and at the daily low (demand follows a sine over the day)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +153,8 @@ class FleetSpec:
                 raise ConfigError(f"fleet.gangs[{g.name}].checkpoint_stall_s: must be below the checkpoint interval")
         if self.inference is not None and (self.inference.replicas < 0 or self.inference.start_s < 0):
             raise ConfigError("fleet.inference: replicas and start_s must be >= 0")
+        if self.inference is not None and not 0 < self.inference.trough_load <= self.inference.peak_load <= 1:
+            raise ConfigError("fleet.inference: expected 0 < trough_load <= peak_load <= 1")
         if self.batch is not None and (self.batch.nodes < 0 or self.batch.job_hours <= 0 or self.batch.start_s < 0):
             raise ConfigError("fleet.batch: nodes >= 0, job_hours > 0 and start_s >= 0 required")
         if self.workload_nodes < 1:

@@ -111,6 +111,9 @@ class Unit:
     losses: dict[Loss, float] = field(default_factory=lambda: dict.fromkeys(Loss, 0.0))
     cause: str = ""
     """What stopped the unit for the current outage: a failure class, or a planned swap."""
+    misrouted: list[tuple[float, float]] = field(default_factory=list)
+    """Inference: stretches when the replica was down but still took its share of requests (failed them)."""
+    misrouted_since: float | None = None
     stalled_at: float | None = None
     """When the unit stopped in the middle of a run (its ranks' last step); None once a restart began."""
     culprit: int | None = None
@@ -153,6 +156,13 @@ class Unit:
         if category is not None:
             self._book(self.cause, category, now - self.since)
         self.since = now
+
+    def end_misrouting(self, now: float) -> None:
+        """The replica left the Service's endpoints (its pod is gone, or its node went down)."""
+        if self.misrouted_since is not None:
+            if now > self.misrouted_since:
+                self.misrouted.append((self.misrouted_since, now))
+            self.misrouted_since = None
 
     def _book(self, cause: str, loss: Loss, seconds: float) -> None:
         self.losses[loss] += seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -127,6 +128,50 @@ def summarize_units(
         series,
         recoveries,
     )
+
+
+SERVING_STEP_S = 300.0
+"""Demand is taken as constant over at most this long when integrating requests served."""
+
+
+def demand(t: float, peak: float, trough: float) -> float:
+    """Requests per second at ``t`` as a share of the whole Deployment's capacity: a daily sine, lowest at 0 h."""
+    return trough + (peak - trough) * (1 - math.cos(2 * math.pi * t / 86400.0)) / 2
+
+
+def serving_availability(units: Iterable[Unit], horizon_s: float, peak: float, trough: float) -> float | None:
+    """Share of the inference Deployment's requests served over the run.
+
+    Requests are spread over the Service's endpoints: the running replicas, and the failed ones that still
+    pass readiness (``Unit.misrouted``), whose share fails. What reaches the running replicas is served up to
+    their capacity (one replica's share each); the rest fails."""
+    replicas = [u for u in units if u.kind is UnitKind.INFERENCE]
+    if not replicas:
+        return None
+    changes: dict[float, list[int]] = {}
+    for u in replicas:
+        for start, end, _ in u.commits:  # a stateless replica keeps every run: its commits are its runs
+            changes.setdefault(start, [0, 0])[0] += 1
+            changes.setdefault(end, [0, 0])[0] -= 1
+        for start, end in u.misrouted:
+            changes.setdefault(start, [0, 0])[1] += 1
+            changes.setdefault(end, [0, 0])[1] -= 1
+    total = len(replicas)
+    times = sorted({0.0, horizon_s, *(t for t in changes if 0.0 <= t <= horizon_s)})
+    live = bad = 0
+    asked = served = 0.0
+    for t0, t1 in itertools.pairwise(times):
+        live += changes.get(t0, (0, 0))[0]
+        bad += changes.get(t0, (0, 0))[1]
+        steps = max(1, math.ceil((t1 - t0) / SERVING_STEP_S))
+        width = (t1 - t0) / steps
+        for k in range(steps):
+            want = demand(t0 + (k + 0.5) * width, peak, trough) * total
+            endpoints = live + bad
+            reaching = want * live / endpoints if endpoints else 0.0
+            asked += want * width
+            served += min(reaching, float(live)) * width
+    return served / asked if asked > 0 else None
 
 
 def losses_by_cause(units: Iterable[Unit]) -> dict[str, dict[str, float]]:

@@ -28,7 +28,7 @@ from devheal.simulate.config import CostModel, SimConfig
 from devheal.simulate.events import Event, EventKind, EventQueue
 from devheal.simulate.failures import DAY, HOUR, PERSISTENT, Fault, Signal, Trace, TraceError
 from devheal.simulate.fleet import NodeState, Unit, UnitKind, UnitState
-from devheal.simulate.results import StrategyResult, losses_by_cause, summarize_units
+from devheal.simulate.results import StrategyResult, losses_by_cause, serving_availability, summarize_units
 
 STALLING = frozenset({Signal.DEVICE, Signal.HIDDEN, Signal.NODE_DOWN})
 """Faults whose node's rank stops mid-step while the other ranks wait for it in a collective."""
@@ -164,6 +164,7 @@ class Simulation:
         if unit is None:
             return False
         unit.stop(self.now, cause=cause)  # a running unit stops; a restart in progress starts over without this member
+        unit.end_misrouting(self.now)
         unit.stuck.discard(node)
         slot = unit.members.pop(node)
         unit.free_slots.append(slot)
@@ -190,6 +191,9 @@ class Simulation:
             "replace": costs.node_replace_s,
         }[kind]
         self.take_from_pool(node)
+        unit = self.unit_of(node)
+        if unit is not None:
+            unit.end_misrouting(self.now)  # a node going down leaves the endpoints
         state.repairing = True
         state.repair_kind = kind
         state.repair_token += 1
@@ -321,6 +325,8 @@ class Simulation:
             if unit is not None:
                 self._stop(unit, fault.cls)
                 unit.stuck.add(fault.node)
+                if unit.kind is UnitKind.INFERENCE:  # requests reach it until the node is NotReady
+                    unit.misrouted.append((self.now, min(self.now + costs.node_not_ready_s, self.horizon)))
             self.queue.push(
                 self.now + costs.node_not_ready_s + costs.eviction_toleration_s, EventKind.EVICT, fault.node, index
             )
@@ -332,6 +338,8 @@ class Simulation:
             if unit is not None:
                 self._stop(unit, fault.cls)
                 unit.stuck.add(fault.node)
+                if unit.kind is UnitKind.INFERENCE and unit.misrouted_since is None:
+                    unit.misrouted_since = self.now  # its server answers errors and still passes readiness
             self.queue.push(human_at, EventKind.HUMAN, fault.node, index)
             if signal is Signal.DEVICE:
                 self.strategy.on_device_fault(fault.node, index)
@@ -456,9 +464,16 @@ class Simulation:
         self.queue.now = self.horizon
         for unit in self.units:
             unit.close(self.horizon)
+            unit.end_misrouting(self.horizon)
         bin_s = DAY if self.horizon >= 7 * DAY else HOUR
-        ettr, availability, batch, fleet, losses, training_losses, series, recoveries = summarize_units(
+        ettr, _, batch, fleet, losses, training_losses, series, recoveries = summarize_units(
             self.units, self.horizon, bin_s
+        )
+        inference = self.config.fleet.inference
+        availability = (
+            serving_availability(self.units, self.horizon, inference.peak_load, inference.trough_load)
+            if inference is not None and inference.replicas
+            else None
         )
         return StrategyResult(
             strategy=self.strategy.name,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from devheal.launch.launcher import Launcher, LaunchOptions, device_error_message
 from devheal.launch.restarts import PodView
+from devheal.model.steps import parse_step_report
 from tests.shell.waiting import until
 from tests.unit.launch.children import handling_sigterm
 
@@ -48,6 +50,8 @@ class FakeGang:
         self._own: list[Callable[[PodView], None]] = []
         self._members: list[Callable[[dict[str, int]], None]] = []
         self.member_watches = 0
+        self.ack_steps: list[str | None] = []
+        self.published: list[str] = []
 
     def view(self) -> PodView:
         return PodView(SELF, "g1", self.generation, self.acks[SELF], True)
@@ -67,9 +71,13 @@ class FakeGang:
         finally:
             self._members.remove(on_members)
 
-    async def acknowledge(self, generation: int) -> None:
+    async def acknowledge(self, generation: int, steps: str | None = None) -> None:
         self.acknowledged.append(generation)
+        self.ack_steps.append(steps)
         self.ack(SELF, generation)
+
+    async def publish_steps(self, report: str) -> None:
+        self.published.append(report)
 
     def bump(self, generation: int) -> None:
         self.generation = generation
@@ -210,3 +218,34 @@ async def test_steps_are_served_with_launcher_facts(tmp_path: Path) -> None:
     assert isinstance(snap["mean_seconds"], float) and 0.015 < snap["mean_seconds"] < 0.5
     assert snap["generation"] == 0 and snap["restarts"] == 0 and snap["phase"] == "Running"
     assert await stop(launcher, run) == 0
+
+
+async def test_step_times_are_published_on_the_pod_and_a_restart_empties_the_window(tmp_path: Path) -> None:
+    gang = FakeGang()
+    launcher = Launcher(options(tmp_path, steps_publish_interval=0.2), gang)
+    run = asyncio.ensure_future(launcher.run())
+    await until(lambda: len(gang.published) >= 2, "two publications")
+    report, why = parse_step_report(gang.published[-1])
+    assert report is not None, why
+    assert report.count >= 1 and 1 <= report.window <= 10 and report.p50 is not None and 0.015 < report.p50 < 0.5
+    assert report.last is not None and abs(report.last - time.time()) < 5
+    assert gang.ack_steps == [None], "the first acknowledgement comes while the command runs: nothing to reset"
+    gang.bump(1)
+    await until(lambda: len(starts(tmp_path)) == 2, "restart")
+    reset, _ = parse_step_report(gang.ack_steps[-1])
+    assert reset is not None and reset.window == 0 and reset.p50 is None, "the restart's acknowledgement empties it"
+    assert reset.run is not None and reset.last is not None and reset.run > reset.last
+    assert await stop(launcher, run) == 0
+
+
+async def test_unchanged_step_times_are_not_published_again(tmp_path: Path) -> None:
+    gang = FakeGang()
+    launcher = Launcher(options(tmp_path, "exit0", steps_publish_interval=0.1), gang)
+    launcher.stats.record(0.5, 1, launcher.clock())
+    publisher = asyncio.ensure_future(launcher._publish_steps(0.1))
+    await until(lambda: len(gang.published) == 1, "one publication")
+    await asyncio.sleep(0.5)
+    assert len(gang.published) == 1, "nothing new: no patch"
+    launcher.stats.record(0.5, 2, launcher.clock())
+    await until(lambda: len(gang.published) == 2, "a new step: published again")
+    publisher.cancel()

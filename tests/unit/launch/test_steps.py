@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from devheal.launch.steps import InvalidStep, StepStats, percentile
+from devheal.launch.steps import PUBLISHED_WINDOW, InvalidStep, StepStats, percentile
 
 
 def test_empty_stats_have_no_figures() -> None:
@@ -84,3 +84,16 @@ def test_percentile() -> None:
 def test_window_must_hold_a_step() -> None:
     with pytest.raises(ValueError, match="window"):
         StepStats(window=0)
+
+
+def test_the_published_summary_is_the_recent_median_in_wall_clock_time() -> None:
+    stats = StepStats()
+    stats.new_run(100.0)
+    for i in range(30):
+        stats.record(2.0 if i < 20 else 1.0, i, 100.0 + i)
+    report = stats.published(now=130.0, wall_now=1_900_000_030.0)
+    assert (report.count, report.window, report.p50) == (30, PUBLISHED_WINDOW, 1.0), "the last 10 steps only"
+    assert (report.last, report.run) == (1_900_000_029.0, 1_900_000_000.0)
+    stats.new_run(140.0)
+    fresh = stats.published(now=141.0, wall_now=1_900_000_041.0)
+    assert (fresh.count, fresh.window, fresh.p50, fresh.run) == (30, 0, None, 1_900_000_040.0)

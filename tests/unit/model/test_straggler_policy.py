@@ -22,7 +22,7 @@ def parsed(stragglers: Any) -> StragglerRules:
 def test_defaults() -> None:
     assert parsed(None) == parsed({}) == StragglerRules()
     rules = StragglerRules()
-    assert (rules.action, rules.min_slowdown_percent, rules.outlier_mads) == (StragglerAction.REPLACE_AT_RESTART, 10, 3)
+    assert (rules.action, rules.min_slowdown_percent, rules.outlier_mads) == (StragglerAction.REPLACE_AT_RESTART, 12, 5)
     assert (rules.min_samples, rules.sustained_reports, rules.min_ranks) == (5, 3, 3)
     assert rules.stall == StallRules(45.0, 5, StallAction.RESTART_GANG)
 

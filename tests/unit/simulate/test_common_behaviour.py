@@ -85,6 +85,9 @@ def test_inference_and_batch_units() -> None:
         KubernetesDefault(),
     )
     assert result.training_ettr is None
-    assert result.inference_availability == pytest.approx(1 - (30 + 300) / (2 * DAY))
+    # The crashed replica leaves the endpoints; at 1 h demand is ~51% of both replicas, so the other one serves
+    # nearly all of it for the 330 s the replica is down.
+    assert result.inference_availability is not None
+    assert 1 - 1e-4 < result.inference_availability < 1
     # The 4-hour batch job that started at 4h loses 1.5 h, then 30 s + 60 s to restart.
     assert result.batch_goodput == pytest.approx(1 - (1.5 * HOUR + 90) / DAY)

@@ -1,0 +1,173 @@
+"""Which conclusions hold when the assumptions move: each group of parameters at 0.5x and 2x.
+
+The groups are the simulator's softest numbers (docs/simulator.md marks most of them
+"assumption"):
+
+- ``mttr``: how long a node is out: hardware repair and reboot;
+- ``checkpoint interval``: every training gang's checkpoint interval;
+- ``restart costs``: a gang's restart (rendezvous, NCCL init, checkpoint load), pod recreation,
+  in-place restart, an inference replica's start;
+- ``detection times``: every detection delay, people's response and straggler hunt, and the
+  training step (the launcher's stall limit is counted in steps);
+- ``spare pool``: the number of spare nodes.
+
+For each variant every strategy replays the same seeds; a row gives each strategy's mean
+training ETTR, devheal's margin over the best baseline (mean, and the smallest over seeds)
+and devheal's remediable loss (awaiting remediation, restart, stragglers) against the pod
+watcher's. Pure: callers print and write.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from devheal.simulate.config import SimConfig
+from devheal.simulate.results import StrategyResult
+from devheal.simulate.runner import Progress, run_comparison
+from devheal.simulate.strategies import BASELINES, StrategySpec
+
+FACTORS = (0.5, 2.0)
+REMEDIABLE = ("awaiting-remediation", "awaiting-node", "restart", "stragglers")
+"""Loss categories remediation can shorten (the rest: rollback and checkpoints are set by the workload)."""
+DETECTION = (
+    "agent_detect_s",
+    "pod_status_detect_s",
+    "device_plugin_detect_s",
+    "crash_detect_s",
+    "nccl_timeout_s",
+    "sdc_detect_s",
+    "node_not_ready_s",
+    "eviction_toleration_s",
+    "human_response_s",
+    "straggler_detect_s",
+    "step_s",
+    "steps_publish_s",
+)
+
+
+def _costs(config: SimConfig, names: Sequence[str], factor: float) -> SimConfig:
+    changed = {n: getattr(config.costs, n) * factor for n in names}
+    return replace(config, costs=replace(config.costs, **changed))
+
+
+def _gangs(config: SimConfig, factor: float, *fields: str) -> SimConfig:
+    gangs = tuple(replace(g, **{f: getattr(g, f) * factor for f in fields}) for g in config.fleet.gangs)
+    return replace(config, fleet=replace(config.fleet, gangs=gangs))
+
+
+def _restarts(config: SimConfig, factor: float) -> SimConfig:
+    config = _costs(_gangs(config, factor, "restart_s"), ("pod_recreate_s", "inplace_restart_s"), factor)
+    inference = config.fleet.inference
+    if inference is not None:
+        inference = replace(inference, start_s=inference.start_s * factor)
+        config = replace(config, fleet=replace(config.fleet, inference=inference))
+    return config
+
+
+def _interval(config: SimConfig, factor: float) -> SimConfig:
+    # The checkpoint's own pause stays: a longer interval pauses less often.
+    return _gangs(config, factor, "checkpoint_interval_s")
+
+
+def _spares(config: SimConfig, factor: float) -> SimConfig:
+    return replace(
+        config, fleet=replace(config.fleet, spare_nodes=max(1, math.ceil(config.fleet.spare_nodes * factor)))
+    )
+
+
+GROUPS: dict[str, Callable[[SimConfig, float], SimConfig]] = {
+    "mttr": lambda c, f: _costs(c, ("hardware_repair_s", "node_reboot_s"), f),
+    "checkpoint interval": _interval,
+    "restart costs": _restarts,
+    "detection times": lambda c, f: _costs(c, DETECTION, f),
+    "spare pool": _spares,
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    group: str
+    factor: float
+    ettr: dict[str, float]
+    """Strategy -> mean training ETTR over the seeds."""
+    margin_mean: float
+    """devheal's ETTR minus the best baseline's, mean over seeds (points of ETTR as a fraction)."""
+    margin_min: float
+    """... and the smallest over seeds."""
+    remediable_cut: float
+    """1 - devheal's remediable loss / the pod watcher's (mean over seeds)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "factor": self.factor,
+            "training_ettr": self.ettr,
+            "margin_mean": self.margin_mean,
+            "margin_min": self.margin_min,
+            "remediable_cut": self.remediable_cut,
+        }
+
+
+def remediable(result: StrategyResult) -> float:
+    return sum(result.training_loss_gpu_hours[k] for k in REMEDIABLE)
+
+
+def row_of(group: str, factor: float, results: dict[str, list[StrategyResult]], devheal: str) -> Row:
+    baselines = [cls.name for cls in BASELINES if cls.name in results]
+    seeds = range(len(results[devheal]))
+
+    def ettr(name: str, i: int) -> float:
+        value = results[name][i].training_ettr
+        return value if value is not None else 0.0
+
+    margins = [ettr(devheal, i) - max(ettr(b, i) for b in baselines) for i in seeds]
+    watcher = statistics.fmean(remediable(r) for r in results["pod-watcher"])
+    ours = statistics.fmean(remediable(r) for r in results[devheal])
+    return Row(
+        group=group,
+        factor=factor,
+        ettr={name: statistics.fmean(ettr(name, i) for i in seeds) for name in results},
+        margin_mean=statistics.fmean(margins),
+        margin_min=min(margins),
+        remediable_cut=1 - ours / watcher if watcher > 0 else 0.0,
+    )
+
+
+def sensitivity(
+    config: SimConfig,
+    strategies: Sequence[StrategySpec],
+    seeds: Sequence[int],
+    devheal: str = "devheal-default",
+    groups: Sequence[str] = tuple(GROUPS),
+    progress: Progress | None = None,
+) -> list[Row]:
+    """The base case, then every group at each of ``FACTORS``."""
+    unknown = sorted(set(groups) - set(GROUPS))
+    if unknown:
+        raise ValueError(f"sensitivity groups: unknown {', '.join(unknown)}; expected some of {', '.join(GROUPS)}")
+    variants = [("base", 1.0, config)] + [(g, f, GROUPS[g](config, f)) for g in groups for f in FACTORS]
+    rows = []
+    for group, factor, variant in variants:
+        variant.validate()
+        comparison = run_comparison(variant, strategies, seeds)
+        rows.append(row_of(group, factor, comparison.results, devheal))
+        if progress is not None:
+            progress(f"{group} x{factor:g}")
+    return rows
+
+
+def markdown(rows: Sequence[Row]) -> str:
+    """The rows as a Markdown table (for docs/simulator.md)."""
+    names = list(rows[0].ettr)
+    head = ["variant", *names, "devheal margin mean (min)", "remediable loss cut"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        variant = "base" if r.group == "base" else f"{r.group} x{r.factor:g}"
+        cells = [variant, *(f"{100 * r.ettr[n]:.1f}%" for n in names)]
+        cells += [f"{100 * r.margin_mean:+.1f} ({100 * r.margin_min:+.1f})", f"{100 * r.remediable_cut:.0f}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,34 @@
+"""The sensitivity table: each group of assumptions at 0.5x and 2x, every strategy on the same seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from devheal.simulate.config import build_preset
+from devheal.simulate.sensitivity import FACTORS, GROUPS, markdown, sensitivity
+from devheal.simulate.strategies import lineup
+
+
+def test_every_group_moves_its_parameters() -> None:
+    config = build_preset("mixed", nodes=40, days=2)
+    for name, change in GROUPS.items():
+        for factor in FACTORS:
+            assert change(config, factor) != config, name
+    doubled = GROUPS["restart costs"](config, 2.0)
+    assert doubled.fleet.gangs[0].restart_s == 2 * config.fleet.gangs[0].restart_s
+    assert doubled.costs.inplace_restart_s == 2 * config.costs.inplace_restart_s
+    assert GROUPS["spare pool"](config, 0.5).fleet.spare_nodes == max(1, -(-config.fleet.spare_nodes // 2))
+
+
+def test_a_table_row_per_variant_with_devheals_margin() -> None:
+    config = build_preset("llama3-405b", nodes=64, days=5)
+    rows = sensitivity(config, lineup(), seeds=[0, 1], groups=["mttr"])
+    assert [(r.group, r.factor) for r in rows] == [("base", 1.0), ("mttr", 0.5), ("mttr", 2.0)]
+    for r in rows:
+        baselines = [r.ettr[n] for n in ("kubernetes-default", "node-health-controller", "pod-watcher")]
+        assert r.margin_mean == pytest.approx(r.ettr["devheal-default"] - max(baselines), abs=0.02)
+        assert r.margin_min <= r.margin_mean
+    table = markdown(rows)
+    assert table.splitlines()[0].startswith("| variant | kubernetes-default") and "mttr x0.5" in table
+    with pytest.raises(ValueError, match="unknown lunch"):
+        sensitivity(config, lineup(), seeds=[0], groups=["lunch"])
