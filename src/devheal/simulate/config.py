@@ -41,8 +41,8 @@ class CostModel:
     """kube-apiserver --default-not-ready-toleration-seconds: pods leave a NotReady node after this."""
     step_s: float = 6.0
     """A training step of the gang (the launcher's step reports; stall and straggler detection scale with it)."""
-    steps_publish_s: float = 15.0
-    """How often a rank's launcher rewrites its step report (``devheal.io/steps``)."""
+    steps_publish_s: float = 10.0
+    """How often a rank's launcher rewrites its step report (``devheal.io/steps``; ``devheal launch``'s default)."""
     # People.
     human_response_s: float = 3600.0
     """Mean time for an on-call engineer to act on a failure nothing automated handles."""

@@ -74,3 +74,13 @@ def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
         assert result.exit_code == 2, result.output
         assert message in result.output
         assert "Traceback" not in result.output
+
+
+def test_checkpointing_option_and_its_error(tmp_path: Path) -> None:
+    result = runner.invoke(app, [*SMALL, "--checkpointing", "in-memory", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["config"]["fleet"]["gangs"][0]["checkpoint_interval_s"] == 120.0
+    assert "Training GPU-hours lost by cause" in result.output
+    bad = runner.invoke(app, [*SMALL, "--checkpointing", "hourly", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "checkpointing: unknown 'hourly'" in bad.output

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from devheal.simulate.config import build_preset
@@ -30,3 +32,14 @@ def test_summary_over_seeds_and_json() -> None:
         for r in results:
             assert r.lost_gpu_hours == pytest.approx(sum(r.loss_gpu_hours.values()))
             assert len(r.training_series) == 10  # daily bins
+
+
+def test_plots_include_the_loss_by_cause(tmp_path: Path) -> None:
+    from devheal.simulate import plots
+
+    if not plots.available():
+        pytest.skip("matplotlib is an optional extra")
+    comparison = run_comparison(build_preset("mixed", nodes=40, days=3), lineup(), seeds=[0])
+    written = plots.write_plots(comparison, tmp_path)
+    assert [p.name for p in written] == ["goodput_over_time.png", "loss_breakdown.png", "loss_by_cause.png"]
+    assert all(p.stat().st_size > 10_000 for p in written)
