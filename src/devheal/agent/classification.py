@@ -62,7 +62,8 @@ class Bucket(StrEnum):
     IGNORE = "IGNORE"
     RESTART_APP = "RESTART_APP"
     WORKFLOW_XID_45 = "WORKFLOW_XID_45"
-    XID_154_EVAL = "XID_154_EVAL"
+    XID_154 = "XID_154"
+    """Follow the recovery action XID 154 announces (the catalog's bucket for 154 itself)."""
     CHECK_UVM = "CHECK_UVM"
     UPDATE_SWFW = "UPDATE_SWFW"
     CONTACT_SUPPORT = "CONTACT_SUPPORT"
@@ -82,7 +83,7 @@ BUCKET_DEFAULTS: Mapping[Bucket, tuple[DeviceHealth, Remedy]] = {
     # The device is usable; the workload (or a person) acts. Degraded: reported, never failed.
     Bucket.RESTART_APP: (DeviceHealth.DEGRADED, Remedy.RESTART_WORKLOAD),
     Bucket.CHECK_UVM: (DeviceHealth.DEGRADED, Remedy.RESTART_WORKLOAD),
-    Bucket.XID_154_EVAL: (DeviceHealth.DEGRADED, Remedy.NONE),
+    Bucket.XID_154: (DeviceHealth.DEGRADED, Remedy.NONE),
     Bucket.UPDATE_SWFW: (DeviceHealth.DEGRADED, Remedy.NONE),
     Bucket.CONTACT_SUPPORT: (DeviceHealth.DEGRADED, Remedy.NONE),
     # The device failed: the engine acts.

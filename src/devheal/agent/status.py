@@ -53,6 +53,11 @@ def _reason_obj(reason: Reason) -> Obj:
     if reason.code is not None:
         obj["code"] = reason.code
     obj["message"] = reason.message[:4096]
+    # The label, health and remedy as fields, so the controller need not read them out of the message:
+    # RepeatedXid (drain for repair) and UnknownXid (report only) are decided on them.
+    obj["reason"] = reason.label[:256]
+    obj["health"] = reason.health.value
+    obj["remedy"] = reason.remedy.value
     obj["firstSeen"] = format_time(reason.first_seen)
     obj["lastSeen"] = format_time(reason.last_seen)
     obj["count"] = reason.count

@@ -22,6 +22,7 @@ from devheal.controller import metrics
 from devheal.controller.actuator import Actuator, Outcome, Policies, StepFailed, Steps
 from devheal.controller.cache import ClusterCache
 from devheal.controller.device_taints import TaintDevice, UntaintDevice
+from devheal.controller.degraded_actions import LiftDegraded, TaintDegraded
 from devheal.controller.gangs import GangRestarter
 from devheal.controller.node_actions import Cordon, Drain, Lift, Taint
 from devheal.controller.node_remediation import NodeRemediation
@@ -70,6 +71,9 @@ class Actuators:
             ActionKind.LIFT: Lift(client),
             ActionKind.DRAIN: Drain(client),
             ActionKind.REMEDIATE_NODE: self.node_remediation,
+            ActionKind.TAINT_DEGRADED: TaintDegraded(client),
+            ActionKind.FENCE_DEGRADED: TaintDegraded(client),
+            ActionKind.LIFT_DEGRADED: LiftDegraded(client),
             ActionKind.TAINT_DEVICE: TaintDevice(client, policies),
             ActionKind.UNTAINT_DEVICE: UntaintDevice(client),
         }

@@ -36,7 +36,7 @@ import logging
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,9 @@ from devheal.controller.cache import ClusterCache
 from devheal.controller.eviction import eviction, failed_device_grace
 from devheal.controller.projections import MALFORMED_GENERATION, ProjectionError, project_pod
 from devheal.controller.records import REMEDIATIONS
+from devheal.engine.degradation import degraded_ranks
 from devheal.engine.findings import detect
+from devheal.engine.stragglers import STEP_FINDINGS
 from devheal.engine.inplace import InPlaceRestart
 from devheal.engine.placement import Vacancy
 from devheal.engine.workloads import member_selector
@@ -201,6 +203,9 @@ class GangRestarter:
         self.asked: dict[str, tuple[int, float]] = {}
         """Per member UID, the generation last written on it and when (the cache shows it a moment later)."""
         self.refused: dict[str, Refusal] = {}
+        self.slow_ranks: Callable[[], Collection[str]] = frozenset
+        """UIDs of the ranks found straggling (the decision round's ``StragglerTracker.replaceable``): a restart
+        replaces them too, whatever its cause, and leaves their nodes no vacancy."""
         """Per rank UID, its refused evictions: tried again after an exponential backoff, not at every pass."""
 
     def recently_replaced(self, now: float, keep: float = 600.0) -> set[str]:
@@ -225,7 +230,7 @@ class GangRestarter:
                 log.warning("gang %s: %s", workload.key, exc)
         return members, ClusterView(nodes={}, pods={p.key: p for p in members})
 
-    async def _mark_and_evict(self, pod: Pod, action: Action, grace: int | None) -> None:
+    async def _mark_and_evict(self, pod: Pod, action: Action, grace: int | None, vacate: bool = True) -> None:
         condition = {
             "type": DEVICE_FAILED_CONDITION,
             "status": "True",
@@ -243,7 +248,7 @@ class GangRestarter:
                 api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="eviction"),
                 eviction(pod.namespace, pod.name, pod.uid, grace),
             )
-        if pod.node and action.workload is not None:
+        if vacate and pod.node and action.workload is not None:
             self.vacancies.append(Vacancy(action.workload.key, pod.node, self.clock()))
 
     def _behind(self, pods: Sequence[Pod], generation: int, now: float) -> list[Pod]:
@@ -273,7 +278,9 @@ class GangRestarter:
         await self.client.patch(f"{REMEDIATIONS}/{action.name}", {"metadata": {"annotations": notes}})
         return notes
 
-    async def _evict(self, pods: Sequence[Pod], action: Action, grace: int | None, now: float) -> list[Pod]:
+    async def _evict(
+        self, pods: Sequence[Pod], action: Action, grace: int | None, now: float, moved: set[str] | None = None
+    ) -> list[Pod]:
         """Mark and evict each broken rank whose backoff allows it; returns those still refused."""
         refused = []
         for pod in pods:
@@ -282,7 +289,7 @@ class GangRestarter:
                 refused.append(pod)
                 continue
             try:
-                await self._mark_and_evict(pod, action, grace)
+                await self._mark_and_evict(pod, action, grace, vacate=pod.uid not in (moved or set()))
             except errors.TooManyRequests as exc:
                 tries = refusal.tries + 1 if refusal is not None else 1
                 delay = max(min(EVICTION_BACKOFF * 2 ** (tries - 1), EVICTION_BACKOFF_CAP), exc.delay)
@@ -351,7 +358,8 @@ class GangRestarter:
             return invalid, []
         notes = dict((record.get("metadata") or {}).get("annotations") or {})
         steps: Steps = []
-        if REMEDIATION_GENERATION not in notes:
+        beginning = REMEDIATION_GENERATION not in notes
+        if beginning:
             notes = await self._begin(action, members, len(active))
         try:
             generation, size_noted, started_noted = recorded_restart(notes, action.name)
@@ -364,9 +372,20 @@ class GangRestarter:
         size = size_noted or len(active)
         started = started_noted or now
 
-        broken_uids = broken_ranks(view, active, sorted(policies.values(), key=lambda p: p.name), now)
+        ordered = sorted(policies.values(), key=lambda p: p.name)
+        broken_uids = broken_ranks(view, active, ordered, now)
+        # Ranks on a degraded GPU are replaced at this restart too, whatever its cause, as it begins (a later
+        # pass would take a replacement that landed on the same GPU for one); their node is left no vacancy.
+        moved = degraded_ranks(view, active, ordered, now) - broken_uids if beginning else set()
+        # Slow ranks (``engine.stragglers``) likewise; the rank a step-time finding of this restart names
+        # (a straggler, the rank that stalled first) on every pass until it is gone.
+        slow = set(self.slow_ranks()) if beginning else set()
+        if action.finding.kind in STEP_FINDINGS and action.finding.pod_uid:
+            slow.add(action.finding.pod_uid)
+        moved |= (slow & {p.uid for p in active}) - broken_uids
+        broken_uids |= moved
         broken = [p for p in active if p.uid in broken_uids]
-        refused = await self._evict(broken, action, grace, now)
+        refused = await self._evict(broken, action, grace, now, moved)
         steps += [f"replace {p.name}" for p in broken if p not in refused]
         elapsed = self.clock() - started
         if refused:

@@ -28,6 +28,7 @@ from devheal.model.cluster import (
     OwnerRef,
     Pod,
     ReportedDevice,
+    ReportedReason,
     Taint,
     Workload,
     WorkloadClass,
@@ -304,6 +305,22 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
         worst = reasons[-1] if reasons and isinstance(reasons[-1], dict) else {}
         pod = _obj(dev.get("pod"), f"{at}.pod")
         code = worst.get("code")
+        listed = []
+        for j, raw in enumerate(reasons):
+            if not isinstance(raw, dict):
+                continue
+            code_j = raw.get("code")
+            health_j = raw.get("health")
+            listed.append(
+                ReportedReason(
+                    source=str(raw.get("source") or ""),
+                    label=str(raw.get("reason") or ""),
+                    health=None if health_j is None else _health(health_j),
+                    remedy=str(raw.get("remedy") or ""),
+                    code=None if code_j is None else _int(code_j, f"{at}.reasons[{j}].code"),
+                    since=parse_time(raw.get("firstSeen")),
+                )
+            )
         devices.append(
             ReportedDevice(
                 device_id=str(dev.get("id") or ""),
@@ -313,6 +330,7 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
                 code=None if code is None else _int(code, f"{at}.reasons[{len(reasons) - 1}].code"),
                 pod=f"{pod.get('namespace')}/{pod.get('name')}" if pod.get("name") else "",
                 since=parse_time(worst.get("firstSeen")),
+                reasons=tuple(listed),
             )
         )
     updated_text = status.get("updatedAt")

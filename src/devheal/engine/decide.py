@@ -26,9 +26,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from devheal.engine import dra
+from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.engine.stragglers import STEP_FINDINGS, step_actions
 from devheal.model.cluster import ClusterView, Node
+from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import (
     ACTIVE_PHASES,
     POD_FINDINGS,
@@ -208,7 +210,8 @@ def overdue(in_flight: Iterable[InFlight], policies: Sequence[Policy], now: floa
 def _nodes_out(view: ClusterView, in_flight: Sequence[InFlight]) -> set[str]:
     """Nodes out of service: marked by devheal, or under an active node-taking remediation."""
     taking = {r.node for r in in_flight if r.target_kind == TargetKind.NODE and r.active and r.action in NODE_TAKING}
-    return {n.name for n in view.nodes.values() if n.owned or n.name in taking}
+    # devheal's degraded taint (``degraded``) leaves a node in service: it counts against no budget.
+    return {n.name for n in view.nodes.values() if n.owned - {DEGRADED_MARK} or n.name in taking}
 
 
 FLAP_WINDOW = 24 * 3600.0
@@ -447,6 +450,8 @@ def decide(
         existing, in_flight = by_name.get, current
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
     candidates = _candidate_actions(view, findings, policies, in_flight, now)
+    if any(f.kind in DEGRADATION_FINDINGS for f in findings):  # degraded devices, repair, unknown XIDs
+        candidates += degradation_actions(view, findings, policies, gang_epochs(view), now)
     candidates += dra.candidates(view, findings, policies, now)  # DRA devices: device taints (engine.dra)
     if any(f.kind in STEP_FINDINGS for f in findings):  # slow ranks, stalled gangs (engine.stragglers)
         candidates += step_actions(findings, view, policies, gang_epochs(view))

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from devheal.engine import dra
+from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice
+from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import Finding, FindingKind
 from devheal.model.policy import Policy
 
@@ -135,11 +137,28 @@ def report_mismatches(view: ClusterView, now: float) -> list[ReportMismatch]:
 
 def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
     found: dict[tuple[FindingKind, str], Finding] = {}
+    unknown: set[tuple[str, str]] | None = None
     # (a) KEP-4680 device health in pod status; exits and crash loops. Only pods with such a signal.
     for pod in view.pods_with_signals():
         bad = tuple(d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY)
-        if bad:
-            messages = "; ".join(sorted({d.message for d in pod.devices if d.message}))
+        messages = "; ".join(sorted({d.message for d in pod.devices if d.message})) if bad else ""
+        if bad and unknown is None:
+            unknown = unknown_xid_devices(view, now)  # once a round, and only when a pod status says Unhealthy
+        if bad and unknown is not None and all((pod.node, d) in unknown for d in bad):
+            # The device plugin failed it, the node agent knows only an XID it has no row for: never act
+            # disruptively on a guess (devheal.engine.xids).
+            found[(FindingKind.UNKNOWN_XID, pod.key)] = Finding(
+                kind=FindingKind.UNKNOWN_XID,
+                node=pod.node,
+                source="pod-status",
+                evidence=f"pod status reports {', '.join(bad)} Unhealthy, but the node agent reports only an "
+                "XID it has no row for (UnknownXid)" + (f" ({messages})" if messages else ""),
+                since=now,
+                pod=pod.key,
+                pod_uid=pod.uid,
+                device_ids=bad,
+            )
+        elif bad:
             found[(FindingKind.DEVICE_FAILED, pod.key)] = Finding(
                 kind=FindingKind.DEVICE_FAILED,
                 node=pod.node,
@@ -200,9 +219,11 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
     return list(found.values())
 
 
-def _failed_in_pod_status(view: ClusterView) -> dict[str, set[str]]:
-    """Per node, the devices its active pods' status reports Unhealthy (one pass over the pods)."""
+def _failed_in_pod_status(view: ClusterView, now: float) -> dict[str, set[str]]:
+    """Per node, the devices its active pods' status reports Unhealthy (one pass over the pods), but those the
+    node's agent reports only as an unknown XID (``devheal.engine.xids``)."""
     failed: dict[str, set[str]] = {}
+    unknown: set[tuple[str, str]] | None = None
     for pod in view.pods_with_signals():
         if pod.devices:
             # A DRA claim's device is quarantined alone (``engine.dra``): it does not make its node faulty.
@@ -211,6 +232,9 @@ def _failed_in_pod_status(view: ClusterView) -> dict[str, set[str]]:
                 for d in pod.devices
                 if d.health is DeviceHealth.UNHEALTHY and not dra.is_claim_entry(d.resource)
             }
+            if bad and unknown is None:
+                unknown = unknown_xid_devices(view, now)
+            bad = {d for d in bad if unknown is None or (pod.node, d) not in unknown}
             if bad:
                 failed.setdefault(pod.node, set()).update(bad)
     return failed
@@ -218,7 +242,7 @@ def _failed_in_pod_status(view: ClusterView) -> dict[str, set[str]]:
 
 def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
     found = []
-    in_pod_status = _failed_in_pod_status(view)
+    in_pod_status = _failed_in_pod_status(view, now)
     for node in view.nodes.values():
         failed = set(in_pod_status.get(node.name, ()))
         report = view.report(node.name, now)  # None when stale: its devices say nothing any more
@@ -237,10 +261,13 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
             failed.update(d.device_id for d in report.unhealthy if d.device_id not in own)
             sources.append("nodedevices")
             since_candidates += [d.since for d in report.unhealthy if d.since is not None]
-        gap_held = node.gap_since is not None and now - node.gap_since >= policy.node.capacity_gap_after
+        # A GPU the device plugin took away for an unknown XID is no failed GPU either.
+        guessed = sum(1 for d in report.devices if only_unknown_xid(d)) if report is not None and node.gpu_gap else 0
+        gap = max(0, node.gpu_gap - guessed)
+        gap_held = gap > 0 and node.gap_since is not None and now - node.gap_since >= policy.node.capacity_gap_after
         if node.gap_since is not None:
             since_candidates.append(node.gap_since)
-        failed_count = max(len(failed), node.gpu_gap)
+        failed_count = max(len(failed), gap)
         if not failed and not gap_held:
             continue
         if gap_held:
@@ -305,7 +332,8 @@ class FindingTracker:
                 self.node_clean_since.pop(name, None)
                 continue
             clean_since = self.node_clean_since.setdefault(name, now)
-            if node.owned and policy_for_node(policies, node) is not None:
+            # devheal's degraded taint has a recovery of its own (DegradationRecovered, devheal.engine.degradation).
+            if node.owned - {DEGRADED_MARK} and policy_for_node(policies, node) is not None:
                 out.append(
                     Finding(
                         kind=FindingKind.NODE_RECOVERED,

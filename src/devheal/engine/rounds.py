@@ -26,6 +26,7 @@ from collections.abc import Collection, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from devheal.engine.degradation import DegradationTracker
 from devheal.engine.decide import Breaker, Overdue, Settings, decide, overdue, step_breaker
 from devheal.engine.findings import FindingTracker, detect
 from devheal.engine.stragglers import StragglerTracker
@@ -123,6 +124,8 @@ class DecisionRound:
     tracker: FindingTracker = field(default_factory=FindingTracker)
     stragglers: StragglerTracker = field(default_factory=StragglerTracker)
     """Ranks' runs of outlier step-time reports (slow ranks), kept between rounds."""
+    degradation: DegradationTracker = field(default_factory=DegradationTracker)
+    """Since when nodes devheal tainted for degraded devices have been clean (the leave half of the hysteresis)."""
     blocked_seen: dict[str, str] = field(default_factory=dict)
     """Blocked decision name -> the reason it was last recorded with."""
     next_try: dict[str, float] = field(default_factory=dict)
@@ -161,6 +164,7 @@ class DecisionRound:
         restart just replaced, whose old pods linger until they are gone)."""
         settings = settings or Settings()
         detected = detect(view, policies, now) + self.stragglers.observe(view, policies, now)
+        detected += self.degradation.observe(view, policies, now)
         detected = [f for f in detected if not (f.pod_uid and f.pod_uid in ignore_pods)]
         findings = self.tracker.observe(detected, view, policies, now)
         busy = host.busy()

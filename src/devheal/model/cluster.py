@@ -184,6 +184,22 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportedReason:
+    """One reason of a reported device (``status.devices[].reasons[]``), least severe first."""
+
+    source: str
+    label: str = ""
+    """The agent's short name: ``XID 79``, ``RepeatedXid``, ``UnknownXid``, a counter rule's name."""
+    health: DeviceHealth | None = None
+    """The health this reason gives the device; None: the agent did not say (one older than the field)."""
+    remedy: str = ""
+    """The classification's remedy (``ReplaceHardware``: drain for repair); "": not said."""
+    code: int | None = None
+    since: float | None = None
+    """``firstSeen``: since when the signal has held without a break longer than the agent's hold-down."""
+
+
+@dataclass(frozen=True, slots=True)
 class ReportedDevice:
     """One device in a node agent's ``NodeDevices`` report."""
 
@@ -195,6 +211,8 @@ class ReportedDevice:
     pod: str = ""
     """``namespace/name`` of the pod holding it, if the agent knows."""
     since: float | None = None
+    reasons: tuple[ReportedReason, ...] = ()
+    """Every reason the agent gives, least severe first (the last is ``reason``/``code``/``since``)."""
 
 
 @dataclass(frozen=True, slots=True)

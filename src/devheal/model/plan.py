@@ -24,6 +24,15 @@ class FindingKind(StrEnum):
     """A node has failed devices, reported by pods, the agent, or allocatable below capacity for too long."""
     NODE_RECOVERED = "NodeRecovered"
     """A node devheal marked is healthy again."""
+    DEVICE_DEGRADED = "DeviceDegraded"
+    """Devices the agent has reported Degraded for the policy's ``degradation.enterAfter`` (on the node, and on
+    each pod holding one) (``devheal.engine.degradation``)."""
+    DEGRADATION_RECOVERED = "DegradationRecovered"
+    """A node devheal marked degraded has had no degraded device for ``degradation.leaveAfter``."""
+    DEVICE_NEEDS_REPAIR = "DeviceNeedsRepair"
+    """A device the agent says to send for repair (remedy ReplaceHardware, e.g. ``RepeatedXid``): drain the node."""
+    UNKNOWN_XID = "UnknownXid"
+    """A pod's device status says Unhealthy, but the node agent reports only an XID it has no row for: notify."""
     # Devices of DRA drivers (``devheal.engine.dra``).
     DRA_DEVICE_FAILED = "DRADeviceFailed"
     """A DRA device (driver, pool, device) failed: a claim's status, its driver's ResourceSlice taint, the agent."""

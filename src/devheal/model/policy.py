@@ -59,6 +59,17 @@ Spec, with defaults::
       #   nodeSelector: {matchLabels: {devheal.io/spare-pool: "true"}}  # the nodes that may be spares
       #   size: 2                      # idle, healthy spares kept reserved
       #   promoteIdleNodes: true       # false: only nodes back from repair refill the pool
+      degradation:                     # devices the agent reports Degraded (degradation_policy.py)
+        enterAfter: 10m                # a device Degraded this long counts...
+        leaveAfter: 30m                # ...and its node is let go once clean this long
+        sources: [ecc, remap, throttle, pcie, nvlink, thermal]
+        noScheduleRemedies: [ResetGPU, RebootNode, ReplaceHardware]  # NoSchedule, else PreferNoSchedule
+        taint: true                    # devheal.io/device-degraded on the node
+        inference: Deschedule          # Deschedule | Notify, after inferenceGrace
+        inferenceGrace: 10m
+        gang: ReplaceAtRestart         # Notify | ReplaceAtRestart | ReplaceNow
+      repair:
+        action: Drain                  # Drain | Notify: a device to send for repair (RepeatedXid)
       stragglers:                      # slow ranks, hung gangs (straggler_policy.py, docs/stragglers.md)
         action: ReplaceAtRestart       # Notify | ReplaceAtRestart | ReplaceNow
         minSlowdownPercent: 12         # a rank's median step 12 % above its gang's median...
@@ -84,6 +95,7 @@ from typing import Any
 
 from devheal.model import times
 from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
+from devheal.model.degradation_policy import DegradationRules, RepairRules, parse_degradation, parse_repair
 from devheal.model.device_policy import DeviceRules, parse_devices
 from devheal.model.spares_policy import SparePool, parse_spares
 from devheal.model.straggler_policy import StragglerRules, parse_stragglers
@@ -108,6 +120,12 @@ class ActionKind(StrEnum):
     DRAIN = "Drain"
     REMEDIATE_NODE = "RemediateNode"
     LIFT = "Lift"
+    TAINT_DEGRADED = "TaintDegraded"
+    """``devheal.io/device-degraded:PreferNoSchedule``: the scheduler avoids the node."""
+    FENCE_DEGRADED = "FenceDegraded"
+    """``devheal.io/device-degraded:NoSchedule``: nothing new lands on the node."""
+    LIFT_DEGRADED = "LiftDegraded"
+    """Remove devheal's ``devheal.io/device-degraded`` taint: the node recovered."""
     TAINT_DEVICE = "TaintDevice"
     """Quarantine one failed DRA device with devheal's DeviceTaintRule (``spec.devices``)."""
     UNTAINT_DEVICE = "UntaintDevice"
@@ -306,6 +324,10 @@ class Policy:
     retention: Retention = Retention()
     stragglers: StragglerRules = field(default_factory=StragglerRules)
     """Slow ranks and stalled gangs, from the launchers' step times (``devheal.model.straggler_policy``)."""
+    degradation: DegradationRules = field(default_factory=DegradationRules)
+    """``spec.degradation``: devices the agent reports Degraded (``devheal.model.degradation_policy``)."""
+    repair: RepairRules = field(default_factory=RepairRules)
+    """``spec.repair``: devices the agent says to send for repair (``RepeatedXid``)."""
     spares: SparePool | None = None
     """``spec.spares``: the warm spare nodes replaced gang ranks go to (``devheal.model.spares_policy``)."""
     allow_delete: bool = False
@@ -356,6 +378,8 @@ _SPEC_FIELDS = frozenset(
         "dryRun",
         "paused",
         "stragglers",
+        "degradation",
+        "repair",
         "spares",
     }
 )
@@ -690,6 +714,8 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         budgets=budgets,
         retention=_retention(spec.get("records"), f"{prefix}.records"),
         stragglers=parse_stragglers(spec.get("stragglers"), f"{prefix}.stragglers", PolicyError),
+        degradation=parse_degradation(spec.get("degradation"), f"{prefix}.degradation", PolicyError),
+        repair=parse_repair(spec.get("repair"), f"{prefix}.repair", PolicyError),
         allow_delete=_bool(spec.get("allowDelete"), f"{prefix}.allowDelete", False),
         failed_device_grace_period=_grace(spec.get("failedDeviceGracePeriodSeconds"), prefix),
         devices=parse_devices(spec.get("devices"), f"{prefix}.devices", PolicyError),

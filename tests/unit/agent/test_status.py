@@ -107,6 +107,9 @@ def test_without_telemetry_devices_are_unknown_unless_known_worse() -> None:
         {
             "source": "agent",
             "message": "NVML cannot initialise: Driver Not Loaded",
+            "reason": "NVMLUnavailable",
+            "health": "Unknown",
+            "remedy": "None",
             "firstSeen": "1970-01-01T00:15:00Z",
             "lastSeen": "1970-01-01T00:16:40Z",
             "count": 1,

@@ -1,0 +1,165 @@
+"""The ``degradation`` and ``repair`` sections of a ``RemediationPolicy``.
+
+``degradation``: what devheal does about devices the node agent reports **Degraded** (a
+GPU that still works but throttles, accumulates corrected errors, has a row remap pending,
+retries PCIe or NVLink traffic). The agent computes the rates over its windows (it keeps
+the counters over time; its classification table holds those thresholds, with their
+sources); the policy says how long a degradation must last before devheal acts, how long
+a node must stay clean before it lets go (hysteresis), and what it does by workload.
+
+Spec, with defaults (docs/policy.md gives each default's rationale)::
+
+    degradation:
+      enterAfter: 10m                # a device Degraded this long (agent's firstSeen) counts
+      leaveAfter: 30m                # the node's devices clean this long lifts devheal's taint (>= enterAfter)
+      sources: [ecc, remap, throttle, pcie, nvlink, thermal]   # the agent's reason sources that count
+      noScheduleRemedies: [ResetGPU, RebootNode, ReplaceHardware]  # these -> NoSchedule, others PreferNoSchedule
+      taint: true                    # taint the node (devheal.io/device-degraded)
+      inference: Deschedule          # Deschedule | Notify: an inference pod on a degraded GPU...
+      inferenceGrace: 10m            # ...this long after the degradation counted
+      gang: ReplaceAtRestart         # Notify | ReplaceAtRestart | ReplaceNow: a gang's rank on one
+    repair:
+      action: Drain                  # Drain | Notify: a device the agent says to send for repair
+                                     # (remedy ReplaceHardware, e.g. RepeatedXid: a GPU failing again)
+
+Pure. The parsers take the error class of their caller (``PolicyError``), so messages name
+the policy and the field like every other part of the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from devheal.model import times
+from devheal.model.values import show
+
+DEGRADED_TAINT_KEY = "devheal.io/device-degraded"
+"""The taint devheal sets on a node with degraded devices (effect by severity)."""
+DEGRADED_MARK = "degraded"
+"""devheal's mark (in ``devheal.io/owns``) for the degraded taint it set."""
+REMEDIES = ("None", "RestartWorkload", "ResetGPU", "RebootNode", "ReplaceHardware")
+"""The agent's remedies (``devheal.agent.classification.Remedy``), cheapest first."""
+REPAIR_REMEDY = "ReplaceHardware"
+"""The remedy that sends a device for repair: another reset will not help."""
+SOURCES = ("ecc", "remap", "throttle", "pcie", "nvlink", "thermal", "xid")
+"""Reason sources of the agent's classification a policy may count as degradation."""
+
+
+class DegradedWorkload(StrEnum):
+    NOTIFY = "Notify"
+    DESCHEDULE = "Deschedule"
+
+
+class DegradedGang(StrEnum):
+    NOTIFY = "Notify"
+    """Record it (a Notify Remediation on the rank and its Event); nothing is replaced."""
+    REPLACE_AT_RESTART = "ReplaceAtRestart"
+    """Record it, and replace the rank the next time the gang restarts for any reason."""
+    REPLACE_NOW = "ReplaceNow"
+    """Restart the gang in place at once, replacing the rank."""
+
+
+class RepairAction(StrEnum):
+    DRAIN = "Drain"
+    NOTIFY = "Notify"
+
+
+@dataclass(frozen=True, slots=True)
+class DegradationRules:
+    enter_after: float = 600.0
+    leave_after: float = 1800.0
+    sources: frozenset[str] = frozenset({"ecc", "remap", "throttle", "pcie", "nvlink", "thermal"})
+    no_schedule_remedies: frozenset[str] = frozenset({"ResetGPU", "RebootNode", "ReplaceHardware"})
+    taint: bool = True
+    inference: DegradedWorkload = DegradedWorkload.DESCHEDULE
+    inference_grace: float = 600.0
+    gang: DegradedGang = DegradedGang.REPLACE_AT_RESTART
+
+
+@dataclass(frozen=True, slots=True)
+class RepairRules:
+    action: RepairAction = RepairAction.DRAIN
+
+
+E = TypeVar("E", bound=ValueError)
+
+_FIELDS = frozenset(
+    {"enterAfter", "leaveAfter", "sources", "noScheduleRemedies", "taint", "inference", "inferenceGrace", "gang"}
+)
+
+
+def _mapping(value: Any, where: str, error: type[E]) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise error(f"{where}: expected an object, got {type(value).__name__}")
+    unknown = sorted(str(k) for k in value if k not in _FIELDS | {"action"})
+    if unknown:
+        raise error(f"{where}: unknown field(s) {', '.join(unknown)}")
+    return value
+
+
+def _duration(value: Any, default: float, where: str, error: type[E]) -> float:
+    if value is None:
+        return default
+    return times.parse_duration(value, where, error=error)
+
+
+def _choice(value: Any, kind: type[StrEnum], default: StrEnum, where: str, error: type[E]) -> Any:
+    if value is None:
+        return default
+    for member in kind:
+        if value == member.value:
+            return member
+    raise error(f"{where}: expected one of {', '.join(m.value for m in kind)}, got {show(value)}")
+
+
+def _names(value: Any, allowed: tuple[str, ...], default: frozenset[str], where: str, error: type[E]) -> frozenset[str]:
+    if value is None:
+        return default
+    if not isinstance(value, list) or not all(isinstance(v, str) and v in allowed for v in value):
+        raise error(f"{where}: expected a list of {', '.join(allowed)}, got {show(value)}")
+    return frozenset(value)
+
+
+def parse_degradation(value: Any, where: str, error: type[E]) -> DegradationRules:
+    """``spec.degradation`` -> ``DegradationRules``; ``error`` names ``where`` and the field."""
+    spec = _mapping(value, where, error)
+    if "action" in spec:
+        raise error(f"{where}: unknown field(s) action")
+    d = DegradationRules()
+    enter = _duration(spec.get("enterAfter"), d.enter_after, f"{where}.enterAfter", error)
+    leave = _duration(spec.get("leaveAfter"), d.leave_after, f"{where}.leaveAfter", error)
+    if leave < enter:
+        # Hysteresis: leaving takes at least as long as entering, so a device at the edge does not flap.
+        raise error(f"{where}.leaveAfter: must be at least enterAfter ({enter:.0f}s), got {show(spec['leaveAfter'])}")
+    taint = spec.get("taint", d.taint)
+    if not isinstance(taint, bool):
+        raise error(f"{where}.taint: expected true or false, got {show(taint)}")
+    return DegradationRules(
+        enter_after=enter,
+        leave_after=leave,
+        sources=_names(spec.get("sources"), SOURCES, d.sources, f"{where}.sources", error),
+        no_schedule_remedies=_names(
+            spec.get("noScheduleRemedies"), REMEDIES, d.no_schedule_remedies, f"{where}.noScheduleRemedies", error
+        ),
+        taint=taint,
+        inference=_choice(spec.get("inference"), DegradedWorkload, d.inference, f"{where}.inference", error),
+        inference_grace=_duration(spec.get("inferenceGrace"), d.inference_grace, f"{where}.inferenceGrace", error),
+        gang=_choice(spec.get("gang"), DegradedGang, d.gang, f"{where}.gang", error),
+    )
+
+
+def parse_repair(value: Any, where: str, error: type[E]) -> RepairRules:
+    """``spec.repair`` -> ``RepairRules``."""
+    if value is None:
+        return RepairRules()
+    if not isinstance(value, Mapping):
+        raise error(f"{where}: expected an object, got {type(value).__name__}")
+    unknown = sorted(str(k) for k in value if k != "action")
+    if unknown:
+        raise error(f"{where}: unknown field(s) {', '.join(unknown)}; expected action")
+    return RepairRules(_choice(value.get("action"), RepairAction, RepairAction.DRAIN, f"{where}.action", error))
