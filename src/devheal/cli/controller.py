@@ -35,6 +35,13 @@ def controller(
             "(resource.k8s.io/v1, Kubernetes 1.37; docs/dra.md)."
         ),
     ] = False,
+    gpu_resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An extended resource that is a GPU (repeat for several; default nvidia.com/gpu). "
+            "nvidia.com/mig-<profile> resources always count."
+        ),
+    ] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
     log_level: logs.LogLevel = "INFO",
     log_format: logs.LogFormatOption = logs.LogFormat.AUTO,
@@ -46,6 +53,12 @@ def controller(
     """
     if gang_restart_timeout <= 0:
         raise typer.BadParameter(f"must be > 0, got {gang_restart_timeout}", param_hint="--gang-restart-timeout")
+    from devheal.model.gpu_resources import DEFAULT_GPU_RESOURCES, GpuResources
+
+    try:
+        gpus = GpuResources(tuple(gpu_resource or DEFAULT_GPU_RESOURCES))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--gpu-resource") from None
     logs.setup(log_level, log_format)
     preflight("controller", kubeconfig, context=context)
     from devheal.controller.loop import ControllerOptions, serve
@@ -58,6 +71,7 @@ def controller(
         lease_duration=lease_duration,
         gang_restart_timeout=gang_restart_timeout,
         dra=dra,
+        gpu_resources=gpus,
         renew_deadline=lease_duration * 2 / 3,
         retry_period=max(0.5, lease_duration / 7.5),
     )

@@ -21,8 +21,8 @@ from typing import Any
 from devheal.controller import metrics
 from devheal.controller.actuator import Actuator, Outcome, Policies, StepFailed, Steps
 from devheal.controller.cache import ClusterCache
-from devheal.controller.device_taints import TaintDevice, UntaintDevice
 from devheal.controller.degraded_actions import LiftDegraded, TaintDegraded
+from devheal.controller.device_taints import TaintDevice, UntaintDevice
 from devheal.controller.gangs import GangRestarter
 from devheal.controller.node_actions import Cordon, Drain, Lift, Taint
 from devheal.controller.node_remediation import NodeRemediation

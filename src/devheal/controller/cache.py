@@ -10,6 +10,7 @@ supervised (``devheal.kube.supervision``): one that crashes lists afresh after a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import replace
@@ -27,6 +28,8 @@ from devheal.kube.informer import Reflector
 from devheal.kube.supervision import Supervisor
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod
+from devheal.model.gpu_resources import DEFAULT as DEFAULT_GPUS
+from devheal.model.gpu_resources import GpuResources
 from devheal.model.plan import InFlight
 from devheal.model.policy import Policy, PolicyError, parse_policy
 
@@ -34,8 +37,11 @@ log = logging.getLogger(__name__)
 
 
 class ClusterCache:
-    def __init__(self, client: KubeClient, clock: Any = time.time, *, dra: bool = False) -> None:
-        """``dra``: also watch ResourceSlices and devheal's DeviceTaintRules (``controller.dra_cache``)."""
+    def __init__(
+        self, client: KubeClient, clock: Any = time.time, *, dra: bool = False, gpu: GpuResources = DEFAULT_GPUS
+    ) -> None:
+        """``dra``: also watch ResourceSlices and devheal's DeviceTaintRules (``controller.dra_cache``); ``gpu``:
+        the extended resources that are GPUs (``model.gpu_resources``)."""
         self.clock = clock
         self.changed = asyncio.Event()
         self.pods_by_node: dict[str, set[str]] = {}
@@ -43,8 +49,12 @@ class ClusterCache:
         self.signalled: set[str] = set()
         """Keys of the pods detection has to look at (``Pod.signalled``): a round walks these, not every pod."""
         self.policy_errors: dict[str, str] = {}
-        self.nodes: Reflector[Node] = Reflector(client, api_path("v1", "nodes"), project_node, [self._on_node])
-        self.pods: Reflector[Pod] = Reflector(client, api_path("v1", "pods"), project_pod, [self._on_pod])
+        self.nodes: Reflector[Node] = Reflector(
+            client, api_path("v1", "nodes"), functools.partial(project_node, gpu=gpu), [self._on_node]
+        )
+        self.pods: Reflector[Pod] = Reflector(
+            client, api_path("v1", "pods"), functools.partial(project_pod, gpu=gpu), [self._on_pod]
+        )
         self.reports: Reflector[NodeDevicesReport] = Reflector(
             client, api_path(GROUP_VERSION, "nodedevices"), project_node_devices, [self._on_any]
         )

@@ -43,6 +43,7 @@ from devheal.kube.supervision import LoopFailed, Supervisor
 from devheal.kube.workqueue import WorkQueue, run_workers
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView
+from devheal.model.gpu_resources import GpuResources
 from devheal.model.plan import Action, Blocked, FindingKind, InFlight, InFlightRecords, Phase, Rail
 from devheal.model.policy import (
     BREAKER_CONDITION,
@@ -92,6 +93,8 @@ class ControllerOptions:
     """Seconds a gang restart may take before it ends as Failed (reason Timeout), naming the lagging ranks."""
     dra: bool = False
     """Watch ResourceSlices and devheal's DeviceTaintRules: quarantine failed DRA devices (``engine.dra``)."""
+    gpu_resources: GpuResources = field(default_factory=GpuResources)
+    """The extended resources that are GPUs (``nvidia.com/gpu`` and MIG profiles by default)."""
 
 
 class CurrentRecords:
@@ -133,7 +136,7 @@ class Controller:
         self.options = options
         self.clock = clock
         """Wall-clock seconds; tests inject a fake one."""
-        self.cache = ClusterCache(client, clock=clock, dra=options.dra)
+        self.cache = ClusterCache(client, clock=clock, dra=options.dra, gpu=options.gpu_resources)
         self.rounds = DecisionRound(Pacing(retry=options.retry_after))
         self.actuators = Actuators(
             client,

@@ -14,7 +14,6 @@ from typing import Any
 from devheal.engine.inplace import in_place_restart
 from devheal.engine.workloads import classify
 from devheal.model.cluster import (
-    GPU_RESOURCE,
     LAUNCHER_GENERATION_ANNOTATION,
     LIFTS_ANNOTATION,
     OWNERSHIP_ANNOTATION,
@@ -34,6 +33,8 @@ from devheal.model.cluster import (
     WorkloadClass,
     parse_generation,
 )
+from devheal.model.gpu_resources import DEFAULT as DEFAULT_GPUS
+from devheal.model.gpu_resources import GpuResources
 from devheal.model.plan import (
     ACTIVE_PHASES,
     DECISION_ANNOTATION,
@@ -132,7 +133,8 @@ def _health(value: Any) -> DeviceHealth:
         return DeviceHealth.UNKNOWN
 
 
-def project_pod(obj: Obj) -> Pod:
+def project_pod(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Pod:
+    """``gpu``: which extended resources are GPUs (``devheal controller --gpu-resource``)."""
     where = _name(obj, "pod")
     meta = _obj(obj.get("metadata"), f"{where}: metadata")
     spec = _obj(obj.get("spec"), f"{where}: spec")
@@ -149,9 +151,9 @@ def project_pod(obj: Obj) -> Pod:
         resources = _obj(c.get("resources"), at)
         limits = _obj(resources.get("limits"), f"{at}.limits")
         requests = _obj(resources.get("requests"), f"{at}.requests")
-        value = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE))
-        if value is not None:
-            gpus += _int(value, f"{at}: {GPU_RESOURCE}", maximum=INT32_MAX)
+        for name in sorted({*limits, *requests}):  # limits win, as for extended resources
+            if gpu.is_gpu(name):
+                gpus += _int(limits.get(name, requests.get(name)), f"{at}: {name}", maximum=INT32_MAX)
     for key in ("initContainers", "containers"):
         for i, c in enumerate(_objects(spec.get(key), f"{where}: spec.{key}")):
             _list(c.get("restartPolicyRules"), f"{where}: spec.{key}[{i}].restartPolicyRules")  # in_place_restart
@@ -259,7 +261,13 @@ def _restart_generation(value: object) -> int:
     return MALFORMED_GENERATION if generation is None else generation
 
 
-def project_node(obj: Obj) -> Node:
+def _gpu_count(quantities: Obj, gpu: GpuResources, where: str) -> int:
+    """Whole GPUs and MIG instances together (``model.gpu_resources``)."""
+    total = sum(_int(v, f"{where}: {k}", 0, INT32_MAX) for k, v in quantities.items() if gpu.is_gpu(k))
+    return min(total, INT32_MAX)
+
+
+def project_node(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Node:
     where = _name(obj, "node")
     meta = _obj(obj.get("metadata"), f"{where}: metadata")
     spec = _obj(obj.get("spec"), f"{where}: spec")
@@ -283,10 +291,8 @@ def project_node(obj: Obj) -> Node:
             Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
             for t in _objects(spec.get("taints"), f"{where}: spec.taints")
         ),
-        gpu_capacity=_int(capacity.get(GPU_RESOURCE, 0), f"{where}: status.capacity: {GPU_RESOURCE}", 0, INT32_MAX),
-        gpu_allocatable=_int(
-            allocatable.get(GPU_RESOURCE, 0), f"{where}: status.allocatable: {GPU_RESOURCE}", 0, INT32_MAX
-        ),
+        gpu_capacity=_gpu_count(capacity, gpu, f"{where}: status.capacity"),
+        gpu_allocatable=_gpu_count(allocatable, gpu, f"{where}: status.allocatable"),
         owned=frozenset(part.strip() for part in owned_text.split(",") if part.strip()),
         # Read like the pods' restart generations: an unreadable count is 0 (the Lift writes a readable one).
         lifts=parse_generation(annotations.get(LIFTS_ANNOTATION)) or 0,

@@ -22,10 +22,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from devheal.engine import dra
+from devheal.engine import dra, sharing
 from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARK
+from devheal.model.gpu_resources import shares_physical
 from devheal.model.plan import Finding, FindingKind
 from devheal.model.policy import Policy
 
@@ -81,7 +82,7 @@ def _mismatch(node: str, device_id: str, pod: Pod) -> tuple[Mismatch, str] | Non
     if pod.node != node:
         return Mismatch.POD_ON_ANOTHER_NODE, f"pod {pod.key} is bound to node {pod.node}"
     if pod.devices:
-        if all(d.device_id != device_id for d in pod.devices):
+        if not any(shares_physical(d.device_id, device_id) for d in pod.devices):  # a replica or MIG instance too
             held = ", ".join(sorted({d.device_id for d in pod.devices}))
             return Mismatch.DEVICE_NOT_ALLOCATED, f"pod {pod.key}'s device status lists {held}, not {device_id}"
     elif pod.gpu_request <= 0:
@@ -204,18 +205,21 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             continue
         for dev in report.unhealthy:
             holder, _ = attribution(view, report, dev)
-            if holder is None or (FindingKind.DEVICE_FAILED, holder.key) in found:
-                continue
-            found[(FindingKind.DEVICE_FAILED, holder.key)] = Finding(
-                kind=FindingKind.DEVICE_FAILED,
-                node=report.node,
-                source="nodedevices",
-                evidence=f"node agent reports {dev.device_id} Unhealthy" + (f": {dev.reason}" if dev.reason else ""),
-                since=dev.since if dev.since is not None else now,
-                pod=holder.key,
-                pod_uid=holder.uid,
-                device_ids=(dev.device_id,),
-            )
+            # A shared GPU (time-sliced or MPS replicas, MIG instances naming it) fails every pod on it.
+            for pod in ([holder] if holder is not None else []) + sharing.sharers(view, report.node, dev.device_id):
+                if (FindingKind.DEVICE_FAILED, pod.key) in found:
+                    continue
+                found[(FindingKind.DEVICE_FAILED, pod.key)] = Finding(
+                    kind=FindingKind.DEVICE_FAILED,
+                    node=report.node,
+                    source="nodedevices",
+                    evidence=f"node agent reports {dev.device_id} Unhealthy"
+                    + (f": {dev.reason}" if dev.reason else ""),
+                    since=dev.since if dev.since is not None else now,
+                    pod=pod.key,
+                    pod_uid=pod.uid,
+                    device_ids=(dev.device_id,),
+                )
     return list(found.values())
 
 
