@@ -47,9 +47,9 @@ from devheal.controller.projections import MALFORMED_GENERATION, ProjectionError
 from devheal.controller.records import REMEDIATIONS
 from devheal.engine.degradation import degraded_ranks
 from devheal.engine.findings import detect
-from devheal.engine.stragglers import STEP_FINDINGS
 from devheal.engine.inplace import InPlaceRestart
 from devheal.engine.placement import Vacancy
+from devheal.engine.stragglers import STEP_FINDINGS
 from devheal.engine.workloads import member_selector
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path

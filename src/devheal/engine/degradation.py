@@ -18,7 +18,7 @@ checked against the cluster as for failed devices) lead to, by workload:
 
 - the node: ``TaintDegraded`` (``devheal.io/device-degraded:PreferNoSchedule``), or
   ``FenceDegraded`` (``:NoSchedule``) when a reason's remedy is one of
-  ``noScheduleRemedies`` (the device needs a reset or more to be whole again). The taint only
+  ``noScheduleRemedies`` (by default a node reboot or a repair: a PCIe link trained narrow). The taint only
   hardens while the episode lasts; ``LiftDegraded`` removes it on ``DegradationRecovered``;
 - an inference pod: ``Deschedule`` once the degradation has counted for ``inferenceGrace``
   (``inference: Notify``: a record only);
@@ -183,7 +183,7 @@ def _device_findings(
         kind=FindingKind.DEVICE_DEGRADED,
         node=report.node,
         source="nodedevices",
-        evidence=evidence + ("; needs a reset or more: NoSchedule" if found.severe else ""),
+        evidence=evidence + ("; severe (noScheduleRemedies): NoSchedule" if found.severe else ""),
         since=found.since,
         device_ids=(dev.device_id,),
     )
@@ -240,7 +240,8 @@ def _node_actions(f: Finding, view: ClusterView, policy: Policy, now: float) -> 
             (d := entered(dev, rules, now)) is not None and d.severe for dev in report.devices
         )
         if severe and not has_degraded_taint(node, "NoSchedule"):
-            return [replace(base, kind=ActionKind.FENCE_DEGRADED, reason=f"degraded GPUs need a reset: {f.evidence}")]
+            why = f"degraded GPUs: nothing new here ({f.evidence})"
+            return [replace(base, kind=ActionKind.FENCE_DEGRADED, reason=why)]
         if not severe and DEGRADED_MARK not in node.owned and not has_degraded_taint(node, "NoSchedule"):
             return [replace(base, reason=f"degraded GPUs: keep new pods away ({f.evidence})")]
         return []

@@ -13,7 +13,7 @@ Spec, with defaults (docs/policy.md gives each default's rationale)::
       enterAfter: 10m                # a device Degraded this long (agent's firstSeen) counts
       leaveAfter: 30m                # the node's devices clean this long lifts devheal's taint (>= enterAfter)
       sources: [ecc, remap, throttle, pcie, nvlink, thermal]   # the agent's reason sources that count
-      noScheduleRemedies: [ResetGPU, RebootNode, ReplaceHardware]  # these -> NoSchedule, others PreferNoSchedule
+      noScheduleRemedies: [RebootNode, ReplaceHardware]  # these -> NoSchedule, others PreferNoSchedule
       taint: true                    # taint the node (devheal.io/device-degraded)
       inference: Deschedule          # Deschedule | Notify: an inference pod on a degraded GPU...
       inferenceGrace: 10m            # ...this long after the degradation counted
@@ -72,7 +72,7 @@ class DegradationRules:
     enter_after: float = 600.0
     leave_after: float = 1800.0
     sources: frozenset[str] = frozenset({"ecc", "remap", "throttle", "pcie", "nvlink", "thermal"})
-    no_schedule_remedies: frozenset[str] = frozenset({"ResetGPU", "RebootNode", "ReplaceHardware"})
+    no_schedule_remedies: frozenset[str] = frozenset({"RebootNode", "ReplaceHardware"})
     taint: bool = True
     inference: DegradedWorkload = DegradedWorkload.DESCHEDULE
     inference_grace: float = 600.0

@@ -63,7 +63,7 @@ Spec, with defaults::
         enterAfter: 10m                # a device Degraded this long counts...
         leaveAfter: 30m                # ...and its node is let go once clean this long
         sources: [ecc, remap, throttle, pcie, nvlink, thermal]
-        noScheduleRemedies: [ResetGPU, RebootNode, ReplaceHardware]  # NoSchedule, else PreferNoSchedule
+        noScheduleRemedies: [RebootNode, ReplaceHardware]  # NoSchedule, else PreferNoSchedule
         taint: true                    # devheal.io/device-degraded on the node
         inference: Deschedule          # Deschedule | Notify, after inferenceGrace
         inferenceGrace: 10m

@@ -190,14 +190,23 @@ def test_severity_sets_the_taint_effect_and_only_hardens_it() -> None:
     world, rounds = World(PLAIN), DecisionRound()
     world.devices = (dev(0, reason(T0)), dev(1))
     run(world, rounds, T0 + 600)
-    pending = reason(T0 + 600, source="remap", label="row-remap-pending", remedy="ResetGPU")
-    world.devices = (dev(0, reason(T0), pending), dev(1))
+    narrow = reason(T0 + 600, source="pcie", label="pcie-width-downtrained", remedy="RebootNode")
+    world.devices = (dev(0, reason(T0), narrow), dev(1))
     run(world, rounds, T0 + 1200)
     assert world.kinds() == [ActionKind.TAINT_DEGRADED, ActionKind.FENCE_DEGRADED]
     assert world.node.taints == (Taint(DEGRADED_TAINT_KEY, "true", "NoSchedule"),)
-    world.devices = (dev(0, reason(T0)), dev(1))  # the remap is gone, the throttle stays: NoSchedule stays
+    world.devices = (dev(0, reason(T0)), dev(1))  # the link retrained, the throttle stays: NoSchedule stays
     run(world, rounds, T0 + 2400)
     assert world.kinds() == [ActionKind.TAINT_DEGRADED, ActionKind.FENCE_DEGRADED]
+
+
+def test_a_pending_row_remap_only_steers_new_pods_away() -> None:
+    """NVIDIA: with the row-remapping pending flag set, new workloads can still be launched; the remap takes
+    effect at the next GPU reset. So its remedy (ResetGPU) is not one of the default noScheduleRemedies."""
+    world, rounds = World(PLAIN), DecisionRound()
+    world.devices = (dev(0, reason(T0, source="remap", label="row-remap-pending", remedy="ResetGPU")), dev(1))
+    run(world, rounds, T0 + 900)
+    assert world.kinds() == [ActionKind.TAINT_DEGRADED]
 
 
 def test_reasons_outside_the_policys_sources_and_unknown_xids_never_count() -> None:
@@ -335,7 +344,7 @@ def test_a_bad_degradation_section_names_the_field(spec: dict[str, object], mess
 def test_degradation_defaults() -> None:
     rules = policy().degradation
     assert (rules.enter_after, rules.leave_after, rules.inference_grace) == (600.0, 1800.0, 600.0)
-    assert rules.no_schedule_remedies == {"ResetGPU", "RebootNode", "ReplaceHardware"}
+    assert rules.no_schedule_remedies == {"RebootNode", "ReplaceHardware"}
     assert policy().repair.action.value == "Drain"
     with pytest.raises(PolicyError, match=r"repair.action: expected one of Drain, Notify"):
         policy(repair={"action": "Reset"})
