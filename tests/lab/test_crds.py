@@ -133,7 +133,16 @@ async def test_printer_columns_are_in_the_crds_and_shown_by_kubectl(
     name = unique("rpol-table")
     cleanup.append(policy_path(name))
     await installed.create(
-        policy_path(), policy(name, {"dryRun": True, "paused": False, "budgets": {"maxUnhealthyNodes": "5%"}})
+        policy_path(),
+        policy(
+            name,
+            {
+                "selector": {"podSelector": {}},
+                "dryRun": True,
+                "paused": False,
+                "budgets": {"maxUnhealthyNodes": "5%"},
+            },
+        ),
     )
     process = await asyncio.create_subprocess_exec(
         str(toolchain.binary("kubectl")),
@@ -167,11 +176,29 @@ async def test_a_full_policy_is_accepted_and_round_trips(installed: KubeClient, 
     assert parsed.dry_run and parsed.allow_delete and not parsed.paused
 
 
-async def test_an_empty_policy_is_accepted(installed: KubeClient, cleanup: list[str]) -> None:
-    name = unique("rpol-empty")
+async def test_a_policy_selecting_every_pod_explicitly_is_accepted(installed: KubeClient, cleanup: list[str]) -> None:
+    name = unique("rpol-every-pod")
     cleanup.append(policy_path(name))
-    created = await installed.create(policy_path(), policy(name, {}))
+    created = await installed.create(policy_path(), policy(name, {"selector": {"podSelector": {}}}))
+    assert created["spec"]["selector"] == {"podSelector": {}}  # an empty selector object is kept, not pruned
     assert parse_policy(created).budgets.max_unhealthy_nodes == Quantity(10, True)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{}, {"selector": {}}, {"selector": {"namespaces": []}}, {"dryRun": True}],
+    ids=["empty", "no-keys", "no-namespaces", "dry-run"],
+)
+async def test_a_policy_without_a_selector_is_refused_by_the_api_server_and_by_parse_policy(
+    installed: KubeClient, cleanup: list[str], spec: dict[str, Any]
+) -> None:
+    name = unique("rpol-no-selector")
+    cleanup.append(policy_path(name))
+    with pytest.raises(errors.Invalid) as info:
+        await installed.create(policy_path(), policy(name, spec))
+    assert "spec.selector" in str(info.value) and "podSelector" in str(info.value), str(info.value)
+    with pytest.raises(PolicyError, match=r"spec\.selector: a policy acts only on what it selects"):
+        parse_policy(policy(name, spec))
 
 
 INVALID: list[tuple[str, dict[str, Any], str]] = [
@@ -281,10 +308,10 @@ async def test_unknown_fields_are_rejected_with_strict_field_validation(
             "POST",
             policy_path(),
             params={"fieldValidation": "Strict"},
-            body=policy(name, {"actions": {"training": "FailPod"}}),
+            body=policy(name, {"selector": {"podSelector": {}}, "actions": {"training": "FailPod"}}),
         )
     with pytest.raises(PolicyError, match="unknown workload class 'training'"):
-        parse_policy(policy(name, {"actions": {"training": "FailPod"}}))
+        parse_policy(policy(name, {"selector": {"podSelector": {}}, "actions": {"training": "FailPod"}}))
 
 
 # ---- Remediation --------------------------------------------------------------------------------

@@ -81,8 +81,9 @@ async def _policies(kube: KubeClient) -> tuple[Check, list[Policy]]:
             Check(
                 "policies",
                 WARN,
-                "no RemediationPolicy: the built-in default policy acts on every namespace and node; "
-                "create one that selects what devheal may act on (docs/policy.md)",
+                "no RemediationPolicy: devheal only observes (records what it would do as DryRun "
+                "Remediations, acts on nothing); to let it act, apply one that selects namespaces or "
+                "workloads, e.g. deploy/examples/recommended-policy.yaml (docs/policy.md)",
             ),
             valid,
         )

@@ -187,7 +187,7 @@ class Controller:
         return {p.name: p for p in self._policies}
 
     def current_policies(self) -> list[Policy]:
-        """The cluster's valid policies; the built-in default only when there are none at all."""
+        """The cluster's valid policies; the built-in observe-only default only when there are none at all."""
         parsed = self.cache.policies()
         if not parsed and not self.cache.policy_objects.store:
             return [DEFAULT_POLICY]

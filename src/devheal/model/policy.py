@@ -3,14 +3,20 @@
 ``parse_policy`` turns the custom resource (a dict) into a typed ``Policy``. The CRD's
 schema and CEL rules reject bad policies at ``kubectl apply``; this parser checks the
 same things again (a policy may come from a file or an older CRD) and names the field in
-every error. ``DEFAULT_POLICY`` applies when the cluster has no policy at all.
+every error. ``DEFAULT_POLICY`` applies when the cluster has no policy at all: it only
+observes (dry-run records of what devheal would do). ``RECOMMENDED_POLICY`` is what we
+recommend installing (``deploy/examples/recommended-policy.yaml``).
+
+A policy acts only on what it selects explicitly: ``selector`` must give non-empty
+``namespaces``, a ``podSelector`` or a ``nodeSelector`` (``podSelector: {}`` selects every
+pod, on purpose); one that gives none is refused.
 
 Spec, with defaults::
 
     spec:
-      selector:
+      selector:                        # required: at least one of the three
         namespaces: []                 # empty: every namespace
-        podSelector: {}                # matchLabels / matchExpressions
+        podSelector: {}                # matchLabels / matchExpressions; {} selects every pod
         nodeSelector: {}
       actions:                         # per workload class, on a pod's device failure
         inference: Deschedule          # Deschedule | FailPod | RestartGang | Notify
@@ -352,8 +358,13 @@ class Policy:
         return self.pod_selector.matches(labels) and self.node_selector.matches(node_labels)
 
 
-DEFAULT_POLICY = Policy(name="devheal-default")
-"""Used when no RemediationPolicy exists: the documented defaults above."""
+DEFAULT_POLICY = Policy(name="devheal-default", dry_run=True)
+"""Used when no RemediationPolicy exists: it selects everything but only observes (dry-run records of what
+devheal would do; no eviction, taint or cordon), so installing devheal changes nothing until a policy says so."""
+
+RECOMMENDED_POLICY = Policy(name="devheal-recommended")
+"""What we recommend a cluster installs (``deploy/examples/recommended-policy.yaml``, which adds a selector),
+and what the simulator runs as devheal: the documented defaults above."""
 
 
 # ---- parsing ---------------------------------------------------------------------------------
@@ -363,6 +374,11 @@ _QUANTITY = re.compile(r"([0-9]+)(%?)")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _NAME_MAX = 253
 """The longest object name Kubernetes accepts (a DNS subdomain)."""
+SELECTOR_REQUIRED = (
+    "a policy acts only on what it selects: give namespaces (e.g. [ml-training]), a podSelector "
+    "(e.g. {matchLabels: {devheal.io/remediate: \"true\"}}; {} selects every pod) or a nodeSelector"
+)
+"""Why a policy without a selector is refused (the CRD's CEL rule says the same)."""
 _SPEC_FIELDS = frozenset(
     {
         "selector",
@@ -701,7 +717,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
             f"RemediationPolicy {name}: metadata.annotations.{RESET_BREAKER_ANNOTATION}: "
             f"expected a string, got {show(reset)}"
         )
-    return Policy(
+    policy = Policy(
         name=name,
         generation=generation,
         namespaces=frozenset(namespaces),
@@ -726,3 +742,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         breaker_record=_breaker_record(obj),
         spares=parse_spares(spec.get("spares"), f"{prefix}.spares", PolicyError, _selector),
     )
+    # Last, so that a policy with a wrong field and no selector hears about the field first.
+    if not namespaces and sel.get("podSelector") is None and sel.get("nodeSelector") is None:
+        raise PolicyError(f"{prefix}.selector: {SELECTOR_REQUIRED}")
+    return policy

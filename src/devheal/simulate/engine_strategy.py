@@ -51,7 +51,7 @@ from devheal.model.cluster import (
     Workload,
 )
 from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan, TargetKind
-from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy
+from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
 from devheal.simulate.events import Event, EventKind
 from devheal.simulate.failures import Signal
 from devheal.simulate.fleet import NodeState, Unit, UnitKind, node_name
@@ -74,7 +74,7 @@ class EngineStrategy(Strategy):
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.policies = [policy]
-        self.name = "devheal-default" if policy is DEFAULT_POLICY else f"policy:{policy.name}"
+        self.name = "devheal-default" if policy is RECOMMENDED_POLICY else f"policy:{policy.name}"
         actions = ", ".join(f"{cls}={kind}" for cls, kind in policy.actions.items())
         self.description = f"devheal engine, policy {policy.name} ({actions}" + (
             ", dry-run)" if policy.dry_run else ")"

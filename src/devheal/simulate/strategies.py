@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from devheal.model.policy import DEFAULT_POLICY, Policy
+from devheal.model.policy import RECOMMENDED_POLICY, Policy
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.events import Event, EventKind
 from devheal.simulate.simulation import Strategy
@@ -76,9 +76,9 @@ BASELINES: tuple[type[Strategy], ...] = (KubernetesDefault, NodeHealthController
 
 
 def lineup(policies: Sequence[Policy] = ()) -> list[StrategySpec]:
-    """The three baselines, devheal with its default policy, then one strategy per given policy."""
+    """The three baselines, devheal with its recommended policy, then one strategy per given policy."""
     specs = [StrategySpec(cls.name, cls.description, cls) for cls in BASELINES]
-    for policy in (DEFAULT_POLICY, *policies):
+    for policy in (RECOMMENDED_POLICY, *policies):
         strategy = EngineStrategy(policy)
         specs.append(StrategySpec(strategy.name, strategy.description, partial(EngineStrategy, policy)))
     names = [s.name for s in specs]

@@ -50,13 +50,18 @@ async def test_the_api_server_fills_the_retention_defaults_and_refuses_a_zero_tt
     name = f"rpol-records-{int(time.time() * 1000) % 10**9}"
     body = {"apiVersion": GROUP_VERSION, "kind": "RemediationPolicy", "metadata": {"name": name}}
     try:
-        created = await kube.create(POLICIES, {**copy.deepcopy(body), "spec": {"records": {}}})
+        every_pod = {"podSelector": {}}
+        created = await kube.create(POLICIES, {**copy.deepcopy(body), "spec": {"selector": every_pod, "records": {}}})
         assert created["spec"]["records"] == {"ttlAfterFinished": "168h", "maxEndedPerTarget": 20}
         for suffix, records, message in (
             ("zero", {"ttlAfterFinished": "0s"}, r"records\.ttlAfterFinished must be above 0s"),
             ("none", {"maxEndedPerTarget": 0}, "maxEndedPerTarget"),
         ):
-            refused = {**body, "metadata": {"name": f"{name}-{suffix}"}, "spec": {"records": records}}
+            refused = {
+                **body,
+                "metadata": {"name": f"{name}-{suffix}"},
+                "spec": {"selector": every_pod, "records": records},
+            }
             with pytest.raises(errors.Invalid, match=message):
                 await kube.create(POLICIES, refused)
     finally:

@@ -21,7 +21,13 @@ from devheal.kube.client import KubeClient
 from devheal.kube.crds import CRD_NAMES, CRDNotEstablished, install_crds
 from devheal.model import api
 from devheal.model import policy as policy_module
-from devheal.model.policy import DEFAULT_POLICY, PolicyError, parse_duration, parse_policy
+from devheal.model.policy import (
+    RECOMMENDED_POLICY,
+    SELECTOR_REQUIRED,
+    PolicyError,
+    parse_duration,
+    parse_policy,
+)
 
 Schema = dict[str, Any]
 
@@ -287,19 +293,29 @@ def test_duration_pattern_agrees_with_parse_duration(path: str, text: str) -> No
     assert by_schema == by_parser, text
 
 
-def test_documented_defaults_pass_the_schema_and_parse_to_the_default_policy() -> None:
+def test_documented_defaults_pass_the_schema_and_parse_to_the_recommended_policy() -> None:
     spec = documented_spec()
     # null in the docs ("no template"): the API server drops a null of a non-nullable field.
     del spec["node"]["template"]
     assert violations(spec, spec_schema("RemediationPolicy")) == []
-    parsed = parse_policy({"metadata": {"name": DEFAULT_POLICY.name}, "spec": spec})
-    assert parsed == DEFAULT_POLICY
+    parsed = parse_policy({"metadata": {"name": RECOMMENDED_POLICY.name}, "spec": spec})
+    assert parsed == RECOMMENDED_POLICY
+
+
+def test_the_schema_refuses_a_policy_without_a_selector_as_parse_policy_does() -> None:
+    """The CEL rule on spec says what parse_policy says (the lab checks the API server evaluates it)."""
+    rules = spec_schema("RemediationPolicy")["x-kubernetes-validations"]
+    (rule,) = [r for r in rules if r.get("fieldPath") == ".selector"]
+    assert rule["message"] == f"selector: {SELECTOR_REQUIRED}"
+    for name in ("namespaces", "podSelector", "nodeSelector"):
+        assert f"has(self.selector.{name})" in rule["rule"]
+    assert schema("RemediationPolicy")["required"] == ["spec"]
 
 
 EXAMPLES: list[dict[str, Any]] = [
-    {},
-    {"dryRun": True},
-    {"paused": True, "allowDelete": True},
+    {"selector": {"podSelector": {}}},
+    {"selector": {"namespaces": ["ml"]}, "dryRun": True},
+    {"selector": {"nodeSelector": {"matchLabels": {"pool": "a"}}}, "paused": True, "allowDelete": True},
     {
         "selector": {
             "namespaces": ["training", "serving"],
@@ -339,9 +355,12 @@ EXAMPLES: list[dict[str, Any]] = [
             "circuitBreaker": {"maxFaultyNodesPercent": 0, "window": "1h"},
         },
     },
-    {"budgets": {"maxUnhealthyNodes": "0%", "maxUnhealthyNodesPerPool": "7"}},
-    {"budgets": {"maxUnhealthyNodes": 0, "circuitBreaker": {"maxFaultyNodesPercent": 100}}},
-    {"node": {"remediation": "IdleOnly", "remediateAfter": "2h"}},
+    {"selector": {"podSelector": {}}, "budgets": {"maxUnhealthyNodes": "0%", "maxUnhealthyNodesPerPool": "7"}},
+    {
+        "selector": {"podSelector": {}},
+        "budgets": {"maxUnhealthyNodes": 0, "circuitBreaker": {"maxFaultyNodesPercent": 100}},
+    },
+    {"selector": {"podSelector": {}}, "node": {"remediation": "IdleOnly", "remediateAfter": "2h"}},
 ]
 
 

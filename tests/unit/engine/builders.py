@@ -154,8 +154,14 @@ def _seconds_as_durations(value: Any) -> Any:
     return value
 
 
+EVERY_POD = {"podSelector": {}}
+"""The explicit selector of every pod (a policy must select something to act)."""
+
+
 def policy(name: str = "p", **spec: Any) -> Policy:
-    """A policy parsed from a ``spec`` given as keyword arguments (CRD field names)."""
+    """A policy parsed from a ``spec`` given as keyword arguments (CRD field names); without a selector, of
+    every pod."""
+    spec.setdefault("selector", EVERY_POD)
     return parse_policy({"metadata": {"name": name}, "spec": _seconds_as_durations(spec)})
 
 

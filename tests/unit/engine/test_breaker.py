@@ -30,6 +30,7 @@ def policy_object(
     meta: dict[str, Any] = {"name": name}
     if reset is not None:
         meta["annotations"] = {RESET_BREAKER_ANNOTATION: reset}
+    spec.setdefault("selector", {"podSelector": {}})
     return parse_policy({"metadata": meta, "spec": spec, "status": status or {}})
 
 

@@ -20,6 +20,7 @@ from ..crds.test_crd_manifests import spec_schema, violations
 
 
 def parse(spec: dict[str, Any], annotations: dict[str, Any] | None = None) -> Any:
+    spec = {"selector": {"podSelector": {}}, **spec}
     return parse_policy({"metadata": {"name": "p", "annotations": annotations or {}}, "spec": spec})
 
 

@@ -34,7 +34,7 @@ def fleet_policy(reset: str | None = None) -> Policy:
     meta: dict[str, Any] = {"name": "fleet"}
     if reset is not None:
         meta["annotations"] = {RESET_BREAKER_ANNOTATION: reset}
-    return parse_policy({"metadata": meta, "spec": {}})
+    return parse_policy({"metadata": meta, "spec": {"selector": {"podSelector": {}}}})
 
 
 def gpu_node(i: int) -> str:

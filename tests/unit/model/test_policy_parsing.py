@@ -10,6 +10,7 @@ import pytest
 from devheal.model.cluster import WorkloadClass
 from devheal.model.policy import (
     DEFAULT_POLICY,
+    RECOMMENDED_POLICY,
     ActionKind,
     PolicyError,
     Quantity,
@@ -19,21 +20,57 @@ from devheal.model.policy import (
     parse_quantity,
 )
 
+EVERY_POD = {"podSelector": {}}
+
 
 def parse(spec: Any = None, name: str = "p", **meta: Any) -> Any:
-    obj: dict[str, Any] = {"metadata": {"name": name, **meta}}
-    if spec is not None:
-        obj["spec"] = spec
+    """Parse a policy of ``spec``; without a selector, one of every pod."""
+    obj: dict[str, Any] = {"metadata": {"name": name, **meta}, "spec": {"selector": EVERY_POD, **(spec or {})}}
     return parse_policy(obj)
 
 
-def test_an_empty_spec_gives_the_default_policy_fields() -> None:
+def test_a_spec_of_a_selector_alone_gives_the_recommended_policy_fields() -> None:
     parsed = parse()
-    assert dataclasses.replace(parsed, name=DEFAULT_POLICY.name) == DEFAULT_POLICY
-    for f in dataclasses.fields(DEFAULT_POLICY):
+    assert dataclasses.replace(parsed, name=RECOMMENDED_POLICY.name) == RECOMMENDED_POLICY
+    for f in dataclasses.fields(RECOMMENDED_POLICY):
         if f.name != "name":
-            assert getattr(parsed, f.name) == getattr(DEFAULT_POLICY, f.name), f.name
+            assert getattr(parsed, f.name) == getattr(RECOMMENDED_POLICY, f.name), f.name
     assert parsed.name == "p"
+
+
+def test_the_built_in_policy_without_a_cluster_policy_only_observes() -> None:
+    """No RemediationPolicy: everything is looked at, nothing is acted on (dry-run records only)."""
+    assert DEFAULT_POLICY.dry_run and not RECOMMENDED_POLICY.dry_run
+    assert dataclasses.replace(DEFAULT_POLICY, name=RECOMMENDED_POLICY.name, dry_run=False) == RECOMMENDED_POLICY
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [None, {}, {"selector": {}}, {"selector": None}, {"selector": {"namespaces": []}}, {"dryRun": False}],
+    ids=["no-spec", "empty-spec", "empty-selector", "null-selector", "no-namespaces", "no-selector"],
+)
+def test_a_policy_that_selects_nothing_explicitly_is_refused(spec: Any) -> None:
+    obj: dict[str, Any] = {"metadata": {"name": "p"}}
+    if spec is not None:
+        obj["spec"] = spec
+    with pytest.raises(
+        PolicyError, match=r"^RemediationPolicy p: spec\.selector: a policy acts only on what it selects"
+    ):
+        parse_policy(obj)
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        {"namespaces": ["ml"]},
+        {"podSelector": {}},
+        {"podSelector": {"matchLabels": {"devheal.io/remediate": "true"}}},
+        {"nodeSelector": {}},
+        {"nodeSelector": {"matchLabels": {"pool": "a"}}},
+    ],
+)
+def test_a_policy_acts_on_namespaces_pods_or_nodes_it_names(selector: dict[str, Any]) -> None:
+    assert parse_policy({"metadata": {"name": "p"}, "spec": {"selector": selector}}).name == "p"
 
 
 def test_the_defaults_are_the_documented_ones() -> None:

@@ -14,7 +14,7 @@ def with_selector(**selector: Any) -> Policy:
 
 
 def test_empty_selectors_select_everything() -> None:
-    p = with_selector()
+    p = with_selector(podSelector={})
     assert p.selects_node({})
     assert p.selects_pod("any", {"a": "b"}, {"c": "d"})
 

@@ -11,7 +11,7 @@ from devheal.model.policy import ActionKind, RemediationMode, TemplateRef, parse
 
 
 def parse(spec: Any, **meta: Any) -> Any:
-    return parse_policy({"metadata": {"name": "p", **meta}, "spec": spec})
+    return parse_policy({"metadata": {"name": "p", **meta}, "spec": {"selector": {"podSelector": {}}, **spec}})
 
 
 @pytest.mark.parametrize(("value", "paused"), [("true", True), ("True", True), ("false", False), ("yes", False)])

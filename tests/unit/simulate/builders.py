@@ -51,4 +51,6 @@ def run(
 
 
 def policy(name: str = "p", **spec: object) -> Policy:
+    """A policy of these fields; without a selector, of every pod."""
+    spec.setdefault("selector", {"podSelector": {}})
     return parse_policy({"metadata": {"name": name}, "spec": spec})

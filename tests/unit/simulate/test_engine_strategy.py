@@ -11,7 +11,7 @@ from devheal.engine import rounds
 from devheal.engine.decide import Breaker, decide, step_breaker
 from devheal.model.cluster import ClusterView
 from devheal.model.plan import Finding, InFlight, Phase, Plan
-from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy
+from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
 from devheal.simulate.config import build_preset
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.failures import DAY, HOUR, TraceSpec, generate_trace
@@ -35,7 +35,7 @@ def test_decisions_go_through_the_controllers_decision_round(monkeypatch: pytest
     # The controller's own round (devheal.engine.rounds), calling the engine's own decide: not copies.
     assert rounds.decide is decide_module.decide
     monkeypatch.setattr(rounds, "decide", spy)
-    strategy = EngineStrategy(DEFAULT_POLICY)
+    strategy = EngineStrategy(RECOMMENDED_POLICY)
     result = run(small_config(), ONE_GPU_FAULT, strategy)
     assert isinstance(strategy.round, rounds.DecisionRound)
     kinds = [a.kind for plan in calls for a in plan.actions]
@@ -69,7 +69,7 @@ def test_a_policy_changes_goodput_on_the_llama3_preset() -> None:
     trace = generate_trace(config.fleet.nodes, 8, config.horizon_s, config.trace, seed=2)
     ettr = {}
     for name, p in [
-        ("fail", DEFAULT_POLICY),
+        ("fail", RECOMMENDED_POLICY),
         ("restart", policy("r", actions={"gang": "RestartGang"})),
         ("notify", policy("n", actions={"gang": "Notify"})),
     ]:
@@ -81,7 +81,7 @@ def test_a_policy_changes_goodput_on_the_llama3_preset() -> None:
 
 def test_taint_holds_a_repaired_node_until_devheal_lifts_it() -> None:
     config = small_config(days=4)
-    sim_result = run(config, ONE_GPU_FAULT, EngineStrategy(DEFAULT_POLICY))
+    sim_result = run(config, ONE_GPU_FAULT, EngineStrategy(RECOMMENDED_POLICY))
     assert sim_result.remediations["devheal:Taint"] == 1
     assert sim_result.remediations["devheal:Lift"] == 1
     assert sim_result.remediations["people:repair"] == 1
@@ -173,7 +173,7 @@ class CheckedEngine(EngineStrategy):
 @pytest.mark.parametrize(
     "p",
     [
-        DEFAULT_POLICY,
+        RECOMMENDED_POLICY,
         policy("restart", actions={"gang": "RestartGang"}, budgets={"gangRestartsPerHour": 1}),
         policy(
             "tight", budgets={"maxUnhealthyNodes": "2%", "circuitBreaker": {"maxFaultyNodesPercent": 2, "window": "2h"}}
@@ -192,6 +192,6 @@ def test_small_views_decide_exactly_as_the_whole_fleet_would(p: Policy) -> None:
 
 def test_pod_watcher_and_devheal_default_agree_on_a_single_gpu_fault() -> None:
     # Both take the pod off its failed GPU within seconds; devheal's agent sees the XID 5 s sooner.
-    devheal = run(small_config(), ONE_GPU_FAULT, EngineStrategy(DEFAULT_POLICY)).recoveries_s
+    devheal = run(small_config(), ONE_GPU_FAULT, EngineStrategy(RECOMMENDED_POLICY)).recoveries_s
     watcher = run(small_config(), ONE_GPU_FAULT, PodWatcher()).recoveries_s
     assert watcher[0] - devheal[0] == pytest.approx(5.0)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devheal.model.policy import DEFAULT_POLICY
+from devheal.model.policy import RECOMMENDED_POLICY
 from devheal.simulate.config import SimConfig, build_preset
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.events import Event, EventKind, EventQueue, TimeWentBack
@@ -78,7 +78,7 @@ class Recording(EventQueue):
 
 
 @pytest.mark.parametrize(
-    "make", [KubernetesDefault, NodeHealthController, PodWatcher, lambda: EngineStrategy(DEFAULT_POLICY)]
+    "make", [KubernetesDefault, NodeHealthController, PodWatcher, lambda: EngineStrategy(RECOMMENDED_POLICY)]
 )
 def test_a_whole_run_never_goes_back_and_handles_every_fault(make: type[Strategy]) -> None:
     config = busy_fleet()
@@ -99,7 +99,7 @@ def test_a_whole_run_never_goes_back_and_handles_every_fault(make: type[Strategy
 def test_every_unit_accounts_for_all_its_wall_time() -> None:
     config = busy_fleet()
     trace = generate_trace(config.fleet.nodes, 8, config.horizon_s, config.trace, seed=6)
-    sim = Simulation(config, trace, EngineStrategy(DEFAULT_POLICY))
+    sim = Simulation(config, trace, EngineStrategy(RECOMMENDED_POLICY))
     sim.run()
     for unit in sim.units:
         total = unit.useful_s + sum(unit.losses[loss] for loss in Loss)
@@ -110,8 +110,8 @@ def test_every_unit_accounts_for_all_its_wall_time() -> None:
 def test_runs_are_deterministic() -> None:
     config = build_preset("llama3-405b", nodes=256, days=20)
     trace = generate_trace(config.fleet.nodes, 8, config.horizon_s, config.trace, seed=1)
-    one = Simulation(config, trace, EngineStrategy(DEFAULT_POLICY)).run(1).to_json()
-    two = Simulation(config, trace, EngineStrategy(DEFAULT_POLICY)).run(1).to_json()
+    one = Simulation(config, trace, EngineStrategy(RECOMMENDED_POLICY)).run(1).to_json()
+    two = Simulation(config, trace, EngineStrategy(RECOMMENDED_POLICY)).run(1).to_json()
     one.pop("run_seconds")
     two.pop("run_seconds")
     assert one == two
@@ -151,7 +151,7 @@ def check_invariants(sim: Simulation) -> None:
 
 
 @pytest.mark.parametrize(
-    "make", [KubernetesDefault, NodeHealthController, PodWatcher, lambda: EngineStrategy(DEFAULT_POLICY)]
+    "make", [KubernetesDefault, NodeHealthController, PodWatcher, lambda: EngineStrategy(RECOMMENDED_POLICY)]
 )
 def test_fleet_invariants_hold_between_every_event(make: type[Strategy]) -> None:
     config = busy_fleet()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from devheal.model.policy import DEFAULT_POLICY
+from devheal.model.policy import RECOMMENDED_POLICY
 from devheal.simulate.config import build_preset
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.failures import LLAMA3_INTERRUPTIONS, generate_trace
@@ -17,7 +17,7 @@ def test_interruptions_fall_in_a_band_around_419() -> None:
     counts = []
     for seed in range(5):
         trace = generate_trace(config.fleet.nodes, 8, config.horizon_s, config.trace, seed)
-        counts.append(Simulation(config, trace, EngineStrategy(DEFAULT_POLICY)).run(seed).interruptions)
+        counts.append(Simulation(config, trace, EngineStrategy(RECOMMENDED_POLICY)).run(seed).interruptions)
     # Measured over seeds 0-19: 384-475, mean 422 (sd 22). Poisson alone would give 419 +- 41 at 2 sd.
     assert all(340 <= c <= 500 for c in counts), counts
     assert abs(statistics.fmean(counts) - LLAMA3_INTERRUPTIONS) < 35, counts

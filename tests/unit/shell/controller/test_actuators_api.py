@@ -28,7 +28,7 @@ Obj = dict[str, Any]
 
 
 def policy(**spec: Any) -> Policy:
-    return parse_policy({"metadata": {"name": "p"}, "spec": spec})
+    return parse_policy({"metadata": {"name": "p"}, "spec": {"selector": {"podSelector": {}}, **spec}})
 
 
 def actuators(kube: KubeClient, the_policy: Policy | None = None) -> Actuators:

@@ -24,6 +24,8 @@ PODS = api_path("v1", "pods", namespace="ml")
 REPORTS = api_path(GROUP_VERSION, "nodedevices")
 POLICIES = api_path(GROUP_VERSION, "remediationpolicies")
 REMEDIATIONS = api_path(GROUP_VERSION, "remediations")
+EVERY_POD: dict[str, Any] = {"selector": {"podSelector": {}}}
+"""A valid policy spec: a policy must select something explicitly."""
 Obj = dict[str, Any]
 
 
@@ -103,7 +105,7 @@ async def test_syncs_every_input(api: MemApi, kube: KubeClient) -> None:
     api.create(NODES, node("n1"))
     api.create(PODS, gpu_pod("p", "n1", ("GPU-0",)))
     api.create(REPORTS, {"metadata": {"name": "n1"}, "spec": {"nodeName": "n1"}, "status": {"devices": []}})
-    api.create(POLICIES, {"metadata": {"name": "p"}, "spec": {}})
+    api.create(POLICIES, {"metadata": {"name": "p"}, "spec": EVERY_POD})
     api.create(REMEDIATIONS, remediation("r"))
     async with synced(ClusterCache(kube, clock=unix_clock)) as cache:
         assert cache.sizes() == {"nodes": 1, "pods": 1, "nodedevices": 1, "policies": 1, "remediations": 1}
@@ -220,14 +222,14 @@ async def test_a_malformed_object_is_left_out_and_the_rest_is_read(api: MemApi, 
 
 
 async def test_invalid_policies_are_left_out_and_named(api: MemApi, kube: KubeClient) -> None:
-    api.create(POLICIES, {"metadata": {"name": "zeta"}, "spec": {}})
+    api.create(POLICIES, {"metadata": {"name": "zeta"}, "spec": EVERY_POD})
     api.create(POLICIES, {"metadata": {"name": "bad"}, "spec": {"selector": []}})
-    api.create(POLICIES, {"metadata": {"name": "alpha"}, "spec": {}})
+    api.create(POLICIES, {"metadata": {"name": "alpha"}, "spec": EVERY_POD})
     async with synced(ClusterCache(kube, clock=unix_clock)) as cache:
         assert [p.name for p in cache.policies()] == ["alpha", "zeta"]
         assert list(cache.policy_errors) == ["bad"]
         assert "spec.selector" in cache.policy_errors["bad"]
-        api.patch(f"{POLICIES}/bad", {"spec": {"selector": None}})
+        api.patch(f"{POLICIES}/bad", {"spec": EVERY_POD})
         await until(lambda: len(cache.policies()) == 3, "the fixed policy")
         assert [p.name for p in cache.policies()] == ["alpha", "bad", "zeta"]
         assert cache.policy_errors == {}
@@ -240,7 +242,7 @@ async def test_every_change_sets_changed(api: MemApi, kube: KubeClient) -> None:
             (NODES, node("n1")),
             (PODS, gpu_pod("p", "n1")),
             (REPORTS, {"metadata": {"name": "n1"}, "spec": {"nodeName": "n1"}}),
-            (POLICIES, {"metadata": {"name": "p"}, "spec": {}}),
+            (POLICIES, {"metadata": {"name": "p"}, "spec": EVERY_POD}),
             (REMEDIATIONS, remediation("r")),
         ]:
             cache.changed.clear()

@@ -91,7 +91,7 @@ def restart(rank_key: str = "ml/rank-1") -> Action:
 
 
 def actuators(kube: KubeClient, cache: ClusterCache | None, timeout: float = 900.0) -> Actuators:
-    chosen = parse_policy({"metadata": {"name": "p"}, "spec": {}})
+    chosen = parse_policy({"metadata": {"name": "p"}, "spec": {"selector": {"podSelector": {}}}})
     return Actuators(kube, lambda: {"p": chosen}, unix_clock, gang_restart_timeout=timeout, cache=cache)
 
 
