@@ -147,6 +147,7 @@ class Controller:
         )
         self.spares = Spares(client)
         self.report_audit = ReportAudit(self.actuators.records.events)
+        self.actuators.gangs.slow_ranks = self.rounds.stragglers.replaceable  # replaced at a gang's next restart
         self.leading = not options.leader_elect
         self.elector = LeaderElector(
             client,

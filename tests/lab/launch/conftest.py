@@ -101,7 +101,9 @@ class GangHarness:
 
         await wait_until(running, lambda ok: set(names) <= ok, timeout=60, what=f"pods {names} Running")
 
-    def launch(self, pod: str, *launcher_args: str, mode: str = "loop") -> LaunchedPod:
+    def launch(
+        self, pod: str, *launcher_args: str, mode: str = "loop", env: dict[str, str] | None = None
+    ) -> LaunchedPod:
         starts = self.tmp / f"{pod}.starts"
         log = self.tmp / f"{pod}.launcher.log"
         proc = self.lab.spawn_devheal(
@@ -119,6 +121,7 @@ class GangHarness:
             str(starts),
             mode,
             log=log,
+            env=env or {},
         )
         launched = LaunchedPod(pod, proc, starts, log)
         self.launched[pod] = launched

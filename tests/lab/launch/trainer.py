@@ -2,7 +2,9 @@
 
 Appends ``start <time> <pid> <launcher address>`` to STARTS_FILE when it starts, reports a
 step every 50 ms, and on SIGTERM takes 0.5 s (a checkpoint) before it appends ``stop`` and
-exits 0. MODE ``exitN`` exits with code N after a few steps instead.
+exits 0. MODE ``exitN`` exits with code N after a few steps instead. With
+``$DEVHEAL_LAB_DEVICES`` and ``$DEVHEAL_LAB_POD`` set, each step takes as much longer as the
+lab's GPUs of that pod are slowed (``faults.degrade``; ``devheal.lab.slowdown``).
 """
 
 import os
@@ -10,6 +12,7 @@ import signal
 import sys
 import time
 
+from devheal.lab.slowdown import PodSlowdown
 from devheal.launch import report_step
 
 path, mode = sys.argv[1], sys.argv[2]
@@ -30,10 +33,11 @@ def on_sigterm(*_: object) -> None:
 
 
 signal.signal(signal.SIGTERM, on_sigterm)
+gpus = PodSlowdown.from_env()
 step = 0
 while True:
     began = time.monotonic()
-    time.sleep(0.05)
+    time.sleep(0.05 * gpus.factor())  # the rank's own compute, before any collective
     step += 1
     report_step(time.monotonic() - began, step)
     if mode.startswith("exit") and step >= 5:

@@ -1,0 +1,104 @@
+"""A degraded GPU slows its rank; the launcher's published step times show it; the controller replaces the rank.
+
+The whole path: ``faults.degrade`` slows the pod holding the GPU (the trainer reads the
+simulator's device state), the rank's launcher publishes its step times on its pod
+(``devheal.io/steps``), the controller's cache reads them, the round finds the rank a
+``Straggler`` and, with ``stragglers.action: ReplaceNow``, restarts the gang in place
+replacing that rank, whose Job recreates it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from devheal.kube.client import KubeClient, api_path
+from devheal.kube.crds import install_crds
+from devheal.kube.informer import get_path
+from devheal.lab.cluster import Lab
+from devheal.lab.slowdown import DEVICES_ENV, POD_ENV
+from devheal.lab.workloads import gpu_job, pod_devices, pods_of, wait_until
+from devheal.model.steps import STEPS_ANNOTATION, parse_step_report
+from tests.lab.conftest import RecordingFaults
+from tests.lab.controller.conftest import ControllerHarness
+
+from .conftest import GangHarness
+
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
+    lab: Lab, kube: KubeClient, namespace: str, gang: GangHarness, faults: RecordingFaults
+) -> None:
+    await install_crds(kube)
+    harness = ControllerHarness(lab, kube, namespace, gang.tmp)
+    try:
+        await harness.policy(
+            {
+                "selector": {"namespaces": [namespace]},
+                "actions": {"gang": "RestartGang"},
+                "node": {"taint": False},
+                "stragglers": {"action": "ReplaceNow", "sustainedReports": 2},
+                "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
+            }
+        )
+        await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("llm", ranks=4, indexed=True))
+
+        async def ranks() -> dict[str, dict]:
+            pods = await pods_of(kube, namespace, "app=llm")
+            return {
+                p["metadata"]["labels"][INDEX]: p
+                for p in pods
+                if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+            }
+
+        before = await wait_until(ranks, lambda r: len(r) == 4, timeout=60, what="4 running ranks")
+        for pod in before.values():
+            name = pod["metadata"]["name"]
+            env = {DEVICES_ENV: str(lab.devices_path), POD_ENV: f"{namespace}/{name}"}
+            gang.launch(name, "--gang-label", "job-name", "--steps-publish-interval", "1", env=env)
+
+        async def reports() -> dict[str, object]:
+            pods = await pods_of(kube, namespace, "app=llm")
+            return {
+                p["metadata"]["name"]: parse_step_report(get_path(p, "metadata", "annotations", STEPS_ANNOTATION))[0]
+                for p in pods
+            }
+
+        names = [p["metadata"]["name"] for p in before.values()]
+        published = await wait_until(
+            reports,
+            lambda r: all(getattr(r.get(n), "window", 0) >= 10 for n in names),
+            timeout=60,
+            what="every rank's step times published",
+        )
+        healthy_p50 = max(getattr(published[n], "p50", 0.0) for n in names)
+        assert 0.04 < healthy_p50 < 0.5, published
+        harness.start()
+        await asyncio.sleep(3)
+        assert [r for r in await harness.remediations() if r["spec"]["finding"]["kind"] == "Straggler"] == []
+
+        slow = before["2"]
+        node = slow["spec"]["nodeName"]
+        index = await asyncio.to_thread(faults.gpu_index, node, pod_devices(slow)[0].device_id)
+        await asyncio.to_thread(faults.degrade, node, index, 2.0)
+
+        records = await harness.wait_remediation(
+            lambda rs: any(r["spec"]["finding"]["kind"] == "Straggler" for r in rs),
+            "a Straggler remediation",
+            timeout=60,
+        )
+        (record,) = [r for r in records if r["spec"]["finding"]["kind"] == "Straggler"]
+        assert record["spec"]["action"] == "RestartGang", json.dumps(record)
+        assert slow["metadata"]["name"] in record["spec"]["finding"]["evidence"]
+        after = await wait_until(
+            ranks,
+            lambda r: "2" in r and r["2"]["metadata"]["uid"] != slow["metadata"]["uid"],
+            timeout=60,
+            what="the slow rank replaced",
+        )
+        for rank in ("0", "1", "3"):
+            assert after[rank]["metadata"]["uid"] == before[rank]["metadata"]["uid"], f"rank {rank} was recreated"
+    finally:
+        gang.stop_all()
+        await harness.cleanup()

@@ -1,0 +1,73 @@
+"""A gang restart for a slow or stalled rank replaces that rank, and only it, and leaves its node no vacancy;
+a restart for any cause also replaces the ranks the decision round found straggling."""
+
+from __future__ import annotations
+
+import pytest
+
+from devheal.kube.client import KubeClient
+from devheal.model.plan import Action, Finding, FindingKind, Phase, TargetKind
+from devheal.model.policy import ActionKind
+from tests.shell.fixtures import EPOCH
+from tests.shell.memapi import MemApi
+from tests.unit.shell.controller.test_gang_restart import (
+    GANG,
+    actuators,
+    evicted,
+    gang,
+    generation,
+    restart,
+    synced,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+
+def step_restart(kind: FindingKind, uid: str, pod: str = "ml/rank-2") -> Action:
+    return Action(
+        kind=ActionKind.RESTART_GANG,
+        target_kind=TargetKind.GANG,
+        target=GANG.key,
+        node="n2",
+        finding=Finding(kind, "n2", "step-times", "slow", EPOCH.timestamp(), pod, uid),
+        policy="p",
+        workload=GANG,
+        reason="a slow rank",
+    )
+
+
+async def test_a_straggler_restart_replaces_the_slow_rank_and_leaves_its_node_no_vacancy(
+    api: MemApi, kube: KubeClient
+) -> None:
+    objs = gang(api)
+    uid = objs[2]["metadata"]["uid"]
+    async with synced(kube) as cache:
+        acting = actuators(kube, cache)
+        outcome = await acting.execute(step_restart(FindingKind.STRAGGLER, uid))
+    assert (outcome.phase, outcome.reason) == (Phase.IN_PROGRESS, "Restarting")
+    assert evicted(api) == ["rank-2"]
+    assert (generation(api, "rank-0"), generation(api, "rank-1")) == ("1", "1")
+    assert acting.gangs.vacancies == [], "the replacement must not be sent back to the slow node"
+
+
+async def test_a_stall_with_no_rank_behind_restarts_every_rank_in_place_replacing_none(
+    api: MemApi, kube: KubeClient
+) -> None:
+    gang(api)
+    async with synced(kube) as cache:
+        outcome = await actuators(kube, cache).execute(step_restart(FindingKind.GANG_STALLED, ""))
+    assert evicted(api) == []
+    assert [generation(api, f"rank-{i}") for i in range(3)] == ["1", "1", "1"]
+    assert outcome.reason == "WaitingForReplacement"
+
+
+async def test_a_restart_for_a_failed_device_also_replaces_a_straggling_rank(api: MemApi, kube: KubeClient) -> None:
+    objs = gang(api, broken=1)
+    slow = objs[0]["metadata"]["uid"]
+    async with synced(kube) as cache:
+        acting = actuators(kube, cache)
+        acting.gangs.slow_ranks = lambda: {slow, "uid-of-a-pod-of-another-gang"}
+        await acting.execute(restart())
+    assert sorted(evicted(api)) == ["rank-0", "rank-1"]
+    assert generation(api, "rank-2") == "1"
+    assert [v.node for v in acting.gangs.vacancies] == ["n1"], "the failed device's node only"
