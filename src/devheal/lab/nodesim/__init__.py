@@ -25,6 +25,7 @@ one job each:
 - ``nodes``: node names and the Node object a node registers with;
 - ``store``: the shared state of the simulated machines (devices, images), saved to a file;
 - ``startup``: the opt-in start-up and stop cost model (annotations, jitter, image pulls);
+- ``training``: the opt-in training process (framework start, in-place restarts by a launcher);
 - ``pods``: what the simulator reads of a pod (``PodView``) and keeps of one it admitted;
 - ``status``: the pod status bodies kubelet writes, device health included;
 - ``kubelet``: admission, start, run, stop: the pod lifecycle;

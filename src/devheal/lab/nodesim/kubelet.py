@@ -27,9 +27,10 @@ from devheal.lab.devices import AdmissionError, Holder, NodeDevices
 from devheal.lab.nodesim import dra, status
 from devheal.lab.nodesim.nodestatus import NodeStatus
 from devheal.lab.nodesim.pods import PodView, RunningPod
-from devheal.lab.nodesim.startup import NodeImages
+from devheal.lab.nodesim.startup import NodeImages, jitter
 from devheal.lab.nodesim.store import NodeStore
-from devheal.model.cluster import GPU_RESOURCE
+from devheal.lab.nodesim.training import ProcessState
+from devheal.model.cluster import GPU_RESOURCE, LAUNCHER_GENERATION_ANNOTATION
 from devheal.model.times import format_time
 
 log = logging.getLogger(__name__)
@@ -101,21 +102,62 @@ class Kubelet:
             return await self._admit(pod, nd)
         record = running
         if not record.running:
-            wait = record.starts_at - time.time()
-            if wait > 0:
-                return wait
+            starting = record.starts_at - time.time()
+            if starting > 0:
+                return starting
             async with record.lock:
                 await self._patch_status(pod, self._started_body(pod, record, ended=False))
                 record.running = True
+        wait = await self._advance_process(pod, record)
         if pod.run_seconds is not None:
             remaining = record.starts_at + pod.run_seconds - time.time()
             if remaining > 0:
-                return remaining
+                return remaining if wait is None else min(remaining, wait)
             async with record.lock:
                 record.ended = True
                 await self._patch_status(pod, self._started_body(pod, record, ended=True))
             self._forget(pod.uid, pod.node)
-        return None
+            return None
+        return wait
+
+    async def _advance_process(self, pod: PodView, record: RunningPod) -> float | None:
+        """A pod's training process (``training``): its simulated launcher acknowledges generations and, on a
+        raised one, stops the process, acknowledges, and starts it again; the status is written when its
+        readiness changes. Seconds until it changes next (None: nothing ahead)."""
+        proc, model = record.process, pod.process
+        if proc is None or model is None or record.ended:
+            return None
+        now = time.time()
+        if model.launcher:
+            if proc.stopped_at is None and model.generation > proc.generation:
+                proc.generation = model.generation  # SIGTERM to the process: it stops as the pod's stop model says
+                stop = (pod.stop_seconds or 0.0) + jitter(
+                    pod.uid, f"process-stop/{proc.generation}", pod.stop_jitter_seconds or 0.0
+                )
+                proc.stopped_at = now + stop
+            elif proc.stopped_at is not None:
+                proc.generation = max(proc.generation, model.generation)  # raised again meanwhile: one restart
+                if now >= proc.stopped_at:
+                    proc.stopped_at = None
+                    proc.ready_at = now + model.restart_delay(pod.uid, proc.generation)
+            if proc.stopped_at is None and proc.acknowledged != proc.generation:
+                await self._acknowledge(pod, proc.generation)
+                proc.acknowledged = proc.generation
+        ready = proc.ready(now)
+        if proc.shown_ready != ready:
+            async with record.lock:
+                if not record.ended:
+                    await self._patch_status(pod, self._started_body(pod, record, ended=False))
+            proc.shown_ready = ready
+        return proc.next_change(now)
+
+    async def _acknowledge(self, pod: PodView, generation: int) -> None:
+        """What the launcher writes on its own pod once its process stopped for ``generation``."""
+        path = api_path("v1", "pods", namespace=pod.namespace, name=pod.name)
+        with contextlib.suppress(errors.NotFound, errors.Conflict):
+            await self.client.patch(
+                path, {"metadata": {"uid": pod.uid, "annotations": {LAUNCHER_GENERATION_ANNOTATION: str(generation)}}}
+            )
 
     async def _stop(self, pod: PodView, nd: NodeDevices) -> float | None:
         """A deleted pod: stop its containers within the grace period, then remove it."""
@@ -158,6 +200,8 @@ class Kubelet:
                 with contextlib.suppress(dra.ClaimNotReady):
                     claimed = self._hold_claims(pod, nd, await dra.claim_devices(self.client, pod))
             self.running[pod.uid] = RunningPod(pod, now, pod_ip, starts_at=now, claimed=claimed)
+            if pod.process is not None:  # its process ran before too: ready, at the generation it carries
+                self.running[pod.uid].process = ProcessState(ready_at=now, generation=pod.process.generation)
             self.store.schedule_save()
             return pod.run_seconds
         claimed = ()
@@ -191,6 +235,9 @@ class Kubelet:
             return None
         starts_at = self._starts_at(pod, now)
         record = RunningPod(pod, now, pod_ip, starts_at=starts_at, running=starts_at <= now, claimed=claimed)
+        if pod.process is not None:
+            ready_at = starts_at + pod.process.init_delay(pod.uid)
+            record.process = ProcessState(ready_at=ready_at, generation=pod.process.generation)
         try:
             await self._patch_status(pod, self._live_body(pod, record))
         except errors.KubeError:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from devheal.kube.client import Obj
 from devheal.lab import devices as devmod
 from devheal.lab.devices import AdmissionError
-from devheal.lab.nodesim import startup
+from devheal.lab.nodesim import startup, training
 from devheal.model.cluster import GPU_RESOURCE
 from devheal.model.values import INT64_MAX, finite, whole_number
 
@@ -49,6 +49,8 @@ class PodView:
     """DRA: (container, pod claim name, request or "") for each claim a container uses."""
     claim_names: tuple[tuple[str, str], ...] = ()
     """DRA: pod claim name -> its ResourceClaim object's name (given, or generated from a template)."""
+    process: training.ProcessModel | None = None
+    """The opt-in training process model (framework start-up, in-place restarts; ``training``)."""
 
     @property
     def images(self) -> tuple[str, ...]:
@@ -144,6 +146,7 @@ class PodView:
             deletion_grace_seconds=finite(grace, minimum=0, maximum=INT64_MAX),
             container_claims=container_claims,
             claim_names=tuple(sorted(claim_names.items())),
+            process=training.process_model(annotations, meta),
         )
 
 
@@ -167,3 +170,9 @@ class RunningPod:
     """Orders this pod's status writes (a fault's rewrite against the start or the end)."""
     claimed: tuple[tuple[str, str, str, int], ...] = ()
     """DRA: (container, ``claim:<name>/<request>``, ResourceClaim name, device index) the pod holds."""
+    process: training.ProcessState | None = None
+    """The pod's training process, where it models one (``PodView.process``)."""
+
+    def process_ready(self, now: float) -> bool:
+        """Whether the pod's training process is ready (always, for a pod that models none)."""
+        return self.process is None or self.process.ready(now)

@@ -65,6 +65,7 @@ def container_status(
     ended: bool,
     waiting: str = "",
     claimed: tuple[tuple[str, str, str, int], ...] = (),
+    ready: bool = True,
 ) -> Obj:
     cid = hashlib.sha256(f"{pod.uid}/{name}".encode()).hexdigest()
     status: Obj = {
@@ -93,7 +94,7 @@ def container_status(
             },
         }
     else:
-        status |= {"ready": True, "started": True, "state": {"running": {"startedAt": format_time(started)}}}
+        status |= {"ready": ready, "started": True, "state": {"running": {"startedAt": format_time(started)}}}
     held = nd.held_by(pod.uid, name)
     allocated = claim_statuses(pod, nd, claimed, name)
     if held:
@@ -110,15 +111,18 @@ def started_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str, e
     # Containers that never started (deleted while starting) end without a start of their own.
     container_start = min(record.starts_at, time.time())
     start = format_time(container_start)
-    ready = "False" if ended else "True"
+    # A training process still starting (or restarting in place) keeps its containers not ready.
+    process_ready = record.process_ready(time.time())
+    ready = "False" if ended or not process_ready else "True"
+    changed = now if ended or record.process is not None else start
     phase = "Running"
     if ended:
         phase = "Succeeded" if pod.exit_code == 0 else "Failed"
     conditions = [
         {"type": "PodReadyToStartContainers", "status": ready, "lastTransitionTime": start},
         {"type": "Initialized", "status": "True", "lastTransitionTime": start},
-        {"type": "Ready", "status": ready, "lastTransitionTime": now if ended else start},
-        {"type": "ContainersReady", "status": ready, "lastTransitionTime": now if ended else start},
+        {"type": "Ready", "status": ready, "lastTransitionTime": changed},
+        {"type": "ContainersReady", "status": ready, "lastTransitionTime": changed},
         {"type": "PodScheduled", "status": "True", "lastTransitionTime": admitted},
     ]
     status: Obj = {
@@ -130,7 +134,7 @@ def started_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str, e
         "podIPs": [{"ip": record.pod_ip}],
         "startTime": admitted,
         "containerStatuses": [
-            container_status(pod, nd, name, image, container_start, ended, claimed=record.claimed)
+            container_status(pod, nd, name, image, container_start, ended, claimed=record.claimed, ready=process_ready)
             for name, image, _ in pod.containers
         ],
     }
