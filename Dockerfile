@@ -37,12 +37,12 @@ RUN python -m venv --without-pip /opt/devheal \
  && python -m pip --python /opt/devheal/bin/python check \
  && rm -rf /tmp/dist
 # A read-only root file system: no byte-code writes, and anything that wants a home or a
-# cache (matplotlib's config dir) gets one under /tmp (an emptyDir where it is needed).
+# cache gets one under /tmp (an emptyDir where it is needed). No plotting library: the
+# `plots` extra (matplotlib) is for `devheal simulate` on a workstation, not the cluster.
 ENV PATH=/opt/devheal/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    HOME=/tmp \
-    MPLCONFIGDIR=/tmp/matplotlib
+    HOME=/tmp
 WORKDIR /tmp
 USER 65532:65532
 ENTRYPOINT ["devheal"]

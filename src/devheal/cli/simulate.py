@@ -202,7 +202,10 @@ def _write(comparison: Comparison, out: Path, console: Console, plots_wanted: bo
     if not plots_wanted:
         return
     if not plots.available():
-        console.print("plots skipped: matplotlib is not installed (pip install matplotlib, or pass --no-plots)")
+        console.print(
+            "plots skipped: matplotlib is not installed (pip install 'devheal[plots]', or pass --no-plots)",
+            markup=False,
+        )
         return
     for written in plots.write_plots(comparison, out):
         console.print(f"wrote {written}", markup=False, soft_wrap=True)

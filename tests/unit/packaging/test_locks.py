@@ -69,6 +69,15 @@ def test_runtime_lock_covers_the_runtime_dependencies_and_no_dev_tool() -> None:
     assert "pytest" not in runtime and "mypy" not in runtime
 
 
+def test_plotting_is_an_extra_the_dev_environment_has_and_the_image_lacks() -> None:
+    """matplotlib (and numpy, fontTools, Pillow under it) is ``devheal[plots]``: the simulator's PNGs only."""
+    assert PYPROJECT["project"]["optional-dependencies"]["plots"] == ["matplotlib>=3.9"]
+    assert not any(Requirement(t).name == "matplotlib" for t in PYPROJECT["project"]["dependencies"])
+    assert "matplotlib" in FULL  # scripts/bootstrap installs requirements.lock: the plot tests run
+    runtime = lock_entries(REPO / "requirements-runtime.lock")
+    assert not {"matplotlib", "numpy", "fonttools", "pillow"} & set(runtime)
+
+
 def test_lock_entries_rejects_unhashed_pins(tmp_path: Path) -> None:
     lock = tmp_path / "x.lock"
     lock.write_text("grpcio==1.85.3\n    # via devheal\n")
