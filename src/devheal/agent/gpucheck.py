@@ -135,9 +135,7 @@ async def _measure(
             for info in inventory:
                 a = assessments[info.uuid]
                 t = trackers[info.uuid]
-                metrics.observe(
-                    "gpucheck", info, readings.get(info.uuid), a.health, t.xid_counts, t.last_xid, t.incidents_opened
-                )
+                metrics.observe("gpucheck", info, readings.get(info.uuid), a.health, t.xid_counts, t.incidents_opened)
             rounds += 1
             round_seconds.append(time.monotonic() - started)
             rss_peak = max(rss_peak, proc.memory_info().rss)

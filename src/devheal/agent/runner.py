@@ -285,7 +285,6 @@ class NodeAgent:
                 self.readings.get(info.uuid),
                 self.health.get(info.uuid, DeviceHealth.UNKNOWN),
                 tracker.xid_counts,
-                tracker.last_xid,
                 tracker.incidents_opened,
             )
 
