@@ -16,6 +16,8 @@ import contextlib
 import time
 from typing import Any
 
+import pytest
+
 from devheal.agent.publisher import node_devices_path
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
@@ -26,7 +28,7 @@ from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
 from devheal.model.times import format_time
 
 from ..conftest import RecordingFaults
-from .conftest import ControllerHarness
+from .conftest import POLICIES, ControllerHarness
 
 WIDE_OPEN = {
     "maxUnhealthyNodes": "100%",
@@ -188,3 +190,15 @@ async def test_an_unknown_xid_the_device_plugin_fails_is_only_reported(
         assert [p["metadata"]["uid"] for p in await running(kube, namespace)] == [victim["metadata"]["uid"]]
     finally:
         await forget(kube, node)
+
+
+async def test_the_api_server_refuses_a_policy_that_would_leave_before_it_enters(harness: ControllerHarness) -> None:
+    with pytest.raises(errors.Invalid, match=r"degradation\.leaveAfter must be at least enterAfter"):
+        await harness.policy({"degradation": {"enterAfter": "30m", "leaveAfter": "10m"}})
+    with pytest.raises(errors.Invalid, match="Unsupported value"):
+        await harness.policy({"degradation": {"gang": "Restart"}})
+    accepted = await harness.policy(
+        {"degradation": {"enterAfter": "1h", "leaveAfter": "1h"}, "repair": {"action": "Notify"}}
+    )
+    obj = await harness.kube.get(f"{POLICIES}/{accepted}")
+    assert obj["spec"]["degradation"]["inferenceGrace"] == "10m", "the API server fills the defaults"
