@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from devheal.controller.projections import project_node_devices
+from devheal.engine.xids import needs_repair, only_unknown_xid
 from devheal.kube.client import KubeClient
-from devheal.model.cluster import LIFTS_ANNOTATION, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
+from devheal.model.cluster import LIFTS_ANNOTATION, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION, DeviceHealth
 from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
 from devheal.model.plan import FindingKind, Phase
 from devheal.model.policy import ActionKind
@@ -66,3 +68,39 @@ async def test_the_failure_lift_keeps_the_degraded_taint(api: MemApi, kube: Kube
     assert taints(api) == [(DEGRADED_TAINT_KEY, "PreferNoSchedule")]
     assert annotations(api)[OWNERSHIP_ANNOTATION] == "degraded"
     assert (OWNED_TAINT_KEY, "NoSchedule") not in taints(api)
+
+
+async def test_a_reports_reasons_are_projected_with_their_label_health_and_remedy() -> None:
+    status = {
+        "updatedAt": "2026-01-01T00:00:00Z",
+        "devices": [
+            {
+                "id": "GPU-0",
+                "index": 0,
+                "health": "Unhealthy",
+                "reasons": [
+                    {"source": "xid", "code": 79, "message": "XID 79", "firstSeen": "2026-01-01T00:00:00Z"},
+                    {
+                        "source": "xid",
+                        "code": 79,
+                        "reason": "RepeatedXid",
+                        "health": "Unhealthy",
+                        "remedy": "ReplaceHardware",
+                        "message": "RepeatedXid: this GPU failed 2 times within 24h",
+                        "firstSeen": "2026-01-01T00:00:00Z",
+                    },
+                ],
+            }
+        ],
+    }
+    report = project_node_devices({"metadata": {"name": "n1"}, "spec": {"nodeName": "n1"}, "status": status})
+    (dev,) = report.devices
+    older, lemon = dev.reasons
+    assert (older.label, older.health, older.remedy) == ("", None, ""), "an older agent says none of them"
+    assert (lemon.label, lemon.health, lemon.remedy, lemon.code) == (
+        "RepeatedXid",
+        DeviceHealth.UNHEALTHY,
+        "ReplaceHardware",
+        79,
+    )
+    assert needs_repair(dev) and not only_unknown_xid(dev)
