@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from devheal.lab.sharing import Sharing
 from devheal.model.cluster import GPU_RESOURCE, DeviceHealth
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})
@@ -116,6 +117,8 @@ class NodeDevices:
     node: str
     devices: list[Device]
     plugin_down_until: float = 0.0
+    sharing: Sharing | None = None
+    """Time-slicing or MIG (``devheal.lab.sharing``): slots are allocated instead of whole GPUs."""
 
     @classmethod
     def create(cls, node: str, count: int, model: str) -> NodeDevices:
@@ -127,6 +130,9 @@ class NodeDevices:
         return self.devices[index]
 
     def by_uuid(self, device_id: str) -> Device | None:
+        """The GPU with this ID, or the GPU a time-slicing replica or MIG instance of this ID is part of."""
+        if self.sharing is not None and (slot := self.sharing.slot(self, device_id)) is not None:
+            return self.devices[slot[0]]
         for dev in self.devices:
             if dev.uuid == device_id:
                 return dev
@@ -136,11 +142,15 @@ class NodeDevices:
         return now >= self.plugin_down_until
 
     def capacity(self, now: float) -> int:
+        if self.sharing is not None and self.plugin_registered(now):
+            return self.sharing.capacity(self)
         return len(self.devices) if self.plugin_registered(now) else 0
 
     def allocatable_count(self, now: float) -> int:
         if not self.plugin_registered(now):
             return 0
+        if self.sharing is not None:
+            return self.sharing.allocatable(self)
         return sum(1 for d in self.devices if d.allocatable)
 
     def free(self, now: float) -> list[Device]:
@@ -156,6 +166,14 @@ class NodeDevices:
         if held:
             # Admission is retried after a crash of the simulator: same answer again.
             return held
+        if self.sharing is not None:
+            ids = self.sharing.allocate(self, holder, count) if self.plugin_registered(now) else None
+            if ids is None:
+                raise AdmissionError(
+                    f"Allocate failed due to requested number of devices unavailable for {self.sharing.resource}. "
+                    f"Requested: {count}, Available: fewer, which is unexpected"
+                )
+            return ids
         free = self.free(now)
         if len(free) < count:
             raise AdmissionError(
@@ -169,7 +187,8 @@ class NodeDevices:
 
     def held_by(self, pod_uid: str, container: str | None = None) -> tuple[str, ...]:
         """Device-plugin devices of a pod (or one container): DRA devices are held through claims."""
-        return tuple(
+        shared = self.sharing.held_by(self, pod_uid, container) if self.sharing is not None else ()
+        return shared + tuple(
             d.uuid
             for d in self.devices
             if d.holder is not None
@@ -179,7 +198,7 @@ class NodeDevices:
         )
 
     def release(self, pod_uid: str) -> tuple[str, ...]:
-        released = []
+        released = list(self.sharing.release(self, pod_uid)) if self.sharing is not None else []
         for dev in self.devices:
             if dev.holder is not None and dev.holder.uid == pod_uid:
                 dev.holder = None
@@ -187,7 +206,8 @@ class NodeDevices:
         return tuple(released)
 
     def holders(self) -> set[str]:
-        return {d.holder.uid for d in self.devices if d.holder is not None}
+        shared = {h.uid for h in self.sharing.holders.values()} if self.sharing is not None else set()
+        return shared | {d.holder.uid for d in self.devices if d.holder is not None}
 
     # Faults. Each returns the devices whose health changed, so the caller knows what to publish.
 
@@ -217,6 +237,10 @@ class NodeDevices:
     def recover(self, index: int) -> bool:
         dev = self.device(index)
         changed = dev.health is not Health.HEALTHY
+        if self.sharing is not None:
+            # Its MIG instances recover with it.
+            changed |= any(i == index for i, _ in self.sharing.faults)
+            self.sharing.faults = {k: m for k, m in self.sharing.faults.items() if k[0] != index}
         dev.health = Health.HEALTHY
         dev.reason = ""
         dev.slowdown = 1.0
@@ -235,6 +259,7 @@ class NodeDevices:
             "capacity": self.capacity(now),
             "allocatable": self.allocatable_count(now),
             "devices": [d.to_json() for d in self.devices],
+            "sharing": self.sharing.to_json() if self.sharing is not None else None,
         }
 
 
@@ -249,10 +274,10 @@ def requested_gpus(container: Mapping[str, Any]) -> int:
     """Whole devices a container asks for (limits win, as for extended resources)."""
     resources = container.get("resources") or {}
     for key in ("limits", "requests"):
-        value = (resources.get(key) or {}).get(GPU_RESOURCE)
-        if value is not None:
-            try:
-                return int(str(value))
-            except ValueError as exc:
-                raise AdmissionError(f"{GPU_RESOURCE} must be a whole number, got {value!r}") from exc
+        for name, value in (resources.get(key) or {}).items():
+            if name == GPU_RESOURCE or str(name).startswith("nvidia.com/mig-"):  # whole GPUs or MIG instances
+                try:
+                    return int(str(value))
+                except ValueError as exc:
+                    raise AdmissionError(f"{name} must be a whole number, got {value!r}") from exc
     return 0

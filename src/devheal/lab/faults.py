@@ -74,6 +74,16 @@ class Faults:
     def node_ready(self, node: str) -> dict[str, Any]:
         return self._fault(node, kind="node-ready")
 
+    def share(self, node: str, replicas: int = 1, profile: str = "") -> dict[str, Any]:
+        """Reconfigure an idle node's GPUs (``devheal.lab.sharing``): ``replicas`` time-slicing replicas of
+        ``nvidia.com/gpu`` each, or with a MIG ``profile`` (``3g.40gb``) that many instances of
+        ``nvidia.com/mig-<profile>``; ``share(node)`` goes back to whole GPUs."""
+        return self._fault(node, kind="share", replicas=replicas, profile=profile)
+
+    def instance_fault(self, node: str, gpu: int, instance: int, code: int = 94) -> dict[str, Any]:
+        """One MIG instance of a GPU fails (its pods only); ``recover(node, gpu)`` heals it with its GPU."""
+        return self._fault(node, kind="instance-fault", gpu=gpu, instance=instance, code=code)
+
     def devices(self, node: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/nodes/{node}")
 

@@ -21,6 +21,7 @@ from devheal.lab.nodesim.kubelet import Kubelet
 from devheal.lab.nodesim.nodes import NOT_READY_LABEL, node_name
 from devheal.lab.nodesim.nodestatus import NodeStatus
 from devheal.lab.nodesim.store import NodeStore
+from devheal.lab.sharing import SHARING_FAULTS, sharing_fault
 
 FAULT_KINDS = ("xid", "degrade", "recover", "plugin-restart", "node-notready", "node-ready")
 
@@ -76,8 +77,10 @@ class FaultAPI:
             await self.client.patch(
                 api_path("v1", "nodes", name=node), {"metadata": {"labels": {NOT_READY_LABEL: value}}}
             )
+        elif kind in SHARING_FAULTS:  # time-slicing / MIG reconfiguration, a MIG instance's fault
+            changed |= sharing_fault(nd, str(kind), body)
         else:
-            raise ValueError(f"unknown fault kind {kind!r}; expected one of {', '.join(FAULT_KINDS)}")
+            raise ValueError(f"unknown fault kind {kind!r}; expected one of {', '.join(FAULT_KINDS + SHARING_FAULTS)}")
         self.store.schedule_save()
         await self.node_status.reconcile(node)
         if nd.plugin_down_until > now:

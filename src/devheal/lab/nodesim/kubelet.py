@@ -283,7 +283,11 @@ class Kubelet:
     async def republish_holders(self, node: str, device_ids: set[str]) -> None:
         """Rewrite the status of pods holding these devices (their health changed)."""
         nd = self.store.nodes[node]
-        for uid in {d.holder.uid for d in nd.devices if d.holder is not None and d.uuid in device_ids}:
+        holders = {d.holder.uid for d in nd.devices if d.holder is not None and d.uuid in device_ids}
+        if nd.sharing is not None:  # pods on a replica or MIG instance of a changed GPU
+            changed = {d.index for d in nd.devices if d.uuid in device_ids}
+            holders |= {h.uid for (i, _), h in nd.sharing.holders.items() if i in changed}
+        for uid in holders:
             record = self.running.get(uid)
             if record is None:
                 continue

@@ -33,6 +33,8 @@ class NodeStatus:
     client: KubeClient
     store: NodeStore
     queue: WorkQueue = field(default_factory=WorkQueue)
+    advertised: dict[str, set[str]] = field(default_factory=dict)
+    """Node -> the GPU resources it has advertised (so a reconfigured node drops the old one)."""
 
     async def register(self, gpus: int, model: str) -> None:
         """Create the Node of every simulated node (kept if it exists) and publish its status (and, on a DRA
@@ -58,13 +60,18 @@ class NodeStatus:
     async def reconcile(self, name: str) -> float | None:
         nd = self.store.nodes[name]
         now = time.time()
+        # The device plugin's resource: nvidia.com/gpu, or a MIG profile's (``devheal.lab.sharing``); one it
+        # advertised before a reconfiguration is removed (null in the merge patch).
+        resource = nd.sharing.resource if nd.sharing is not None else GPU_RESOURCE
+        self.advertised.setdefault(name, set()).add(resource)
+        gone: Obj = {r: None for r in self.advertised[name] if r != resource}
         # A DRA node's GPUs are in its ResourceSlice (``dra``), not in its capacity.
         status: Obj = (
             {}
             if name in self.store.dra
             else {
-                "capacity": {GPU_RESOURCE: str(nd.capacity(now))},
-                "allocatable": {GPU_RESOURCE: str(nd.allocatable_count(now))},
+                "capacity": {**gone, resource: str(nd.capacity(now))},
+                "allocatable": {**gone, resource: str(nd.allocatable_count(now))},
             }
         )
         images = self.store.images.get(name)

@@ -47,7 +47,17 @@ class NodePodResources:
             if dev.holder is not None and not dev.holder.claim:
                 pod = grouped.setdefault((dev.holder.namespace, dev.holder.pod), {})
                 pod.setdefault(dev.holder.container, []).append(dev.uuid)
+        sharing = self.devices.sharing
+        if sharing is not None:
+            for (index, n), holder in sorted(sharing.holders.items()):
+                pod = grouped.setdefault((holder.namespace, holder.pod), {})
+                pod.setdefault(holder.container, []).append(sharing.slot_id(self.devices.devices[index].uuid, n))
         return grouped
+
+    @property
+    def _resource(self) -> str:
+        """The device plugin's resource: ``nvidia.com/gpu``, or a MIG profile's on a MIG node."""
+        return self.devices.sharing.resource if self.devices.sharing is not None else GPU_RESOURCE
 
     def _dynamic(self) -> dict[tuple[str, str, str], tuple[DynamicResource, ...]]:
         """DRA: (namespace, pod, container) -> its claims' devices, as kubelet's DRA manager reports them."""
@@ -77,7 +87,7 @@ class NodePodResources:
             containers=tuple(
                 ContainerResources(
                     name=cname,
-                    devices=(ContainerDevices(GPU_RESOURCE, tuple(ids)),) if ids else (),
+                    devices=(ContainerDevices(self._resource, tuple(ids)),) if ids else (),
                     dynamic=dynamic.get((namespace, name, cname), ()),
                 )
                 for cname, ids in containers.items()
@@ -96,7 +106,15 @@ class NodePodResources:
         if self.node in self.dra_nodes:
             return []  # a DRA node's devices are in its ResourceSlice, not the device plugin's
         ids = tuple(d.uuid for d in nd.devices if d.allocatable)
-        return [ContainerDevices(GPU_RESOURCE, ids)] if ids else []
+        if nd.sharing is not None:
+            sharing = nd.sharing
+            ids = tuple(
+                sharing.slot_id(d.uuid, n)
+                for d in nd.devices
+                for n in range(sharing.replicas)
+                if sharing.usable(nd, d.index, n)
+            )
+        return [ContainerDevices(self._resource, ids)] if ids else []
 
     def get_pod(self, namespace: str, name: str) -> PodResources | None:
         containers = self._pods().get((namespace, name))

@@ -106,7 +106,7 @@ class PodView:
         devices_in_status = []
         for cs in status.get("containerStatuses") or []:
             for entry in cs.get("allocatedResourcesStatus") or []:
-                if entry.get("name") == GPU_RESOURCE:
+                if entry.get("name") == GPU_RESOURCE or str(entry.get("name")).startswith("nvidia.com/mig-"):
                     for res in entry.get("resources") or []:
                         devices_in_status.append((str(cs.get("name")), str(res.get("resourceID"))))
         container_claims = tuple(

@@ -33,6 +33,10 @@ def host_ip(node_index: int) -> str:
 
 def resource_health(nd: NodeDevices, device_id: str) -> Obj:
     """One ``allocatedResourcesStatus`` resource: the device's health as kubelet reports it."""
+    if nd.sharing is not None and nd.sharing.slot(nd, device_id) is not None:
+        # A time-slicing replica or MIG instance: its GPU's health, or its own instance fault.
+        health, message = nd.sharing.health(nd, device_id)
+        return {"resourceID": device_id, "health": health} | ({"message": message} if message else {})
     dev = nd.by_uuid(device_id)
     entry: Obj = {"resourceID": device_id, "health": devmod.kubelet_health(dev)}
     if dev is not None and dev.health is devmod.Health.UNHEALTHY and dev.reason:
@@ -98,7 +102,8 @@ def container_status(
     held = nd.held_by(pod.uid, name)
     allocated = claim_statuses(pod, nd, claimed, name)
     if held:
-        allocated.append({"name": GPU_RESOURCE, "resources": [resource_health(nd, device_id) for device_id in held]})
+        resource = nd.sharing.resource if nd.sharing is not None else GPU_RESOURCE
+        allocated.append({"name": resource, "resources": [resource_health(nd, device_id) for device_id in held]})
     if allocated:
         status["allocatedResourcesStatus"] = allocated
     return status
