@@ -27,7 +27,7 @@ from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import Reflector
 from devheal.kube.supervision import Supervisor
 from devheal.model.api import GROUP_VERSION
-from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod
+from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod, WorkloadClass
 from devheal.model.gpu_resources import DEFAULT as DEFAULT_GPUS
 from devheal.model.gpu_resources import GpuResources
 from devheal.model.plan import InFlight
@@ -48,6 +48,8 @@ class ClusterCache:
         self.pod_by_device: dict[tuple[str, str], str] = {}
         self.signalled: set[str] = set()
         """Keys of the pods detection has to look at (``Pod.signalled``): a round walks these, not every pod."""
+        self.gangs: dict[str, set[str]] = {}
+        """Per gang (workload key), its active members' keys: step-time judging walks these, not every pod."""
         self.policy_errors: dict[str, str] = {}
         self.nodes: Reflector[Node] = Reflector(
             client, api_path("v1", "nodes"), functools.partial(project_node, gpu=gpu), [self._on_node]
@@ -93,6 +95,14 @@ class ClusterCache:
         self.changed.set()
 
     def _on_pod(self, key: str, old: Pod | None, new: Pod | None) -> None:
+        if old is not None and old.workload.cls is WorkloadClass.GANG:
+            members = self.gangs.get(old.workload.key)
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del self.gangs[old.workload.key]
+        if new is not None and new.active and new.workload.cls is WorkloadClass.GANG:
+            self.gangs.setdefault(new.workload.key, set()).add(key)
         if new is not None and new.signalled:
             self.signalled.add(key)
         else:
@@ -119,6 +129,7 @@ class ClusterCache:
             pods_by_node={n: frozenset(keys) for n, keys in self.pods_by_node.items() if keys},
             pod_by_device=self.pod_by_device,
             signalled=frozenset(self.signalled),
+            gangs=self.gangs,
             dra_devices=self.dra.devices if self.dra is not None else {},
             quarantined=self.dra.quarantined if self.dra is not None else {},
         )

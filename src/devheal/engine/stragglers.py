@@ -33,8 +33,10 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from devheal.engine.degradation import has_degraded_taint
 from devheal.engine.findings import policy_for_pod
 from devheal.model.cluster import ClusterView, Pod, WorkloadClass
+from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.steps import StepReport
@@ -69,15 +71,20 @@ def outlier_bound(medians: Sequence[float], rules: StragglerRules, pooled: Seque
 
 
 def gangs(view: ClusterView) -> dict[str, list[Pod]]:
-    """Active gang members by gang (workload key), for gangs where at least one member publishes step times."""
-    reporting = {p.workload.key for p in view.pods.values() if p.steps is not None and p.active}
-    out: dict[str, list[Pod]] = {}
-    for pod in view.pods.values():
-        if pod.active and pod.workload.key in reporting and pod.workload.cls is WorkloadClass.GANG:
-            out.setdefault(pod.workload.key, []).append(pod)
-    for members in out.values():
-        members.sort(key=lambda p: p.key)
-    return out
+    """Active gang members by gang (workload key), for gangs where at least one member publishes step times.
+    From the cache's gang index when the view has one, else one pass over every pod."""
+    members: dict[str, list[Pod]] = {}
+    if view.gangs is not None:
+        for key, keys in view.gangs.items():
+            pods = [view.pods[k] for k in keys if k in view.pods]
+            if any(p.steps is not None for p in pods):
+                members[key] = [p for p in pods if p.active]
+    else:
+        for pod in view.pods.values():
+            if pod.workload.cls is WorkloadClass.GANG and pod.active:
+                members.setdefault(pod.workload.key, []).append(pod)
+        members = {k: pods for k, pods in members.items() if any(p.steps is not None for p in pods)}
+    return {key: sorted(members[key], key=lambda p: p.key) for key in sorted(members)}
 
 
 @dataclass(slots=True)
@@ -271,6 +278,32 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
     )
 
 
+def steer_away(finding: Finding, view: ClusterView, policy: Policy) -> Action | None:
+    """A straggler to replace: devheal's degraded taint (``TaintDegraded``, ``PreferNoSchedule``) on its node, so the
+    scheduler sends the replacement elsewhere; lifted as a degraded node's is (``engine.degradation``: once its
+    agent reports it clean for ``degradation.leaveAfter``). None where the node already has the taint."""
+    node = view.nodes.get(finding.node)
+    if finding.kind is not FindingKind.STRAGGLER or node is None or not policy.stragglers.replaces:
+        return None
+    if (
+        DEGRADED_MARK in node.owned
+        or has_degraded_taint(node, "PreferNoSchedule")
+        or has_degraded_taint(node, "NoSchedule")
+    ):
+        return None
+    return Action(
+        kind=ActionKind.TAINT_DEGRADED,
+        target_kind=TargetKind.NODE,
+        target=node.name,
+        node=node.name,
+        finding=finding,
+        policy=policy.name,
+        target_uid=node.uid,
+        epoch=node.lifts,
+        reason=f"slow rank {finding.pod} on this node: keep its replacement and new pods away (PreferNoSchedule)",
+    )
+
+
 def step_actions(
     findings: Iterable[Finding], view: ClusterView, policies: Sequence[Policy], epochs: dict[str, int]
 ) -> list[tuple[Action, Policy]]:
@@ -282,6 +315,11 @@ def step_actions(
             continue
         pod = view.pods.get(f.pod)
         action = step_action(f, view, policies, epochs.get(pod.workload.key, 0) if pod is not None else 0)
-        if action is not None:
-            out.append((action, by_name[action.policy]))
+        if action is None:
+            continue
+        policy = by_name[action.policy]
+        taint = steer_away(f, view, policy)
+        if taint is not None:  # first: the node is tainted before the rank's replacement is scheduled
+            out.append((taint, policy))
+        out.append((action, policy))
     return out

@@ -6,7 +6,7 @@ and keeps them in a ``ClusterView``; findings and the engine read only these.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -252,6 +252,9 @@ class ClusterView:
     signalled: frozenset[str] | None = None
     """Keys of the pods with a signal to judge (``Pod.signalled``), kept by the cache as pods change, so a
     round need not walk every pod; None: every pod is looked at."""
+    gangs: Mapping[str, Collection[str]] | None = None
+    """Per gang (workload key), the keys of its active members, kept by the cache as pods change, so step-time
+    judging (``devheal.engine.stragglers``) walks gangs, not every pod; None: every pod is looked at."""
     dra_devices: Mapping[str, SliceDevice] = field(default_factory=dict)
     """DRA devices as their drivers publish them in ResourceSlices, by ``driver/pool/device`` (``devheal.model.dra``);
     empty when the controller does not watch ResourceSlices."""

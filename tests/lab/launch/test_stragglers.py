@@ -4,7 +4,8 @@ The whole path: ``faults.degrade`` slows the pod holding the GPU (the trainer re
 simulator's device state), the rank's launcher publishes its step times on its pod
 (``devheal.io/steps``), the controller's cache reads them, the round finds the rank a
 ``Straggler`` and, with ``stragglers.action: ReplaceNow``, restarts the gang in place
-replacing that rank, whose Job recreates it.
+replacing that rank, whose Job recreates it, away from the node devheal tainted
+``devheal.io/device-degraded:PreferNoSchedule``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from devheal.kube.informer import get_path
 from devheal.lab.cluster import Lab
 from devheal.lab.slowdown import DEVICES_ENV, POD_ENV
 from devheal.lab.workloads import gpu_job, pod_devices, pods_of, wait_until
+from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
 from devheal.model.steps import STEPS_ANNOTATION, parse_step_report
 from tests.lab.conftest import RecordingFaults
 from tests.lab.controller.conftest import ControllerHarness
@@ -83,13 +85,13 @@ async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
         index = await asyncio.to_thread(faults.gpu_index, node, pod_devices(slow)[0].device_id)
         await asyncio.to_thread(faults.degrade, node, index, 2.0)
 
-        records = await harness.wait_remediation(
-            lambda rs: any(r["spec"]["finding"]["kind"] == "Straggler" for r in rs),
-            "a Straggler remediation",
-            timeout=60,
-        )
-        (record,) = [r for r in records if r["spec"]["finding"]["kind"] == "Straggler"]
-        assert record["spec"]["action"] == "RestartGang", json.dumps(record)
+        def restarts(rs: list[dict]) -> list[dict]:
+            wanted = ("Straggler", "RestartGang")
+            return [r for r in rs if (r["spec"]["finding"]["kind"], r["spec"]["action"]) == wanted]
+
+        records = await harness.wait_remediation(lambda rs: bool(restarts(rs)), "a Straggler RestartGang", timeout=60)
+        (record,) = restarts(records)
+        assert record["spec"]["target"]["kind"] == "Gang", json.dumps(record)
         assert slow["metadata"]["name"] in record["spec"]["finding"]["evidence"]
         after = await wait_until(
             ranks,
@@ -99,6 +101,19 @@ async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
         )
         for rank in ("0", "1", "3"):
             assert after[rank]["metadata"]["uid"] == before[rank]["metadata"]["uid"], f"rank {rank} was recreated"
+        # Its node is steered away from (PreferNoSchedule), so the replacement went elsewhere.
+        taints = (await kube.get(api_path("v1", "nodes", name=node)))["spec"].get("taints") or []
+        assert {"key": DEGRADED_TAINT_KEY, "value": "true", "effect": "PreferNoSchedule"} in taints, taints
+        replacement = await wait_until(
+            ranks, lambda r: bool(r.get("2", {}).get("spec", {}).get("nodeName")), timeout=30, what="placed"
+        )
+        assert replacement["2"]["spec"]["nodeName"] != node
     finally:
         gang.stop_all()
         await harness.cleanup()
+        if "node" in locals():
+            obj = await kube.get(api_path("v1", "nodes", name=node))
+            taints = obj["spec"].get("taints") or []
+            if any(t["key"] == DEGRADED_TAINT_KEY for t in taints):
+                obj["spec"]["taints"] = [t for t in taints if t["key"] != DEGRADED_TAINT_KEY]
+                await kube.replace(api_path("v1", "nodes", name=node), obj)

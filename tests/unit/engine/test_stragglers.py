@@ -8,8 +8,9 @@ import pytest
 
 from devheal.engine.decide import decide
 from devheal.engine.rounds import DecisionRound
-from devheal.engine.stragglers import StragglerTracker, _Streak, outlier_bound, stall
+from devheal.engine.stragglers import StragglerTracker, _Streak, gangs, outlier_bound, stall
 from devheal.model.cluster import ClusterView, Pod
+from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.steps import StepReport
@@ -175,10 +176,10 @@ class RecordingHost:
         return []
 
 
-def test_replace_now_restarts_the_gang_replacing_the_slow_rank() -> None:
+def test_replace_now_restarts_the_gang_replacing_the_slow_rank_and_steers_new_pods_off_its_node() -> None:
     stream = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7)
     started, _ = decided(stream, [straggler_policy(action="ReplaceNow")], 40)
-    (action,) = started
+    taint, action = started  # the node first, so the replacement is scheduled elsewhere
     assert (action.kind, action.target_kind, action.target) == (
         ActionKind.RESTART_GANG,
         TargetKind.GANG,
@@ -187,15 +188,31 @@ def test_replace_now_restarts_the_gang_replacing_the_slow_rank() -> None:
     assert action.finding.kind is FindingKind.STRAGGLER and action.finding.pod_uid == "uid-llm-3"
     assert action.cause == "uid-llm-3"
     assert "replace rank train/llm-3" in action.reason
+    assert (taint.kind, taint.target_kind, taint.target) == (ActionKind.TAINT_DEGRADED, TargetKind.NODE, "gpu-003")
+    assert "PreferNoSchedule" in taint.reason
 
 
 def test_replace_at_restart_and_notify_only_record_the_rank() -> None:
     for mode in ("ReplaceAtRestart", "Notify"):
         stream = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7)
         started, _ = decided(stream, [straggler_policy(action=mode)], 40)
-        (action,) = started  # once, not once per round
+        action = started[-1]  # once, not once per round
         assert (action.kind, action.target, action.target_uid) == (ActionKind.NOTIFY, "train/llm-3", "uid-llm-3")
         assert ("next restart" in action.reason) == (mode == "ReplaceAtRestart")
+        # A rank to replace later: its node is steered away from now; a rank only reported: nothing more.
+        assert [a.kind for a in started[:-1]] == ([ActionKind.TAINT_DEGRADED] if mode == "ReplaceAtRestart" else [])
+
+
+def test_a_node_devheal_already_tainted_degraded_is_not_tainted_again() -> None:
+    stream = GangStream(ranks=8, slowdown={3: 1.3}, noise=0.0)
+    view = list(stream.views(10))[-1]
+    policies = [straggler_policy(action="ReplaceNow")]
+    findings = StragglerTracker(streaks={"uid-llm-3": _Streak(stream.step, 3, stream.now)}).observe(
+        view, policies, stream.now
+    )
+    marked = replace(view.nodes["gpu-003"], owned=frozenset({DEGRADED_MARK}))
+    plan = decide(replace(view, nodes={**view.nodes, "gpu-003": marked}), findings, policies, [], stream.now)
+    assert [a.kind for a in plan.actions] == [ActionKind.RESTART_GANG]
 
 
 def test_the_restart_is_within_the_gang_budget() -> None:
@@ -272,3 +289,17 @@ def test_a_stalled_gang_restarts_in_place_replacing_the_rank_behind() -> None:
     assert (action.kind, action.target, action.cause) == (ActionKind.RESTART_GANG, "train/JobSet/llm", "uid-llm-0")
     notify = decide(view, findings, [straggler_policy(stall={"action": "Notify"})], [], t + 50)
     assert [a.kind for a in notify.actions] == [ActionKind.NOTIFY]
+
+
+def test_the_caches_gang_index_gives_the_same_gangs_as_a_walk_over_every_pod() -> None:
+    stream = GangStream(ranks=4, noise=0.0)
+    view = list(stream.views(1))[-1]
+    other = GangStream(ranks=3, noise=0.0, name="quiet")  # a gang whose launchers publish nothing
+    quiet = {k: replace(p, steps=None) for k, p in next(iter(other.views(1))).pods.items()}
+    pods = {**view.pods, **quiet}
+    index: dict[str, set[str]] = {}
+    for p in pods.values():
+        index.setdefault(p.workload.key, set()).add(p.key)
+    walked = gangs(replace(view, pods=pods))
+    assert list(walked) == ["train/JobSet/llm"] and len(walked["train/JobSet/llm"]) == 4
+    assert gangs(replace(view, pods=pods, gangs=index)) == walked

@@ -57,3 +57,18 @@ async def test_a_bad_report_is_ignored_with_one_warning(
     assert warnings == [
         f"pod ml/rank-0: annotation {STEPS_ANNOTATION} ignored: p50: expected a number within 0..86400, got -1"
     ]
+
+
+async def test_the_cache_keeps_each_gangs_active_members(api: MemApi, kube: KubeClient) -> None:
+    for name in ("rank-0", "rank-1"):
+        pod = gpu_pod(name, "n1", (f"GPU-{name}",))
+        pod["metadata"]["labels"] = {"devheal.io/gang": "llm"}
+        api.create(PODS, pod)
+    api.create(PODS, gpu_pod("serving", "n2", ("GPU-9",)))  # no gang
+    async with synced(ClusterCache(kube, clock=unix_clock)) as cache:
+        (key,) = cache.view().gangs or {}
+        assert set((cache.view().gangs or {})[key]) == {"ml/rank-0", "ml/rank-1"}
+        api.patch(f"{PODS}/rank-1/status", {"status": {"phase": "Failed"}})
+        await until(lambda: set((cache.view().gangs or {}).get(key, ())) == {"ml/rank-0"}, "a finished rank leaves")
+        api.delete(f"{PODS}/rank-0")
+        await until(lambda: not cache.view().gangs, "the gang's last member gone")
