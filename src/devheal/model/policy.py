@@ -362,9 +362,15 @@ DEFAULT_POLICY = Policy(name="devheal-default", dry_run=True)
 """Used when no RemediationPolicy exists: it selects everything but only observes (dry-run records of what
 devheal would do; no eviction, taint or cordon), so installing devheal changes nothing until a policy says so."""
 
-RECOMMENDED_POLICY = Policy(name="devheal-recommended")
+RECOMMENDED_POLICY = Policy(
+    name="devheal-recommended",
+    actions={**DEFAULT_ACTIONS, WorkloadClass.GANG: ActionKind.RESTART_GANG},
+    budgets=Budgets(gang_restarts_per_hour=10),
+)
 """What we recommend a cluster installs (``deploy/examples/recommended-policy.yaml``, which adds a selector),
-and what the simulator runs as devheal: the documented defaults above."""
+and what the simulator runs as devheal: the documented defaults, except that a gang restarts in place
+(``RestartGang``: only the broken rank's pod is replaced; ranks run under ``devheal launch``) up to 10 times an
+hour (a 16,000-GPU gang fails several times a day, and failures come in bursts)."""
 
 
 # ---- parsing ---------------------------------------------------------------------------------

@@ -30,10 +30,12 @@ import math
 from collections import Counter, deque
 from collections.abc import Container, Iterator, Sequence
 from dataclasses import replace
+from itertools import islice
 from typing import Any
 
 from devheal.engine.decide import Overdue, lift_hold_down
 from devheal.engine.rounds import DecisionRound, Pacing
+from devheal.engine.stragglers import STEP_FINDINGS
 from devheal.engine.workloads import classify
 from devheal.model.cluster import (
     GPU_RESOURCE,
@@ -52,13 +54,18 @@ from devheal.model.cluster import (
 )
 from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan, TargetKind
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
+from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY
+from devheal.model.steps import StepReport
 from devheal.simulate.events import Event, EventKind
 from devheal.simulate.failures import Signal
 from devheal.simulate.fleet import NodeState, Unit, UnitKind, node_name
-from devheal.simulate.simulation import Simulation, Strategy
+from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Simulation, Strategy
+from devheal.simulate.step_reports import step_report
 
 RETRY_FIRST_S = 60.0
 RETRY_MAX_S = 3600.0
+STEP_SAMPLE = 5
+"""Ordinary ranks in a step round beyond twice the outstanding ones (see ``_step_members``)."""
 SLACK_S = 1e-3
 """Rounds scheduled for a policy duration run just after it, so ``now - since >= duration`` holds."""
 TEMPLATE_HASH = "7c9d8f"
@@ -98,8 +105,13 @@ class EngineStrategy(Strategy):
         self.scheduled: set[float] = set()
         self.retry_s = RETRY_FIRST_S
         self.watched: list[int] = []
+        self.degraded_effect: dict[int, str] = {}
+        """Per node devheal marked degraded, the effect of its taint."""
         self.lifts: dict[int, int] = {}
         """Per node, how many times devheal lifted its marks (the controller keeps it on the node)."""
+        self.step_until: dict[int, float] = {}
+        """Gangs whose ranks' step reports the rounds judge, until when (stall limits, straggler windows)."""
+        self.stepping: frozenset[int] = frozenset()
         self.gang_restarts: dict[str, int] = {}
         """Gang-wide RestartGang records in progress -> the unit restarting."""
         self.rounds = 0
@@ -122,6 +134,46 @@ class EngineStrategy(Strategy):
     def on_signal(self, event: Event) -> None:
         self.scheduled.discard(event.time)
         self.decision_round()
+
+    def on_unit_stopped(self, unit: Unit, fault: int) -> None:
+        """A gang stopped mid-run: its ranks' step reports stop advancing; the round after the stall limit
+        judges them (the whole gang in view, as the controller's cache holds every rank)."""
+        if unit.kind is not UnitKind.GANG:
+            return
+        limit = self.policy.stragglers.stall.limit(self.sim.costs.step_s)
+        self._judge_steps(unit, [self.sim.now + limit + SLACK_S])
+
+    def on_unit_running(self, unit: Unit) -> None:
+        """A gang with a slow rank runs again: rounds at each step report until the outlier is judged."""
+        if unit.kind is not UnitKind.GANG or not self._has_slow(unit):
+            return
+        costs = self.sim.costs
+        rules = self.policy.stragglers
+        # Enough reports for a full window of samples, then the sustained run of outlier reports.
+        steps_per_report = max(1, math.floor(costs.steps_publish_s / costs.step_s))
+        reports = math.ceil(rules.min_samples / steps_per_report) + rules.sustained_reports + 1
+        self._judge_steps(unit, [self.sim.now + k * costs.steps_publish_s + SLACK_S for k in range(1, reports + 1)])
+
+    def _has_slow(self, unit: Unit) -> bool:
+        return any(n in unit.members for n in self.sim.slow_nodes)
+
+    def _step_members(self, unit: Unit) -> list[int]:
+        """The gang's ranks a step round looks at: every rank whose report stands out (the one on the node
+        that stopped the gang, those on slow nodes) and enough of the others, whose reports are all alike,
+        that the gang's median and MAD of step times, and its latest step, are the whole gang's."""
+        members = unit.members
+        odd = {n for n in (*self.sim.slow_nodes, *self.watch) if n in members}
+        if unit.culprit is not None and unit.culprit in members:
+            odd.add(unit.culprit)
+        alike = 2 * len(odd) + STEP_SAMPLE
+        ordinary = list(islice((n for n in members if n not in odd), alike))
+        return sorted(odd) + ordinary
+
+    def _judge_steps(self, unit: Unit, rounds: list[float]) -> None:
+        until = max(rounds)
+        self.step_until[unit.uid] = max(self.step_until.get(unit.uid, 0.0), until)
+        for when in rounds:
+            self._schedule(when)
 
     def engine_stats(self) -> dict[str, Any]:
         return {
@@ -181,13 +233,19 @@ class EngineStrategy(Strategy):
             labels={},
             ready=not (state.down or state.repairing),
             unschedulable="cordon" in state.marks,
-            taints=(Taint(OWNED_TAINT_KEY, "true", "NoSchedule"),) if "taint" in state.marks else (),
+            taints=self._taints(n, state),
             gpu_capacity=gpus,
             gpu_allocatable=gpus - len(failed),
             owned=frozenset(state.marks),
             gap_since=gap_since,
             lifts=self.lifts.get(n, 0),
         )
+
+    def _taints(self, n: int, state: NodeState) -> tuple[Taint, ...]:
+        taints = [Taint(OWNED_TAINT_KEY, "true", "NoSchedule")] if "taint" in state.marks else []
+        if DEGRADED_MARK in state.marks:
+            taints.append(Taint(DEGRADED_TAINT_KEY, "true", self.degraded_effect.get(n, "PreferNoSchedule")))
+        return tuple(taints)
 
     def _plain_node(self, n: int) -> Node:
         """A node without faults, marks, repair or outage always looks the same: build it once."""
@@ -199,7 +257,14 @@ class EngineStrategy(Strategy):
             node = self.plain[n] = self._node(n)
         return node
 
-    def _pod(self, n: int) -> Pod | None:
+    def _steps(self, n: int, unit: Unit | None) -> StepReport | None:
+        """The rank's step report when its gang's step times are judged this round (else none: see ``stepping``)."""
+        if unit is None or unit.uid not in self.stepping:
+            return None
+        costs = self.sim.costs
+        return step_report(unit, n, self.sim.nodes[n].slow, costs.step_s, costs.steps_publish_s, self.sim.now)
+
+    def _pod(self, n: int, steps: StepReport | None = None) -> Pod | None:
         unit = self.sim.unit_of(n)
         if unit is None:
             return None
@@ -229,6 +294,7 @@ class EngineStrategy(Strategy):
             devices=devices,
             containers=(ContainerState("main"),),
             gpu_request=unit.gpus_per_node,
+            steps=steps,
         )
 
     def _report(self, n: int, pod: Pod | None) -> NodeDevicesReport | None:
@@ -269,12 +335,21 @@ class EngineStrategy(Strategy):
         costs = self.sim.costs
         slowest = max(costs.agent_detect_s, costs.pod_status_detect_s, costs.device_plugin_detect_s)
         settled = all(self.sim.now >= self.sim.faults[i].time + slowest for i in state.faults)
-        key = (tuple(state.faults), tuple(sorted(state.marks)), state.repairing, state.down, pod_uid, self.lifts.get(n))
+        steps = self._steps(n, unit)
+        key = (
+            tuple(state.faults),
+            tuple(sorted(state.marks)),
+            state.repairing,
+            state.down,
+            pod_uid,
+            self.lifts.get(n),
+            steps,
+        )
         cached = self.cache.get(n)
         if settled and cached is not None and cached[0] == key:
             return cached[1]
         node = self._node(n)
-        pod = self._pod(n)
+        pod = self._pod(n, steps)
         records = (node, pod, self._report(n, pod))
         if settled:
             self.cache[n] = (key, records)
@@ -369,7 +444,15 @@ class EngineStrategy(Strategy):
     # ---- one round ----------------------------------------------------------------------------
 
     def decision_round(self) -> Plan:
-        self.watched = sorted(self.watch)
+        now = self.sim.now
+        for uid in [u for u, until in self.step_until.items() if until < now]:
+            del self.step_until[uid]
+        # A gang with a slow rank stays in view: the round keeps judging it, as the controller's would, so a
+        # restart for any cause can replace the ranks found straggling (ReplaceAtRestart).
+        slow = {u.uid for u in self.sim.units if u.kind is UnitKind.GANG and self._has_slow(u)}
+        self.stepping = frozenset(self.step_until) | slow
+        members = {n for uid in self.stepping for n in self._step_members(self.sim.units[uid])}
+        self.watched = sorted(self.watch | members)
         view = self._view(self.watched)
         result = self.round.run(self, view, self.policies, self.sim.now)
         self.rounds += 1
@@ -429,7 +512,13 @@ class EngineStrategy(Strategy):
             # The broken rank's pod is replaced; the other ranks restart in place. A gang-wide record
             # (target kind Gang) stays in progress until the gang runs again; ranks failing meanwhile join it.
             unit = sim.unit_of(n)
-            self._release_pod(n, action.finding.pod, action.finding.pod_uid, recreate=False)
+            slow = action.finding.kind is FindingKind.STRAGGLER
+            cause = STRAGGLER_SWAP_CAUSE if slow else ""
+            self._release_pod(n, action.finding.pod, action.finding.pod_uid, recreate=False, cause=cause)
+            if unit is not None:
+                self._replace_stragglers(unit)
+            if unit is not None and action.finding.kind in STEP_FINDINGS:
+                sim.restart_in_place(unit)  # a stalled run restarts now, whether or not a rank was replaced
             if action.target_kind is TargetKind.GANG and unit is not None:
                 phase = Phase.IN_PROGRESS
                 self.gang_restarts[action.name] = unit.uid
@@ -442,8 +531,18 @@ class EngineStrategy(Strategy):
         elif action.kind is ActionKind.CORDON:
             state.marks.add("cordon")
             sim.take_from_pool(n)
+        elif action.kind in (ActionKind.TAINT_DEGRADED, ActionKind.FENCE_DEGRADED):
+            # PreferNoSchedule or NoSchedule: either way the scheduler finds another node for new pods here.
+            state.marks.add(DEGRADED_MARK)
+            self.degraded_effect[n] = "NoSchedule" if action.kind is ActionKind.FENCE_DEGRADED else "PreferNoSchedule"
+            self.watch.add(n)
+            sim.take_from_pool(n)
+        elif action.kind is ActionKind.LIFT_DEGRADED:
+            state.marks.discard(DEGRADED_MARK)
+            self.plain.pop(n, None)
+            sim.node_available(n)
         elif action.kind is ActionKind.LIFT:
-            state.marks.clear()
+            state.marks -= {"taint", "cordon"}  # a degraded mark outlives the failure's lift
             self.lifts[n] = self.lifts.get(n, 0) + 1  # the node's next fault is a new episode
             self.plain.pop(n, None)
             sim.node_available(n)
@@ -456,14 +555,22 @@ class EngineStrategy(Strategy):
         self._store(record)
         self.recent.append((now, record.name))
 
-    def _release_pod(self, n: int, key: str, uid: str, recreate: bool) -> None:
+    def _replace_stragglers(self, unit: Unit) -> None:
+        """The gang restarter also replaces the ranks the round finds straggling (``ReplaceAtRestart``)."""
+        slow = self.round.stragglers.replaceable()
+        if not slow:
+            return
+        for n in [m for m in unit.members if unit.pod_uid(unit.members[m]) in slow]:
+            self.sim.release(n, recreate=False, why="devheal:RestartGang (straggler replaced)")
+
+    def _release_pod(self, n: int, key: str, uid: str, recreate: bool, cause: str = "") -> None:
         """Like the actuators: act only on the pod decided about, never on a replacement."""
         unit = self.sim.unit_of(n)
         if unit is None:
             return
         slot = unit.members[n]
         if f"{unit.namespace}/{unit.pod_name(slot)}" == key and unit.pod_uid(slot) == uid:
-            self.sim.release(n, recreate=recreate, why=None)
+            self.sim.release(n, recreate=recreate, why=None, cause=cause)
 
     def _schedule_next(self, findings: Sequence[Finding], plan: Plan) -> None:
         now = self.sim.now

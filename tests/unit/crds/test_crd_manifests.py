@@ -7,6 +7,7 @@ checks example policies against the schema without a cluster, next to ``parse_po
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import textwrap
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from devheal.kube.crds import CRD_NAMES, CRDNotEstablished, install_crds
 from devheal.model import api
 from devheal.model import policy as policy_module
 from devheal.model.policy import (
+    DEFAULT_POLICY,
     RECOMMENDED_POLICY,
     SELECTOR_REQUIRED,
     PolicyError,
@@ -293,13 +295,16 @@ def test_duration_pattern_agrees_with_parse_duration(path: str, text: str) -> No
     assert by_schema == by_parser, text
 
 
-def test_documented_defaults_pass_the_schema_and_parse_to_the_recommended_policy() -> None:
+def test_documented_defaults_pass_the_schema_and_parse_to_the_built_in_defaults() -> None:
     spec = documented_spec()
     # null in the docs ("no template"): the API server drops a null of a non-nullable field.
     del spec["node"]["template"]
     assert violations(spec, spec_schema("RemediationPolicy")) == []
-    parsed = parse_policy({"metadata": {"name": RECOMMENDED_POLICY.name}, "spec": spec})
-    assert parsed == RECOMMENDED_POLICY
+    parsed = parse_policy({"metadata": {"name": DEFAULT_POLICY.name}, "spec": spec})
+    assert parsed == dataclasses.replace(DEFAULT_POLICY, dry_run=False)
+    # The recommended policy differs only where it says so: gangs restart in place, more often.
+    recommended = dataclasses.replace(RECOMMENDED_POLICY, name=DEFAULT_POLICY.name)
+    assert dataclasses.replace(parsed, actions=recommended.actions, budgets=recommended.budgets) == recommended
 
 
 def test_the_schema_refuses_a_policy_without_a_selector_as_parse_policy_does() -> None:

@@ -29,19 +29,31 @@ def parse(spec: Any = None, name: str = "p", **meta: Any) -> Any:
     return parse_policy(obj)
 
 
-def test_a_spec_of_a_selector_alone_gives_the_recommended_policy_fields() -> None:
+def test_a_spec_of_a_selector_alone_gives_the_documented_defaults() -> None:
     parsed = parse()
+    assert dataclasses.replace(parsed, name=DEFAULT_POLICY.name, dry_run=True) == DEFAULT_POLICY
+    assert parsed.name == "p" and not parsed.dry_run
+
+
+def test_the_recommended_policy_is_the_defaults_with_gangs_restarted_in_place() -> None:
+    parsed = parse({"actions": {"gang": "RestartGang"}, "budgets": {"gangRestartsPerHour": 10}})
     assert dataclasses.replace(parsed, name=RECOMMENDED_POLICY.name) == RECOMMENDED_POLICY
     for f in dataclasses.fields(RECOMMENDED_POLICY):
         if f.name != "name":
             assert getattr(parsed, f.name) == getattr(RECOMMENDED_POLICY, f.name), f.name
-    assert parsed.name == "p"
 
 
 def test_the_built_in_policy_without_a_cluster_policy_only_observes() -> None:
     """No RemediationPolicy: everything is looked at, nothing is acted on (dry-run records only)."""
     assert DEFAULT_POLICY.dry_run and not RECOMMENDED_POLICY.dry_run
-    assert dataclasses.replace(DEFAULT_POLICY, name=RECOMMENDED_POLICY.name, dry_run=False) == RECOMMENDED_POLICY
+    acting = dataclasses.replace(
+        DEFAULT_POLICY,
+        name=RECOMMENDED_POLICY.name,
+        dry_run=False,
+        actions=RECOMMENDED_POLICY.actions,
+        budgets=RECOMMENDED_POLICY.budgets,
+    )
+    assert acting == RECOMMENDED_POLICY
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,8 @@ from .builders import fault, policy, run, small_config
 
 RESTART = 180 + 120
 ONE_GPU_FAULT = [fault(2, node=1, cls="faulty-gpu")]
+STEPS_NOTIFY = {"action": "Notify", "stall": {"action": "Notify"}}
+"""Step-time findings (stragglers, stalled gangs) only notify."""
 
 
 def test_decisions_go_through_the_controllers_decision_round(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,7 +37,7 @@ def test_decisions_go_through_the_controllers_decision_round(monkeypatch: pytest
     # The controller's own round (devheal.engine.rounds), calling the engine's own decide: not copies.
     assert rounds.decide is decide_module.decide
     monkeypatch.setattr(rounds, "decide", spy)
-    strategy = EngineStrategy(RECOMMENDED_POLICY)
+    strategy = EngineStrategy(policy("p"))  # the documented defaults: FailPod for a gang
     result = run(small_config(), ONE_GPU_FAULT, strategy)
     assert isinstance(strategy.round, rounds.DecisionRound)
     kinds = [a.kind for plan in calls for a in plan.actions]
@@ -49,7 +51,8 @@ def test_decisions_go_through_the_controllers_decision_round(monkeypatch: pytest
     [
         ({}, 5 + RESTART, "devheal:FailPod"),  # default: fail the pod, the gang is recreated elsewhere
         ({"actions": {"gang": "RestartGang"}}, 5 + 180 + 20, "devheal:RestartGang"),  # in place
-        ({"actions": {"gang": "Notify"}}, HOUR + RESTART, "devheal:Notify"),  # a person acts
+        # A person acts (the stalled gang is not restarted either).
+        ({"actions": {"gang": "Notify"}, "stragglers": STEPS_NOTIFY}, HOUR + RESTART, "devheal:Notify"),
         ({"dryRun": True}, HOUR + RESTART, "devheal:FailPod (dry-run)"),  # recorded only
         ({"paused": True}, HOUR + RESTART, "devheal:blocked:paused"),
         ({"selector": {"nodeSelector": {"matchLabels": {"pool": "other"}}}}, HOUR + RESTART, None),
@@ -68,10 +71,10 @@ def test_a_policy_changes_goodput_on_the_llama3_preset() -> None:
     config = build_preset("llama3-405b", nodes=512, days=20)
     trace = generate_trace(config.fleet.nodes, 8, config.horizon_s, config.trace, seed=2)
     ettr = {}
-    for name, p in [
-        ("fail", RECOMMENDED_POLICY),
-        ("restart", policy("r", actions={"gang": "RestartGang"})),
-        ("notify", policy("n", actions={"gang": "Notify"})),
+    for name, p in [  # the gang action alone: step-time findings only notify
+        ("fail", policy("f", stragglers=STEPS_NOTIFY)),
+        ("restart", policy("r", actions={"gang": "RestartGang"}, stragglers=STEPS_NOTIFY)),
+        ("notify", policy("n", actions={"gang": "Notify"}, stragglers=STEPS_NOTIFY)),
     ]:
         ettr[name] = Simulation(config, trace, EngineStrategy(p)).run().training_ettr
     baseline = Simulation(config, trace, KubernetesDefault()).run().training_ettr
@@ -190,8 +193,9 @@ def test_small_views_decide_exactly_as_the_whole_fleet_would(p: Policy) -> None:
     assert strategy.mismatches == 0
 
 
-def test_pod_watcher_and_devheal_default_agree_on_a_single_gpu_fault() -> None:
-    # Both take the pod off its failed GPU within seconds; devheal's agent sees the XID 5 s sooner.
+def test_devheal_default_restarts_a_gang_in_place_where_a_pod_watcher_recreates_it() -> None:
+    # Both take the pod off its failed GPU within seconds (devheal's agent sees the XID 5 s sooner); the
+    # recommended policy then restarts the other ranks in place instead of recreating every pod.
     devheal = run(small_config(), ONE_GPU_FAULT, EngineStrategy(RECOMMENDED_POLICY)).recoveries_s
     watcher = run(small_config(), ONE_GPU_FAULT, PodWatcher()).recoveries_s
-    assert watcher[0] - devheal[0] == pytest.approx(5.0)
+    assert watcher[0] - devheal[0] == pytest.approx(5.0 + 120 - 20)

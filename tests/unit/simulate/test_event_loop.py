@@ -168,4 +168,6 @@ def test_fleet_invariants_hold_between_every_event(make: type[Strategy]) -> None
     check_invariants(sim)
     assert queue.checked > 500
     assert result.min_spares == 0  # the pool ran dry: the waiting path was exercised
-    assert result.remediations.get("people:swap-straggler", 0) > 0
+    # Slow ranks were swapped out: by people, or (devheal) found from step times and kept off their nodes.
+    swapped = result.remediations.get("people:swap-straggler", 0) + result.remediations.get("devheal:TaintDegraded", 0)
+    assert swapped > 0

@@ -1,0 +1,127 @@
+"""Where goodput goes and what devheal's engine wins back: losses by cause, stalled gangs found from the
+launchers' step reports, slow ranks replaced, checkpointing presets."""
+
+from __future__ import annotations
+
+import pytest
+
+from devheal.model.policy import RECOMMENDED_POLICY
+from devheal.simulate.config import CHECKPOINTING, ConfigError, build_preset, with_checkpointing
+from devheal.simulate.engine_strategy import EngineStrategy
+from devheal.simulate.fleet import UnitState
+from devheal.simulate.results import demand
+from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Simulation
+from devheal.simulate.step_reports import step_report
+from devheal.simulate.strategies import KubernetesDefault, PodWatcher
+
+from .builders import fault, policy, run, small_config, trace_of
+
+GANG_RESTART = 180.0
+IN_PLACE = 20.0
+RECREATE = 120.0
+STALL = 45.0
+"""The default stall limit (``stragglers.stall.after``; 5 steps of 6 s are less)."""
+
+
+def test_losses_are_booked_to_the_failure_that_stopped_the_gang() -> None:
+    result = run(small_config(), [fault(2, node=1, cls="network"), fault(10, node=2, cls="gpu-hbm3")], PodWatcher())
+    by_cause = result.training_loss_by_cause
+    assert set(by_cause) >= {"network", "gpu-hbm3", "checkpoints"}
+    assert by_cause["network"]["awaiting-remediation"] > by_cause["gpu-hbm3"].get("awaiting-remediation", 0.0)
+    for loss, hours in result.training_loss_gpu_hours.items():  # the split adds up to the totals
+        assert sum(per.get(loss, 0.0) for per in by_cause.values()) == pytest.approx(hours)
+
+
+def test_a_hidden_fault_stalls_the_gang_and_devheal_replaces_the_rank_that_stalled() -> None:
+    faults = [fault(2, node=1, cls="network")]
+    devheal = EngineStrategy(policy("p"))
+    result = run(small_config(), faults, devheal)
+    # Found once no rank reported a step for the stall limit; the rank is replaced, the rest restart in place.
+    assert result.recoveries_s == [pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)]
+    assert result.engine["decisions"] == {"devheal:RestartGang": 1}
+    [record] = devheal.records.values()
+    assert record.resume is not None and record.node == "node-00001"
+    assert record.resume.finding.kind == "GangStalled" and record.resume.finding.pod == "training/train-1"
+    # Without step reports nothing in Kubernetes points at the node: a person finds it.
+    watcher = run(small_config(), faults, PodWatcher())
+    assert watcher.recoveries_s == [pytest.approx(3600 + RECREATE + GANG_RESTART)]
+
+
+def test_a_hung_collective_restarts_in_place_without_replacing_anyone() -> None:
+    config = small_config()
+    strategy = EngineStrategy(policy("p"))
+    sim = Simulation(config, trace_of(config, [fault(2, node=2, cls="nccl-watchdog")]), strategy)
+    result = sim.run()
+    # No rank stalled first: the whole gang restarts in place, long before the NCCL watchdog's 10 minutes.
+    assert result.recoveries_s == [pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)]
+    assert "job:restart" not in result.remediations  # the watchdog's restart found the gang running
+    assert sorted(sim.units[0].members) == [0, 1, 2, 3]  # nobody moved
+
+
+def test_a_slow_rank_is_found_from_step_times_and_replaced() -> None:
+    config = small_config(gang_nodes=8, days=1)
+    slow = {3: 1.3}
+    strategy = EngineStrategy(policy("p", stragglers={"action": "ReplaceNow"}))
+    sim = Simulation(config, trace_of(config, [], slow), strategy)
+    result = sim.run()
+    # Replaced at once, and its node kept off new pods (devheal's PreferNoSchedule degraded taint).
+    assert result.engine["decisions"] == {"devheal:RestartGang": 1, "devheal:TaintDegraded": 1}
+    assert 3 not in sim.units[0].members and "degraded" in sim.nodes[3].marks and not sim.nodes[3].in_pool
+    assert result.training_loss_by_cause[STRAGGLER_SWAP_CAUSE]["restart"] > 0
+    # Slowed for minutes, not the day people take to find it.
+    people = run(config, [], PodWatcher(), slow)
+    assert result.training_loss_gpu_hours["stragglers"] < people.training_loss_gpu_hours["stragglers"] / 50
+
+
+def test_step_reports_name_the_rank_that_stopped_first() -> None:
+    config = small_config()
+    sim = Simulation(config, trace_of(config, [fault(1, node=2, cls="network")]), PodWatcher())
+    sim.run()
+    unit = sim.units[0]
+    unit.state, unit.run_start, unit.stalled_at, unit.culprit = UnitState.DOWN, 0.0, 600.0, 2
+    others = step_report(unit, 1, 1.0, 6.0, 15.0, now=700.0)
+    culprit = step_report(unit, 2, 1.0, 6.0, 15.0, now=700.0)
+    assert others.last == 600.0 and culprit.last == 594.0 and culprit.count == others.count - 1
+    unit.state = UnitState.RESTARTING
+    assert step_report(unit, 1, 1.0, 6.0, 15.0, now=700.0).window == 0  # a new run: nothing to judge yet
+
+
+def test_in_memory_checkpointing_is_a_preset_option() -> None:
+    config = with_checkpointing(build_preset("llama3-405b", nodes=64, days=5), "in-memory")
+    [gang] = config.fleet.gangs
+    best = CHECKPOINTING["in-memory"]
+    assert (gang.checkpoint_interval_s, gang.checkpoint_stall_s, gang.restart_s) == (
+        best.interval_s,
+        best.stall_s,
+        best.restart_s,
+    )
+    with pytest.raises(ConfigError, match="checkpointing: unknown 'hourly'"):
+        with_checkpointing(config, "hourly")
+
+
+def test_inference_loses_the_requests_a_failed_replica_still_takes_and_those_beyond_capacity() -> None:
+    config = small_config(gang_nodes=0, inference=4, spares=0)
+    faults = [fault(12, node=1)]  # noon: demand near its peak (90% of the four replicas)
+    kept = run(config, faults, KubernetesDefault())  # the failed replica answers errors until a person acts
+    watcher = run(config, faults, PodWatcher())  # gone from the endpoints within seconds
+    assert kept.inference_availability is not None and watcher.inference_availability is not None
+    assert kept.inference_availability < watcher.inference_availability < 1.0
+    # With no spare, three replicas serve 75% of the capacity against ~90% of demand until the node is back.
+    hour_share = 3600 / config.horizon_s
+    assert 1.0 - watcher.inference_availability > 0.05 * hour_share
+
+
+def test_demand_follows_the_day() -> None:
+    assert demand(0.0, 0.9, 0.5) == pytest.approx(0.5)
+    assert demand(43200.0, 0.9, 0.5) == pytest.approx(0.9)
+
+
+def test_a_slow_rank_is_replaced_at_the_gangs_next_restart_by_default() -> None:
+    config = small_config(gang_nodes=8, days=1)
+    strategy = EngineStrategy(RECOMMENDED_POLICY)  # stragglers: ReplaceAtRestart
+    sim = Simulation(config, trace_of(config, [fault(2, node=5)], {3: 1.3}), strategy)
+    result = sim.run()
+    assert result.remediations["devheal:RestartGang (straggler replaced)"] == 1
+    assert not {3, 5} & set(sim.units[0].members)
+    # Slow until the restart at 2 h (less checkpoint pauses), not the day people take to find it.
+    assert result.training_loss_gpu_hours["stragglers"] == pytest.approx(2 * 64 * (1 - 1 / 1.3), rel=0.05)
