@@ -5,13 +5,17 @@ simulator's device state), the rank's launcher publishes its step times on its p
 (``devheal.io/steps``), the controller's cache reads them, the round finds the rank a
 ``Straggler`` and, with ``stragglers.action: ReplaceNow``, restarts the gang in place
 replacing that rank, whose Job recreates it, away from the node devheal tainted
-``devheal.io/device-degraded:PreferNoSchedule``.
+``devheal.io/device-degraded:PreferNoSchedule``. And a hung gang (every training process
+stopped) is found from the same reports, and the rank that stalled first replaced.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
@@ -117,3 +121,79 @@ async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
             if any(t["key"] == DEGRADED_TAINT_KEY for t in taints):
                 obj["spec"]["taints"] = [t for t in taints if t["key"] != DEGRADED_TAINT_KEY]
                 await kube.replace(api_path("v1", "nodes", name=node), obj)
+
+
+async def test_a_hung_gang_is_found_within_seconds_and_the_rank_that_stalled_first_replaced(
+    lab: Lab, kube: KubeClient, namespace: str, gang: GangHarness
+) -> None:
+    """Every rank's training process stops (SIGSTOP: a hung collective), rank 2's half a second before the
+    others: its launcher's last published step is the oldest. Within stall.after the controller finds the gang
+    stalled and restarts it in place, replacing rank 2; the others keep their pods."""
+    await install_crds(kube)
+    harness = ControllerHarness(lab, kube, namespace, gang.tmp)
+    try:
+        await harness.policy(
+            {
+                "selector": {"namespaces": [namespace]},
+                "actions": {"gang": "RestartGang"},
+                "stragglers": {"stall": {"after": "5s"}},
+                "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
+            }
+        )
+        await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("hung", ranks=4, indexed=True))
+
+        async def ranks() -> dict[str, dict]:
+            pods = await pods_of(kube, namespace, "app=hung")
+            return {
+                p["metadata"]["labels"][INDEX]: p
+                for p in pods
+                if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+            }
+
+        before = await wait_until(ranks, lambda r: len(r) == 4, timeout=60, what="4 running ranks")
+        launched = {
+            rank: gang.launch(pod["metadata"]["name"], "--gang-label", "job-name", "--steps-publish-interval", "1")
+            for rank, pod in before.items()
+        }
+
+        async def windows() -> list[int]:
+            pods = await pods_of(kube, namespace, "app=hung")
+            found = [parse_step_report(get_path(p, "metadata", "annotations", STEPS_ANNOTATION))[0] for p in pods]
+            return [r.window if r is not None else 0 for r in found]
+
+        await wait_until(windows, lambda w: len(w) == 4 and min(w) >= 10, timeout=60, what="step times published")
+        harness.start()
+        await asyncio.sleep(3)
+        assert [r for r in await harness.remediations() if r["spec"]["finding"]["kind"] == "GangStalled"] == []
+
+        def freeze(rank: str) -> None:
+            os.kill(launched[rank].starts()[-1].pid, signal.SIGSTOP)
+
+        freeze("2")
+        await asyncio.sleep(0.5)
+        for rank in ("0", "1", "3"):
+            freeze(rank)
+
+        def stalls(rs: list[dict]) -> list[dict]:
+            return [r for r in rs if r["spec"]["finding"]["kind"] == "GangStalled"]
+
+        records = await harness.wait_remediation(lambda rs: bool(stalls(rs)), "a GangStalled remediation", timeout=60)
+        (record,) = stalls(records)
+        assert record["spec"]["action"] == "RestartGang", json.dumps(record)
+        first = f"{namespace}/{before['2']['metadata']['name']}"
+        assert f"rank {first} stalled first" in record["spec"]["finding"]["evidence"], record["spec"]["finding"]
+        after = await wait_until(
+            ranks,
+            lambda r: "2" in r and r["2"]["metadata"]["uid"] != before["2"]["metadata"]["uid"],
+            timeout=60,
+            what="the rank that stalled first replaced",
+        )
+        for rank in ("0", "1", "3"):
+            assert after[rank]["metadata"]["uid"] == before[rank]["metadata"]["uid"], f"rank {rank} was recreated"
+    finally:
+        for launched_pod in gang.launched.values():
+            for start in launched_pod.starts():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(start.pid, signal.SIGCONT)
+        gang.stop_all()
+        await harness.cleanup()
