@@ -235,7 +235,9 @@ class GangRestarter:
             "type": DEVICE_FAILED_CONDITION,
             "status": "True",
             "reason": action.finding.kind.value,
-            "message": f"rank of gang {action.target} on a failed device; replaced, the gang restarts in place",
+            "message": f"rank of gang {action.target} "
+            + ("on a failed device" if vacate else "slow, hung or on a degraded GPU")
+            + "; replaced, the gang restarts in place",
         }
         await self.client.patch(
             api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="status"),

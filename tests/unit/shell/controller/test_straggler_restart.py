@@ -48,6 +48,12 @@ async def test_a_straggler_restart_replaces_the_slow_rank_and_leaves_its_node_no
     assert evicted(api) == ["rank-2"]
     assert (generation(api, "rank-0"), generation(api, "rank-1")) == ("1", "1")
     assert acting.gangs.vacancies == [], "the replacement must not be sent back to the slow node"
+    [marked] = [e.obj for e in api.store.log if e.type == "MODIFIED" and e.key[1:] == ("pods", "ml", "rank-2")]
+    (condition,) = marked["status"]["conditions"]
+    assert (condition["reason"], condition["message"]) == (
+        "Straggler",
+        f"rank of gang {GANG.key} slow, hung or on a degraded GPU; replaced, the gang restarts in place",
+    )
 
 
 async def test_a_stall_with_no_rank_behind_restarts_every_rank_in_place_replacing_none(
