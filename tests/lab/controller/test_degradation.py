@@ -134,7 +134,7 @@ async def test_a_degraded_gpu_taints_its_node_moves_inference_and_recovery_lifts
 
         await report(kube, node, device, victim, "Healthy")  # the agent's reasons cleared
         await wait_until(lambda: degraded_taints(kube, node), lambda e: e == [], timeout=30, what="the taint lifted")
-        items = await harness.remediations()
+        items = await harness.wait_remediation(lambda items: records_of(items, "LiftDegraded"), "a LiftDegraded", 30)
         assert len(records_of(items, "LiftDegraded")) == 1 and len(records_of(items, "TaintDegraded")) == 1
     finally:
         await forget(kube, node)
