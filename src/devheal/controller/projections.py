@@ -23,6 +23,7 @@ from devheal.model.cluster import (
     DeviceHealth,
     DeviceStatus,
     Node,
+    NodeCondition,
     NodeDevicesReport,
     OwnerRef,
     Pod,
@@ -272,11 +273,8 @@ def project_node(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Node:
     meta = _obj(obj.get("metadata"), f"{where}: metadata")
     spec = _obj(obj.get("spec"), f"{where}: spec")
     status = _obj(obj.get("status"), f"{where}: status")
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in _list(status.get("conditions"), f"{where}: status.conditions")
-        if isinstance(c, dict)
-    )
+    conditions = [c for c in _list(status.get("conditions"), f"{where}: status.conditions") if isinstance(c, dict)]
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     annotations = _labels(meta.get("annotations"), f"{where}: metadata.annotations")
     owned_text = annotations.get(OWNERSHIP_ANNOTATION) or ""
     capacity = _obj(status.get("capacity"), f"{where}: status.capacity")
@@ -296,6 +294,17 @@ def project_node(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Node:
         owned=frozenset(part.strip() for part in owned_text.split(",") if part.strip()),
         # Read like the pods' restart generations: an unreadable count is 0 (the Lift writes a readable one).
         lifts=parse_generation(annotations.get(LIFTS_ANNOTATION)) or 0,
+        # Problems other tools report (spec.signals): True conditions, without their heartbeats.
+        conditions=tuple(
+            NodeCondition(
+                str(c.get("type")),
+                str(c.get("reason") or "")[:200],
+                str(c.get("message") or "")[:1000],
+                parse_time(c.get("lastTransitionTime")),
+            )
+            for c in conditions
+            if c.get("status") == "True" and c.get("type") != "Ready" and isinstance(c.get("type"), str)
+        ),
     )
 
 

@@ -25,7 +25,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from devheal.engine import dra
+from devheal.engine import dra, node_signals
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.engine.stragglers import STEP_FINDINGS, step_actions
@@ -452,6 +452,7 @@ def decide(
     candidates = _candidate_actions(view, findings, policies, in_flight, now)
     if any(f.kind in DEGRADATION_FINDINGS for f in findings):  # degraded devices, repair, unknown XIDs
         candidates += degradation_actions(view, findings, policies, gang_epochs(view), now)
+    candidates += node_signals.candidates(view, findings, policies)  # other tools' node conditions, taints
     candidates += dra.candidates(view, findings, policies, now)  # DRA devices: device taints (engine.dra)
     if any(f.kind in STEP_FINDINGS for f in findings):  # slow ranks, stalled gangs (engine.stragglers)
         candidates += step_actions(findings, view, policies, gang_epochs(view))

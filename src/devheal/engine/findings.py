@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from devheal.engine import dra, sharing
+from devheal.engine import dra, node_signals, sharing
 from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARK
@@ -298,7 +298,8 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
 
 def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
     """Every current finding, pod-level and node-level, in a stable order."""
-    findings = _pod_findings(view, policies, now) + _node_findings(view, policies, now)
+    node_findings = node_signals.with_node_signals(_node_findings(view, policies, now), view, policies, now)
+    findings = _pod_findings(view, policies, now) + node_findings
     findings += dra.detect(view, policies, now)
     return sorted(findings, key=lambda f: f.key)
 

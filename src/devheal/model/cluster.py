@@ -162,6 +162,17 @@ class Taint:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeCondition:
+    """A node condition whose status is ``True`` (a problem a tool reports), other than ``Ready``."""
+
+    type: str
+    reason: str = ""
+    message: str = ""
+    since: float | None = None
+    """``lastTransitionTime``."""
+
+
+@dataclass(frozen=True, slots=True)
 class Node:
     name: str
     uid: str
@@ -177,6 +188,8 @@ class Node:
     """Since when allocatable < capacity for GPUs (None while equal); kept by the cache across updates."""
     lifts: int = 0
     """How many times devheal lifted its marks from this node (LIFTS_ANNOTATION): the node's episode number."""
+    conditions: tuple[NodeCondition, ...] = ()
+    """True conditions but ``Ready`` (node-problem-detector's, NVSentinel's, ...): ``spec.signals`` maps them."""
 
     @property
     def gpu_gap(self) -> int:

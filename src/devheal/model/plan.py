@@ -38,6 +38,10 @@ class FindingKind(StrEnum):
     """A DRA device (driver, pool, device) failed: a claim's status, its driver's ResourceSlice taint, the agent."""
     DRA_DEVICE_RECOVERED = "DRADeviceRecovered"
     """A DRA device devheal quarantined is published healthy again by its driver."""
+    # Other tools' node conditions and taints (``devheal.engine.node_signals``).
+    NODE_SIGNAL = "NodeSignal"
+    """A node condition or taint of node-problem-detector, NVSentinel, ... that the policy maps to Degraded or
+    Notify (mapped to DevicesFailed, it is a ``NodeDevicesFailed`` finding instead): reported."""
     # Gangs' step times (``devheal.engine.stragglers``).
     STRAGGLER = "Straggler"
     """A gang's rank whose median step time is a sustained outlier among its gang's ranks."""

@@ -65,6 +65,7 @@ Spec, with defaults::
       #   nodeSelector: {matchLabels: {devheal.io/spare-pool: "true"}}  # the nodes that may be spares
       #   size: 2                      # idle, healthy spares kept reserved
       #   promoteIdleNodes: true       # false: only nodes back from repair refill the pool
+      # signals: {conditions: {GpuPcieWatch: DevicesFailed}}  # other tools' node conditions (signals_policy.py)
       degradation:                     # devices the agent reports Degraded (degradation_policy.py)
         enterAfter: 10m                # a device Degraded this long counts...
         leaveAfter: 30m                # ...and its node is let go once clean this long
@@ -103,6 +104,7 @@ from devheal.model import times
 from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
 from devheal.model.degradation_policy import DegradationRules, RepairRules, parse_degradation, parse_repair
 from devheal.model.device_policy import DeviceRules, parse_devices
+from devheal.model.signals_policy import SignalRules, parse_signals
 from devheal.model.spares_policy import SparePool, parse_spares
 from devheal.model.straggler_policy import StragglerRules, parse_stragglers
 from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
@@ -336,6 +338,8 @@ class Policy:
     """``spec.repair``: devices the agent says to send for repair (``RepeatedXid``)."""
     spares: SparePool | None = None
     """``spec.spares``: the warm spare nodes replaced gang ranks go to (``devheal.model.spares_policy``)."""
+    signals: SignalRules = field(default_factory=SignalRules)
+    """``spec.signals``: node conditions and taints other tools set (``devheal.model.signals_policy``)."""
     allow_delete: bool = False
     failed_device_grace_period: int | None = None
     """Seconds of grace for pods devheal evicts off a failed device (Deschedule, gang ranks it
@@ -403,6 +407,7 @@ _SPEC_FIELDS = frozenset(
         "degradation",
         "repair",
         "spares",
+        "signals",
     }
 )
 
@@ -747,6 +752,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         breaker_reset=reset or "",
         breaker_record=_breaker_record(obj),
         spares=parse_spares(spec.get("spares"), f"{prefix}.spares", PolicyError, _selector),
+        signals=parse_signals(spec.get("signals"), f"{prefix}.signals", PolicyError),
     )
     # Last, so that a policy with a wrong field and no selector hears about the field first.
     if not namespaces and sel.get("podSelector") is None and sel.get("nodeSelector") is None:
