@@ -386,7 +386,7 @@ _NAME_MAX = 253
 """The longest object name Kubernetes accepts (a DNS subdomain)."""
 SELECTOR_REQUIRED = (
     "a policy acts only on what it selects: give namespaces (e.g. [ml-training]), a podSelector "
-    "(e.g. {matchLabels: {devheal.io/remediate: \"true\"}}; {} selects every pod) or a nodeSelector"
+    '(e.g. {matchLabels: {devheal.io/remediate: "true"}}; {} selects every pod) or a nodeSelector'
 )
 """Why a policy without a selector is refused (the CRD's CEL rule says the same)."""
 _SPEC_FIELDS = frozenset(
