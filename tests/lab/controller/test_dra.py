@@ -157,3 +157,35 @@ async def test_dra_gang_rank_is_replaced_in_place_and_its_device_quarantined(
     assert devices_of(after["1"])[0].device_id != device
     assert await rule_of(kube, device) is not None
     assert any(r["spec"]["action"] == "TaintDevice" for r in records)
+
+
+async def test_no_execute_device_taint_has_kubernetes_evict_the_pods_using_the_device(
+    harness: ControllerHarness, kube: KubeClient, namespace: str, faults: RecordingFaults, dra_setup: None
+) -> None:
+    # devheal itself only notifies: the eviction is the kube-controller-manager's, for the NoExecute taint.
+    await harness.policy({"actions": {"inference": "Notify"}, "devices": {"taintEffect": "NoExecute"}})
+    await kube.create(api_path("apps/v1", "deployments", namespace=namespace), dra_deployment("inf", replicas=1))
+    (victim,) = running(
+        await wait_until(
+            lambda: pods_of(kube, namespace, "app=inf"), lambda ps: len(running(ps)) == 1, timeout=60, what="1 pod"
+        )
+    )
+    harness.start("--dra")
+    device = devices_of(victim)[0].device_id
+    node, index = fault_target(device)
+
+    faults.xid(node, index, 79)
+
+    rule = await wait_until(lambda: rule_of(kube, device), lambda r: r is not None, timeout=20, what="the rule")
+    assert rule is not None and rule["spec"]["taint"]["effect"] == "NoExecute"
+    (replacement,) = running(
+        await wait_until(
+            lambda: pods_of(kube, namespace, "app=inf"),
+            lambda ps: [p["metadata"]["uid"] for p in running(ps)] not in ([], [victim["metadata"]["uid"]]),
+            timeout=60,
+            what="the pod evicted by Kubernetes and replaced",
+        )
+    )
+    assert devices_of(replacement)[0].device_id != device
+    records = await harness.remediations()
+    assert not [r for r in records if r["spec"]["action"] == "Deschedule"], "devheal did not evict it itself"
