@@ -188,6 +188,10 @@ class NodeRemediation:
             existing = await self.client.get(path)
         except errors.NotFound:
             return f"{what} already gone"
+        except errors.Forbidden:
+            # A rung whose kind the controller may not touch (RBAC grants only the configured templates) created
+            # nothing: its step failed Forbidden. It must not keep the record from closing.
+            return f"{what} not readable (forbidden): none created"
         if not is_ours(existing, name):
             return f"{what} left alone (not created by this remediation)"
         uid = str((existing.get("metadata") or {}).get("uid") or "")

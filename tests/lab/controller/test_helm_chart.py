@@ -304,3 +304,85 @@ async def test_the_controller_as_the_charts_service_account_remediates_a_node_th
     assert phases(records) == expected
     output = controller.output()
     assert "Forbidden" not in output and "403" not in output, output[-3000:]
+
+
+async def test_a_template_kind_the_chart_does_not_grant_fails_forbidden_with_an_event_then_escalates(
+    kube: KubeClient, harness: ControllerHarness, faults: RecordingFaults, chart_controller: Path
+) -> None:
+    """A policy's first step names a kind outside remediation.templates: its record ends Failed (Forbidden)
+    with a warning Event on the node, and the next step, a granted kind, takes over."""
+    await install_fake_remediator(kube)
+    await harness.label_nodes(NODE)
+    ungranted = {"apiVersion": "remediation.ungranted.devheal.io/v1", "kind": "FakeRemediationTemplate"}
+    await harness.policy(
+        {
+            "node": {
+                "taint": True,
+                "capacityGapAfter": "1s",
+                "remediateAfter": "1s",
+                "holdDown": "2s",
+                "escalation": [
+                    {"template": {**ungranted, "name": "reboot", "namespace": "default"}, "timeout": "10m"},
+                    {
+                        "template": {
+                            "apiVersion": GV,
+                            "kind": "FakeRemediationTemplate",
+                            "name": "reboot",
+                            "namespace": "default",
+                        },
+                        "timeout": "10m",
+                    },
+                ],
+            },
+            "budgets": {"maxUnhealthyNodes": 1},
+        },
+        nodes_only=True,
+    )
+
+    async def pods_on_node() -> list[dict[str, Any]]:
+        items, _ = await kube.list_all(api_path("v1", "pods"), {"fieldSelector": f"spec.nodeName={NODE}"})
+        return [p for p in items if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+
+    await wait_until(pods_on_node, lambda ps: not ps, timeout=60, what=f"{NODE} idle")
+    harness.start(f"--kubeconfig={chart_controller}")
+    for gpu in range(8):
+        faults.xid(NODE, gpu, 79)
+
+    def remediations(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return sorted(
+            (r for r in records if r["spec"]["action"] == "RemediateNode" and r["spec"]["target"]["name"] == NODE),
+            key=lambda r: int(r["metadata"]["labels"].get("devheal.io/step") or 0),  # created within one second
+        )
+
+    def escalated(records: list[dict[str, Any]]) -> bool:
+        steps = remediations(records)
+        return len(steps) == 2 and get_path(steps[1], "status", "phase") == "InProgress"
+
+    records = await harness.wait_remediation(escalated, "the second step after a Forbidden first", timeout=60)
+    first, second = remediations(records)
+    assert second["metadata"]["labels"].get("devheal.io/step") == "1", second["metadata"]
+    assert (first["status"]["phase"], first["status"]["reason"]) == ("Failed", "Forbidden")
+    assert (
+        "not allowed to read remediation template FakeRemediationTemplate default/reboot" in first["status"]["message"]
+    )
+    obj = await kube.get(api_path(GV, "fakeremediations", namespace="default", name=NODE))
+    assert obj["spec"] == {"strategy": "Reboot"}
+
+    async def warnings() -> list[dict[str, Any]]:
+        items, _ = await kube.list_all(
+            api_path("v1", "events", namespace="default"), {"fieldSelector": f"involvedObject.name={NODE}"}
+        )
+        return [e for e in items if e.get("reason") == "DevhealRemediateNodeFailed"]
+
+    (event, *_) = await wait_until(warnings, bool, timeout=15, what="a warning Event on the node")
+    assert event["type"] == "Warning" and "not allowed to read" in event["message"]
+    for gpu in range(8):
+        faults.recover(NODE, gpu)
+
+    async def external() -> dict[str, Any] | None:
+        try:
+            return await kube.get(api_path(GV, "fakeremediations", namespace="default", name=NODE))
+        except errors.NotFound:
+            return None
+
+    await wait_until(external, lambda o: o is None, timeout=30, what="FakeRemediation removed after recovery")

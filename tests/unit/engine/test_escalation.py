@@ -106,6 +106,19 @@ def test_the_step_names_the_record_and_comes_back_from_it() -> None:
     assert (record.name, record.resume.step) == (second.name, 1)
 
 
+@pytest.mark.parametrize(("phase", "step"), [(Phase.FAILED, 1), (Phase.SUCCEEDED, 0)])
+def test_an_ended_step_read_back_from_its_record_is_where_the_ladder_goes_on(phase: Phase, step: int) -> None:
+    """The controller sees records as the watch delivers them: a Failed rung escalates, a Succeeded one stays."""
+    p = laddered()
+    [first] = remediate(p, [], NOW).actions
+    body = remediation_body(first)
+    body["metadata"]["creationTimestamp"] = "2030-01-01T00:00:00Z"
+    body["status"] = {"phase": phase.value, "startedAt": "2030-01-01T00:00:00Z", "completedAt": "2030-01-01T00:00:01Z"}
+    record = project_remediation(body)
+    assert record is not None and record.resume is not None and not record.active
+    assert escalation_step(p.node, "n1", 0, [record], NOW + 1)[0] == step
+
+
 @pytest.mark.parametrize(
     ("node_rules", "error"),
     [

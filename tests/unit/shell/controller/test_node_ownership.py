@@ -201,6 +201,20 @@ async def test_on_recovery_an_object_someone_else_put_in_its_place_is_left_alone
     assert "left alone (not created by this remediation)" in record(api, action)["status"]["message"]
 
 
+async def test_a_rung_the_controller_may_not_read_does_not_keep_the_record_open(api: MemApi, kube: KubeClient) -> None:
+    """RBAC grants only the configured template kinds: a ladder rung outside them created nothing (its step failed
+    Forbidden), and the record of the rung that worked still closes once the node is healthy."""
+    template(api)
+    action = node_action(ActionKind.REMEDIATE_NODE, node(api))
+    acting = remediating(kube)
+    await acting.execute(action)
+    api.fail_next(403, verb="get", path=REBOOTS, times=100)
+    await acting.finish_node_remediation(action.name, "n1", "p")
+    status = record(api, action)["status"]
+    assert status["phase"] == "Succeeded"
+    assert "not readable (forbidden): none created" in status["message"]
+
+
 # ---- external node remediation: refusals end the record -------------------------------------------
 
 
@@ -432,7 +446,6 @@ def failed_node_cluster(api: MemApi) -> Action:
     at once; returns the decision a controller makes about it (the record's name is the decision's)."""
     created = api.create(NODES, gpu_node(gpus=2))
     spec = {
-        "selector": {"nodeSelector": {}},
         "node": {
             "taint": False,
             "remediateAfter": "0s",
@@ -541,7 +554,6 @@ async def test_a_node_not_back_within_a_steps_timeout_gets_the_next_step_and_bot
         },
     ]
     spec = {
-        "selector": {"nodeSelector": {}},
         "node": {"taint": False, "remediateAfter": "0s", "escalation": ladder},
         "budgets": {"maxUnhealthyNodes": "100%"},
     }
