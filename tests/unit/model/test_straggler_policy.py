@@ -80,7 +80,6 @@ def test_a_zero_stall_is_refused_naming_the_field() -> None:
 def test_the_schema_has_no_unknown_field_pruned() -> None:
     """Each field parse_policy reads is in the schema: the API server would drop any other silently."""
     node = spec_schema("RemediationPolicy")["properties"]["stragglers"]
-    assert node["additionalProperties"] is False
     assert set(node["properties"]) == {
         "action",
         "minSlowdownPercent",
