@@ -7,13 +7,13 @@ field (the informer logs it and keeps the previous copy) instead of crashing.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
 from devheal.engine.inplace import in_place_restart
 from devheal.engine.workloads import classify
 from devheal.model.cluster import (
-    GPU_RESOURCE,
     LAUNCHER_GENERATION_ANNOTATION,
     LIFTS_ANNOTATION,
     OWNERSHIP_ANNOTATION,
@@ -23,15 +23,19 @@ from devheal.model.cluster import (
     DeviceHealth,
     DeviceStatus,
     Node,
+    NodeCondition,
     NodeDevicesReport,
     OwnerRef,
     Pod,
     ReportedDevice,
+    ReportedReason,
     Taint,
     Workload,
     WorkloadClass,
     parse_generation,
 )
+from devheal.model.gpu_resources import DEFAULT as DEFAULT_GPUS
+from devheal.model.gpu_resources import GpuResources
 from devheal.model.plan import (
     ACTIVE_PHASES,
     DECISION_ANNOTATION,
@@ -45,6 +49,7 @@ from devheal.model.plan import (
     TargetKind,
 )
 from devheal.model.policy import ActionKind
+from devheal.model.steps import STEPS_ANNOTATION, StepReport, parse_step_report
 from devheal.model.times import parse_time
 from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
 
@@ -129,7 +134,8 @@ def _health(value: Any) -> DeviceHealth:
         return DeviceHealth.UNKNOWN
 
 
-def project_pod(obj: Obj) -> Pod:
+def project_pod(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Pod:
+    """``gpu``: which extended resources are GPUs (``devheal controller --gpu-resource``)."""
     where = _name(obj, "pod")
     meta = _obj(obj.get("metadata"), f"{where}: metadata")
     spec = _obj(obj.get("spec"), f"{where}: spec")
@@ -146,9 +152,9 @@ def project_pod(obj: Obj) -> Pod:
         resources = _obj(c.get("resources"), at)
         limits = _obj(resources.get("limits"), f"{at}.limits")
         requests = _obj(resources.get("requests"), f"{at}.requests")
-        value = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE))
-        if value is not None:
-            gpus += _int(value, f"{at}: {GPU_RESOURCE}", maximum=INT32_MAX)
+        for name in sorted({*limits, *requests}):  # limits win, as for extended resources
+            if gpu.is_gpu(name):
+                gpus += _int(limits.get(name, requests.get(name)), f"{at}: {name}", maximum=INT32_MAX)
     for key in ("initContainers", "containers"):
         for i, c in enumerate(_objects(spec.get(key), f"{where}: spec.{key}")):
             _list(c.get("restartPolicyRules"), f"{where}: spec.{key}[{i}].restartPolicyRules")  # in_place_restart
@@ -210,7 +216,28 @@ def project_pod(obj: Obj) -> Pod:
         restart_generation=_restart_generation(annotations.get(RESTART_GENERATION_ANNOTATION)),
         acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
         in_place=in_place_restart(spec, annotations).value,
+        claims=_pod_claims(spec, status, where),
+        steps=_steps(annotations.get(STEPS_ANNOTATION), f"{namespace}/{name}"),
     )
+
+
+log = logging.getLogger(__name__)
+_REFUSED_STEPS: dict[str, str] = {}
+"""Pod key -> the step report last refused for it, so each bad value is logged once, not at every update."""
+_REFUSED_STEPS_MAX = 10_000
+
+
+def _steps(value: object, pod: str) -> StepReport | None:
+    """The launcher's step report, or None (absent, or refused with a warning: the pod counts as not reporting)."""
+    if value is None:
+        return None
+    report, why = parse_step_report(value)
+    if report is None and _REFUSED_STEPS.get(pod) != why:
+        if len(_REFUSED_STEPS) >= _REFUSED_STEPS_MAX:
+            _REFUSED_STEPS.clear()
+        _REFUSED_STEPS[pod] = why
+        log.warning("pod %s: annotation %s ignored: %s", pod, STEPS_ANNOTATION, why)
+    return report
 
 
 MALFORMED_GENERATION = -1
@@ -218,21 +245,36 @@ MALFORMED_GENERATION = -1
 restarter ends the restart Failed naming the pod and the annotation, rather than guess."""
 
 
+def _pod_claims(spec: Obj, status: Obj, where: str) -> tuple[tuple[str, str], ...]:
+    """DRA: (pod claim name, ResourceClaim name), given in the spec or generated from a template (pod status)."""
+    names: dict[str, str] = {}
+    for rc in _objects(spec.get("resourceClaims"), f"{where}: spec.resourceClaims"):
+        if isinstance(rc.get("resourceClaimName"), str):
+            names[str(rc.get("name") or "")] = rc["resourceClaimName"]
+    for rcs in _objects(status.get("resourceClaimStatuses"), f"{where}: status.resourceClaimStatuses"):
+        if isinstance(rcs.get("resourceClaimName"), str):
+            names[str(rcs.get("name") or "")] = rcs["resourceClaimName"]
+    return tuple(sorted(names.items()))
+
+
 def _restart_generation(value: object) -> int:
     generation = parse_generation(value)
     return MALFORMED_GENERATION if generation is None else generation
 
 
-def project_node(obj: Obj) -> Node:
+def _gpu_count(quantities: Obj, gpu: GpuResources, where: str) -> int:
+    """Whole GPUs and MIG instances together (``model.gpu_resources``)."""
+    total = sum(_int(v, f"{where}: {k}", 0, INT32_MAX) for k, v in quantities.items() if gpu.is_gpu(k))
+    return min(total, INT32_MAX)
+
+
+def project_node(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Node:
     where = _name(obj, "node")
     meta = _obj(obj.get("metadata"), f"{where}: metadata")
     spec = _obj(obj.get("spec"), f"{where}: spec")
     status = _obj(obj.get("status"), f"{where}: status")
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in _list(status.get("conditions"), f"{where}: status.conditions")
-        if isinstance(c, dict)
-    )
+    conditions = [c for c in _list(status.get("conditions"), f"{where}: status.conditions") if isinstance(c, dict)]
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     annotations = _labels(meta.get("annotations"), f"{where}: metadata.annotations")
     owned_text = annotations.get(OWNERSHIP_ANNOTATION) or ""
     capacity = _obj(status.get("capacity"), f"{where}: status.capacity")
@@ -247,13 +289,22 @@ def project_node(obj: Obj) -> Node:
             Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
             for t in _objects(spec.get("taints"), f"{where}: spec.taints")
         ),
-        gpu_capacity=_int(capacity.get(GPU_RESOURCE, 0), f"{where}: status.capacity: {GPU_RESOURCE}", 0, INT32_MAX),
-        gpu_allocatable=_int(
-            allocatable.get(GPU_RESOURCE, 0), f"{where}: status.allocatable: {GPU_RESOURCE}", 0, INT32_MAX
-        ),
+        gpu_capacity=_gpu_count(capacity, gpu, f"{where}: status.capacity"),
+        gpu_allocatable=_gpu_count(allocatable, gpu, f"{where}: status.allocatable"),
         owned=frozenset(part.strip() for part in owned_text.split(",") if part.strip()),
         # Read like the pods' restart generations: an unreadable count is 0 (the Lift writes a readable one).
         lifts=parse_generation(annotations.get(LIFTS_ANNOTATION)) or 0,
+        # Problems other tools report (spec.signals): True conditions, without their heartbeats.
+        conditions=tuple(
+            NodeCondition(
+                str(c.get("type")),
+                str(c.get("reason") or "")[:200],
+                str(c.get("message") or "")[:1000],
+                parse_time(c.get("lastTransitionTime")),
+            )
+            for c in conditions
+            if c.get("status") == "True" and c.get("type") != "Ready" and isinstance(c.get("type"), str)
+        ),
     )
 
 
@@ -269,6 +320,22 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
         worst = reasons[-1] if reasons and isinstance(reasons[-1], dict) else {}
         pod = _obj(dev.get("pod"), f"{at}.pod")
         code = worst.get("code")
+        listed = []
+        for j, raw in enumerate(reasons):
+            if not isinstance(raw, dict):
+                continue
+            code_j = raw.get("code")
+            health_j = raw.get("health")
+            listed.append(
+                ReportedReason(
+                    source=str(raw.get("source") or ""),
+                    label=str(raw.get("reason") or ""),
+                    health=None if health_j is None else _health(health_j),
+                    remedy=str(raw.get("remedy") or ""),
+                    code=None if code_j is None else _int(code_j, f"{at}.reasons[{j}].code"),
+                    since=parse_time(raw.get("firstSeen")),
+                )
+            )
         devices.append(
             ReportedDevice(
                 device_id=str(dev.get("id") or ""),
@@ -278,6 +345,7 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
                 code=None if code is None else _int(code, f"{at}.reasons[{len(reasons) - 1}].code"),
                 pod=f"{pod.get('namespace')}/{pod.get('name')}" if pod.get("name") else "",
                 since=parse_time(worst.get("firstSeen")),
+                reasons=tuple(listed),
             )
         )
     updated_text = status.get("updatedAt")

@@ -24,6 +24,24 @@ class FindingKind(StrEnum):
     """A node has failed devices, reported by pods, the agent, or allocatable below capacity for too long."""
     NODE_RECOVERED = "NodeRecovered"
     """A node devheal marked is healthy again."""
+    DEVICE_DEGRADED = "DeviceDegraded"
+    """Devices the agent has reported Degraded for the policy's ``degradation.enterAfter`` (on the node, and on
+    each pod holding one) (``devheal.engine.degradation``)."""
+    DEGRADATION_RECOVERED = "DegradationRecovered"
+    """A node devheal marked degraded has had no degraded device for ``degradation.leaveAfter``."""
+    DEVICE_NEEDS_REPAIR = "DeviceNeedsRepair"
+    """A device the agent says to send for repair (remedy ReplaceHardware, e.g. ``RepeatedXid``): drain the node."""
+    UNKNOWN_XID = "UnknownXid"
+    """A pod's device status says Unhealthy, but the node agent reports only an XID it has no row for: notify."""
+    # Devices of DRA drivers (``devheal.engine.dra``).
+    DRA_DEVICE_FAILED = "DRADeviceFailed"
+    """A DRA device (driver, pool, device) failed: a claim's status, its driver's ResourceSlice taint, the agent."""
+    DRA_DEVICE_RECOVERED = "DRADeviceRecovered"
+    """A DRA device devheal quarantined is published healthy again by its driver."""
+    # Other tools' node conditions and taints (``devheal.engine.node_signals``).
+    NODE_SIGNAL = "NodeSignal"
+    """A node condition or taint of node-problem-detector, NVSentinel, ... that the policy maps to Degraded or
+    Notify (mapped to DevicesFailed, it is a ``NodeDevicesFailed`` finding instead): reported."""
     # Gangs' step times (``devheal.engine.stragglers``).
     STRAGGLER = "Straggler"
     """A gang's rank whose median step time is a sustained outlier among its gang's ranks."""
@@ -55,6 +73,8 @@ class Finding:
 
     @property
     def key(self) -> str:
+        if self.kind in (FindingKind.DRA_DEVICE_FAILED, FindingKind.DRA_DEVICE_RECOVERED):
+            return f"{self.kind}/{self.node}/{self.device_ids[0] if self.device_ids else ''}"
         return f"{self.kind}/{self.node}/{self.pod}"
 
 
@@ -90,11 +110,13 @@ class TargetKind(StrEnum):
     POD = "Pod"
     NODE = "Node"
     GANG = "Gang"
+    DEVICE = "Device"
+    """A DRA device, named ``driver/pool/device``."""
 
     @property
     def namespaced(self) -> bool:
         """Pods and gangs live in a namespace: their target key is ``namespace/name``."""
-        return self is not TargetKind.NODE
+        return self in (TargetKind.POD, TargetKind.GANG)
 
 
 class Rail(StrEnum):

@@ -446,6 +446,7 @@ def failed_node_cluster(api: MemApi) -> Action:
     at once; returns the decision a controller makes about it (the record's name is the decision's)."""
     created = api.create(NODES, gpu_node(gpus=2))
     spec = {
+        "selector": {"nodeSelector": {}},
         "node": {
             "taint": False,
             "remediateAfter": "0s",
@@ -554,6 +555,7 @@ async def test_a_node_not_back_within_a_steps_timeout_gets_the_next_step_and_bot
         },
     ]
     spec = {
+        "selector": {"nodeSelector": {}},
         "node": {"taint": False, "remediateAfter": "0s", "escalation": ladder},
         "budgets": {"maxUnhealthyNodes": "100%"},
     }
