@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from devheal.engine.degradation import has_degraded_taint
 from devheal.engine.findings import policy_for_pod
-from devheal.model.cluster import ClusterView, Pod, WorkloadClass
+from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
@@ -133,7 +133,7 @@ class StragglerTracker:
             if policy is None:
                 continue
             rules = policy.stragglers
-            for f in self._stragglers(members, rules, now, seen):
+            for f in self._stragglers(view, members, rules, now, seen):
                 found.append(f)
                 slow[f.pod_uid] = rules.replaces
             stalled = stall(members, rules, now)
@@ -146,7 +146,9 @@ class StragglerTracker:
         self.slow = slow
         return found
 
-    def _stragglers(self, members: Sequence[Pod], rules: StragglerRules, now: float, seen: set[str]) -> list[Finding]:
+    def _stragglers(
+        self, view: ClusterView, members: Sequence[Pod], rules: StragglerRules, now: float, seen: set[str]
+    ) -> list[Finding]:
         judged = [(p, r) for p in members if (r := _judged(p, rules)) is not None]
         if len(judged) < rules.min_ranks:
             return []
@@ -173,6 +175,7 @@ class StragglerTracker:
             if streak.outliers < rules.sustained_reports:
                 continue
             ratio = report.p50 / bound.centre if bound.centre > 0 else float("inf")
+            devices, telemetry = telemetry_of(view, pod, now)
             out.append(
                 Finding(
                     kind=FindingKind.STRAGGLER,
@@ -181,14 +184,32 @@ class StragglerTracker:
                     evidence=f"rank {pod.key}'s median step {report.p50:.3f}s is {ratio:.2f}x its gang's median "
                     f"{bound.centre:.3f}s (limit {bound.limit:.3f}s: {rules.outlier_mads} MADs of "
                     f"{bound.mad:.3f}s, at least +{rules.min_slowdown_percent}%) in {streak.outliers} reports "
-                    f"in a row, over {len(members)} ranks",
+                    f"in a row, over {len(members)} ranks{telemetry}",
                     since=streak.since,
                     pod=pod.key,
                     pod_uid=pod.uid,
-                    device_ids=tuple(sorted({d.device_id for d in pod.devices})),
+                    device_ids=devices,
                 )
             )
         return out
+
+
+def telemetry_of(view: ClusterView, pod: Pod, now: float) -> tuple[tuple[str, ...], str]:
+    """The rank's devices, and what its node agent's current report says of them, for the evidence: the step
+    times cross-checked with device telemetry ("" when the node has no current report)."""
+    held = {d.device_id for d in pod.devices}
+    report = view.report(pod.node, now)
+    if report is None:
+        return tuple(sorted(held)), ""
+    mine = [d for d in report.devices if d.device_id in held or d.pod == pod.key]
+    held |= {d.device_id for d in mine}
+    unwell = [d for d in mine if d.health in (DeviceHealth.DEGRADED, DeviceHealth.UNHEALTHY)]
+    if unwell:
+        said = "; ".join(f"{d.device_id} {d.health}" + (f" ({d.reason})" if d.reason else "") for d in unwell)
+        return tuple(sorted(held)), f"; the node agent reports {said}"
+    if mine:
+        return tuple(sorted(held)), "; the node agent reports its GPUs healthy (a cause outside them: host, network)"
+    return tuple(sorted(held)), ""
 
 
 def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding | None:

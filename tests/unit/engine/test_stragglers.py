@@ -9,7 +9,7 @@ import pytest
 from devheal.engine.decide import decide
 from devheal.engine.rounds import DecisionRound
 from devheal.engine.stragglers import StragglerTracker, _Streak, gangs, outlier_bound, stall
-from devheal.model.cluster import ClusterView, Pod
+from devheal.model.cluster import ClusterView, DeviceHealth, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind, Policy
@@ -303,3 +303,17 @@ def test_the_caches_gang_index_gives_the_same_gangs_as_a_walk_over_every_pod() -
     walked = gangs(replace(view, pods=pods))
     assert list(walked) == ["train/JobSet/llm"] and len(walked["train/JobSet/llm"]) == 4
     assert gangs(replace(view, pods=pods, gangs=index)) == walked
+
+
+def test_the_finding_is_cross_checked_with_the_node_agents_telemetry() -> None:
+    stream = GangStream(ranks=8, slowdown={3: 1.5}, noise=0.0)
+    views = list(stream.views(7))
+    degraded = ReportedDevice("GPU-3", 0, DeviceHealth.DEGRADED, reason="hw-slowdown", pod="train/llm-3")
+    healthy = ReportedDevice("GPU-4", 0, DeviceHealth.HEALTHY, pod="train/llm-4")
+    reports = {n: NodeDevicesReport(n, (d,)) for n, d in (("gpu-003", degraded), ("gpu-004", healthy))}
+    tracker = StragglerTracker()
+    for view in views:
+        findings = tracker.observe(replace(view, reports=reports), [straggler_policy()], stream.now)
+    (f,) = findings
+    assert f.device_ids == ("GPU-3",)
+    assert f.evidence.endswith("; the node agent reports GPU-3 Degraded (hw-slowdown)")
