@@ -51,6 +51,7 @@ from devheal.agent.telemetry import (
     Sample,
     TelemetryUnavailable,
     XidEvent,
+    init_failure_reason,
 )
 
 log = logging.getLogger("devheal.agent.nvml")
@@ -282,7 +283,7 @@ class NvmlBackend:
             raise TelemetryUnavailable(
                 f"NVML cannot initialise: {exc} (is the NVIDIA driver loaded, and are the GPUs and "
                 "libnvidia-ml.so.1 visible to this container?)",
-                reason="NVMLUnavailable",
+                reason=init_failure_reason(exc),
             ) from exc
         self._started = True
         try:

@@ -215,7 +215,14 @@ class LabDeviceFeed:
                 )
                 channel.events.put(XidEvent(str(dev.get("uuid")), code, at, message))
                 woke = True
-        if not first and channel.state is not None and channel.state.get("devices") != state.get("devices"):
+        if (
+            not first
+            and channel.state is not None
+            and (
+                channel.state.get("devices") != state.get("devices")
+                or channel.state.get("nvmlFailure") != state.get("nvmlFailure")
+            )
+        ):
             # Health, throttling or allocation changed: look now rather than at the next poll.
             woke = True
         channel.state = state
@@ -287,6 +294,13 @@ def reading_from_simulated(dev: Mapping[str, Any]) -> DeviceReading:
     )
 
 
+SIMULATED_NVML_FAILURES = {
+    "init": ("Driver Not Loaded", "NVMLInitFailed"),
+    "version-mismatch": ("Driver/library version mismatch", "DriverVersionMismatch"),
+}
+"""A lab node's ``nvmlFailure`` -> (NVML's message, the reason the NVML backend gives it)."""
+
+
 class SimulatedBackend:
     """Telemetry of one lab node's simulated GPUs, through a shared ``LabDeviceFeed``."""
 
@@ -319,6 +333,10 @@ class SimulatedBackend:
                 f"no fresh device state from the lab's node simulator at {self.feed.url} for {self.stale_after:g}s",
                 reason="LabUnreachable",
             )
+        failure = SIMULATED_NVML_FAILURES.get(str(state.get("nvmlFailure") or ""))
+        if failure is not None:
+            message, reason = failure
+            raise TelemetryUnavailable(f"NVML cannot initialise: {message} (simulated)", reason=reason)
         return state
 
     def inventory(self) -> list[DeviceInfo]:

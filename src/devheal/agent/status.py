@@ -18,7 +18,7 @@ from typing import Any
 from devheal.agent.classification import HEALTH_RANK, Remedy
 from devheal.agent.health import DeviceAssessment, Reason
 from devheal.agent.telemetry import DeviceInfo
-from devheal.model.cluster import DeviceHealth
+from devheal.model.cluster import DRIVER_FAILURE_REASONS, DeviceHealth
 from devheal.model.times import format_time
 
 KIND = "NodeDevices"
@@ -195,7 +195,9 @@ def node_condition(status: Mapping[str, Any], telemetry: Availability, pod_resou
         return "; ".join(parts) + more
 
     if not telemetry.ok:
-        cond_status, reason, message = "Unknown", telemetry.reason, telemetry.message
+        # A broken driver is a known failure of the node (False); an agent that cannot look is Unknown.
+        known = telemetry.reason in DRIVER_FAILURE_REASONS
+        cond_status, reason, message = "False" if known else "Unknown", telemetry.reason, telemetry.message
     elif unhealthy:
         cond_status, reason = "False", "DevicesUnhealthy"
         message = f"{len(unhealthy)} of {len(devices)} devices unhealthy: {describe(unhealthy)}"

@@ -50,6 +50,23 @@ class TelemetryUnavailable(Exception):
         self.reason = reason
 
 
+_LIBRARY_NOT_FOUND = 12
+"""``NVML_ERROR_LIBRARY_NOT_FOUND``: no libnvidia-ml in this container (its setup, not the node's driver)."""
+_LIB_RM_VERSION_MISMATCH = 18
+"""``NVML_ERROR_LIB_RM_VERSION_MISMATCH``: the loaded kernel driver and the user-space library differ."""
+
+
+def init_failure_reason(exc: BaseException) -> str:
+    """The condition reason for an ``nvmlInit`` failure: the driver's own failures (``DRIVER_FAILURE_REASONS``:
+    the controller makes them a node finding, ``NodeDriverFailed``) apart from a container without the library."""
+    code = getattr(exc, "value", None)
+    if code == _LIBRARY_NOT_FOUND:
+        return "NVMLUnavailable"
+    if code == _LIB_RM_VERSION_MISMATCH:
+        return "DriverVersionMismatch"
+    return "NVMLInitFailed"
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """One device of the node's inventory."""

@@ -24,6 +24,7 @@ from devheal.controller.cache import ClusterCache
 from devheal.controller.degraded_actions import LiftDegraded, TaintDegraded
 from devheal.controller.device_taints import TaintDevice, UntaintDevice
 from devheal.controller.gangs import GangRestarter
+from devheal.controller.infrastructure_actions import DeleteRejectedPod, ForceDeletePod
 from devheal.controller.node_actions import Cordon, Drain, Lift, Taint
 from devheal.controller.node_remediation import NodeRemediation
 from devheal.controller.pod_actions import Deschedule, FailPod, Notify, release_gate
@@ -71,6 +72,8 @@ class Actuators:
             ActionKind.LIFT: Lift(client),
             ActionKind.DRAIN: Drain(client),
             ActionKind.REMEDIATE_NODE: self.node_remediation,
+            ActionKind.DELETE_POD: DeleteRejectedPod(client, policies, clock),
+            ActionKind.FORCE_DELETE_POD: ForceDeletePod(client, policies, clock),
             ActionKind.TAINT_DEGRADED: TaintDegraded(client),
             ActionKind.FENCE_DEGRADED: TaintDegraded(client),
             ActionKind.LIFT_DEGRADED: LiftDegraded(client),

@@ -48,6 +48,8 @@ class ClusterCache:
         self.pod_by_device: dict[tuple[str, str], str] = {}
         self.signalled: set[str] = set()
         """Keys of the pods detection has to look at (``Pod.signalled``): a round walks these, not every pod."""
+        self.troubled: set[str] = set()
+        """Keys of the pods that may give an infrastructure finding (``Pod.troubled``)."""
         self.gangs: dict[str, set[str]] = {}
         """Per gang (workload key), its active members' keys: step-time judging walks these, not every pod."""
         self.policy_errors: dict[str, str] = {}
@@ -89,9 +91,13 @@ class ClusterCache:
             gap_since: float | None = None
             if new.gpu_gap > 0:
                 gap_since = old.gap_since if old is not None and old.gap_since is not None else self.clock()
-            if gap_since != new.gap_since:
-                # The store holds the projection; carry the transition time into it.
-                self.nodes.store[key] = replace(new, gap_since=gap_since)
+            # No GPU allocatable (a device plugin gone): since when, for devicePluginDownAfter.
+            no_gpus_since: float | None = None
+            if new.gpu_allocatable == 0:
+                no_gpus_since = old.no_gpus_since if old is not None and old.no_gpus_since is not None else self.clock()
+            if gap_since != new.gap_since or no_gpus_since != new.no_gpus_since:
+                # The store holds the projection; carry the transition times into it.
+                self.nodes.store[key] = replace(new, gap_since=gap_since, no_gpus_since=no_gpus_since)
         self.changed.set()
 
     def _on_pod(self, key: str, old: Pod | None, new: Pod | None) -> None:
@@ -107,6 +113,10 @@ class ClusterCache:
             self.signalled.add(key)
         else:
             self.signalled.discard(key)
+        if new is not None and new.troubled:
+            self.troubled.add(key)
+        else:
+            self.troubled.discard(key)
         if old is not None:
             self.pods_by_node.get(old.node, set()).discard(key)
             for dev in old.devices:
@@ -129,6 +139,7 @@ class ClusterCache:
             pods_by_node={n: frozenset(keys) for n, keys in self.pods_by_node.items() if keys},
             pod_by_device=self.pod_by_device,
             signalled=frozenset(self.signalled),
+            troubled=frozenset(self.troubled),
             gangs=self.gangs,
             dra_devices=self.dra.devices if self.dra is not None else {},
             quarantined=self.dra.quarantined if self.dra is not None else {},

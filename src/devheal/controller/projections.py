@@ -14,6 +14,7 @@ from typing import Any
 from devheal.engine.inplace import in_place_restart
 from devheal.engine.workloads import classify
 from devheal.model.cluster import (
+    DRIVER_FAILURE_REASONS,
     LAUNCHER_GENERATION_ANNOTATION,
     LIFTS_ANNOTATION,
     OWNERSHIP_ANNOTATION,
@@ -216,6 +217,9 @@ def project_pod(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Pod:
         restart_generation=_restart_generation(annotations.get(RESTART_GENERATION_ANNOTATION)),
         acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
         in_place=in_place_restart(spec, annotations).value,
+        reason=_intern(str(status.get("reason") or "")),
+        controlled=owner is not None,
+        deletion_at=parse_time(meta.get("deletionTimestamp")),
         claims=_pod_claims(spec, status, where),
         steps=_steps(annotations.get(STEPS_ANNOTATION), f"{namespace}/{name}"),
     )
@@ -353,7 +357,23 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
     if updated_text is not None and updated is None:
         # A heartbeat that cannot be read must not pass for a current one.
         raise ProjectionError(f"{where}: status.updatedAt {show(updated_text)} is not an RFC 3339 time")
-    return NodeDevicesReport(node=node, devices=tuple(devices), updated=updated, uid=str(meta.get("uid") or ""))
+    return NodeDevicesReport(
+        node=node,
+        devices=tuple(devices),
+        updated=updated,
+        uid=str(meta.get("uid") or ""),
+        driver_failure=_driver_failure(status, where),
+    )
+
+
+def _driver_failure(status: Obj, where: str) -> tuple[str, str, float | None] | None:
+    """(reason, message, since) of a ``TelemetryAvailable=False`` condition that says the driver is broken."""
+    for cond in _objects(status.get("conditions"), f"{where}: status.conditions"):
+        if cond.get("type") == "TelemetryAvailable" and cond.get("status") == "False":
+            reason = str(cond.get("reason") or "")
+            if reason in DRIVER_FAILURE_REASONS:
+                return reason, str(cond.get("message") or "")[:1000], parse_time(cond.get("lastTransitionTime"))
+    return None
 
 
 def project_remediation(obj: Obj) -> InFlight:

@@ -25,7 +25,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from devheal.engine import dra, node_signals
+from devheal.engine import dra, infrastructure, node_signals
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.engine.stragglers import STEP_FINDINGS, step_actions
@@ -450,6 +450,7 @@ def decide(
         existing, in_flight = by_name.get, current
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
     candidates = _candidate_actions(view, findings, policies, in_flight, now)
+    candidates += infrastructure.candidates(view, findings, policies)
     if any(f.kind in DEGRADATION_FINDINGS for f in findings):  # degraded devices, repair, unknown XIDs
         candidates += degradation_actions(view, findings, policies, gang_epochs(view), now)
     candidates += node_signals.candidates(view, findings, policies)  # other tools' node conditions, taints

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from devheal.engine import dra, node_signals, sharing
+from devheal.engine import dra, infrastructure, node_signals, sharing
 from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARK
@@ -300,6 +300,7 @@ def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Fi
     """Every current finding, pod-level and node-level, in a stable order."""
     node_findings = node_signals.with_node_signals(_node_findings(view, policies, now), view, policies, now)
     findings = _pod_findings(view, policies, now) + node_findings
+    findings += infrastructure.detect(view, policies, now)
     findings += dra.detect(view, policies, now)
     return sorted(findings, key=lambda f: f.key)
 
@@ -331,6 +332,7 @@ class FindingTracker:
                 all_failed_since = self.first_seen.setdefault(f.key + "/all", now)
             out.append(replace(f, since=since, all_failed_since=all_failed_since))
         faulty_nodes = {f.node for f in current if f.kind is FindingKind.NODE_DEVICES_FAILED}
+        faulty_nodes |= infrastructure.driver_failed_nodes(view, now)  # a broken driver is no recovery
         self.unknown = frozenset(name for name in view.reports if view.unknown(name, now))
         for name, node in view.nodes.items():
             if name in faulty_nodes or node.gpu_gap > 0 or name in self.unknown:

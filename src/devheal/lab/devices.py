@@ -108,6 +108,8 @@ def device_uuid(node: str, index: int) -> str:
 
 
 MAX_XID_HISTORY = 64
+NVML_FAILURES = ("", "init", "version-mismatch")
+"""``NodeDevices.nvml_failure`` values: none, NVML cannot initialise, driver/library version mismatch."""
 
 
 @dataclass(slots=True)
@@ -117,6 +119,12 @@ class NodeDevices:
     node: str
     devices: list[Device]
     plugin_down_until: float = 0.0
+    kills_hang: bool = False
+    """Processes on this node's failed GPUs are stuck in the driver and survive SIGKILL: a pod holding one
+    never finishes terminating (what ``faults.kills_hang`` sets)."""
+    nvml_failure: str = ""
+    """What NVML says on this node: "" (it works), ``init`` (cannot initialise: driver not loaded) or
+    ``version-mismatch`` (driver and library versions differ); what the simulated agent backend reports."""
     sharing: Sharing | None = None
     """Time-slicing or MIG (``devheal.lab.sharing``): slots are allocated instead of whole GPUs."""
 
@@ -251,9 +259,16 @@ class NodeDevices:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
         self.plugin_down_until = now + seconds
 
+    def fail_nvml(self, kind: str) -> None:
+        if kind not in NVML_FAILURES:
+            raise ValueError(f"NVML failure must be one of {', '.join(repr(k) for k in NVML_FAILURES)}, got {kind!r}")
+        self.nvml_failure = kind
+
     def to_json(self, now: float) -> dict[str, Any]:
         return {
             "node": self.node,
+            "nvmlFailure": self.nvml_failure,
+            "killsHang": self.kills_hang,
             "pluginRegistered": self.plugin_registered(now),
             "pluginDownUntil": self.plugin_down_until,
             "capacity": self.capacity(now),

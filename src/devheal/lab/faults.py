@@ -14,6 +14,9 @@ from typing import Any
 
 from devheal.lab.cluster import Lab, LabError
 
+PLUGIN_DOWN_SECONDS = 7 * 24 * 3600.0
+"""How long ``plugin_down`` keeps the device plugin away: longer than any test (``plugin_up`` ends it)."""
+
 
 class FaultError(LabError):
     """The simulator refused the fault: unknown node, GPU index out of range, bad value."""
@@ -67,6 +70,25 @@ class Faults:
     def plugin_restart(self, node: str, seconds: float = 5.0) -> dict[str, Any]:
         """The device plugin goes away: capacity and allocatable drop to 0 for ``seconds``."""
         return self._fault(node, kind="plugin-restart", seconds=seconds)
+
+    def plugin_down(self, node: str) -> dict[str, Any]:
+        """The device plugin stays away (a long outage): capacity and allocatable 0 until ``plugin_up``."""
+        return self.plugin_restart(node, seconds=PLUGIN_DOWN_SECONDS)
+
+    def plugin_up(self, node: str) -> dict[str, Any]:
+        """The device plugin registers again now."""
+        return self.plugin_restart(node, seconds=0)
+
+    def kills_hang(self, node: str, on: bool = True) -> dict[str, Any]:
+        """Processes on ``node``'s failed GPUs survive SIGKILL (stuck in the driver): a pod holding one stays
+        terminating until this is turned off (or the pod is deleted with grace 0)."""
+        return self._fault(node, kind="kills-hang", on=on)
+
+    def nvml_failure(self, node: str, kind: str) -> dict[str, Any]:
+        """NVML on ``node`` fails as ``kind`` says: ``init`` (cannot initialise: driver not loaded),
+        ``version-mismatch`` (driver/library version mismatch), or ``""`` (works again). What the node agent's
+        simulated backend reports; the devices and the device plugin are left as they are."""
+        return self._fault(node, kind="nvml", failure=kind)
 
     def node_not_ready(self, node: str) -> dict[str, Any]:
         return self._fault(node, kind="node-notready")

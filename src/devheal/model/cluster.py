@@ -16,6 +16,10 @@ from devheal.model.values import whole_number
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DEVICE_FAILED_CONDITION = "devheal.io/DeviceFailed"
+ADMISSION_REJECTED_CONDITION = "devheal.io/AdmissionRejected"
+"""On a pod kubelet rejected at admission: added in kubelet's own write by deploy/job-admission-policy.yaml (a
+MutatingAdmissionPolicy), so a Job's podFailurePolicy rule ``Ignore`` on it keeps the rejection off its
+backoffLimit (Kubernetes sets no condition of its own), else by devheal before it deletes the pod."""
 OWNED_TAINT_KEY = "devheal.io/device-failure"
 OWNERSHIP_ANNOTATION = "devheal.io/owns"
 """On a node: comma-separated marks of what devheal set (``taint``, ``cordon``), so only that is lifted."""
@@ -30,6 +34,12 @@ LAUNCHER_GENERATION_ANNOTATION = "devheal.io/launcher-generation"
 REPORT_MAX_AGE = 180.0
 """Seconds after its last heartbeat (``status.updatedAt``) a node agent's report is stale: its health is unknown.
 Three of the agent's heartbeats (it rewrites an unchanged status every 60 s), so one slow write is no outage."""
+ADMISSION_REJECTED_REASON = "UnexpectedAdmissionError"
+"""The ``status.reason`` kubelet gives a pod it rejected at admission (its device manager could not allocate)."""
+DRIVER_FAILURE_REASONS = frozenset({"NVMLInitFailed", "DriverVersionMismatch"})
+"""Reasons of a node agent's ``TelemetryAvailable=False`` condition that say the node's GPU driver or its
+library is broken (NVML cannot initialise, driver/library version mismatch): a node-level failure, not a
+device's."""
 PLACEMENT_GATE = "devheal.io/placement"
 """A pod scheduling gate devheal releases, after nominating the node a replaced gang rank left."""
 """On gang members: the generation a member's launcher runs (its acknowledgement)."""
@@ -127,6 +137,12 @@ class Pod:
     """The generation the member's in-place agent acknowledged (LAUNCHER_GENERATION_ANNOTATION; 0 when absent)."""
     in_place: str = "none"
     """How the pod restarts in place when its restart generation rises (a ``devheal.engine.inplace.InPlaceRestart``)."""
+    reason: str = ""
+    """``status.reason`` (``UnexpectedAdmissionError`` for a pod kubelet rejected at admission)."""
+    controlled: bool = False
+    """The pod has a controller owner (a ReplicaSet, Job...) that recreates it when it is deleted."""
+    deletion_at: float | None = None
+    """``metadata.deletionTimestamp``: when the pod should be gone (the request's time plus its grace period)."""
     claims: tuple[tuple[str, str], ...] = ()
     """DRA: (pod claim name, ResourceClaim object name) from ``status.resourceClaimStatuses`` and the spec."""
     steps: StepReport | None = None
@@ -151,6 +167,14 @@ class Pod:
                 any(d.health is DeviceHealth.UNHEALTHY for d in self.devices)
                 or any(c.exit_code is not None or c.waiting_reason == "CrashLoopBackOff" for c in self.containers)
             )
+        )
+
+    @property
+    def troubled(self) -> bool:
+        """Whether this pod may give an infrastructure finding (``devheal.engine.infrastructure``): rejected at
+        admission, or deleted and not gone yet."""
+        return (self.phase == "Failed" and self.reason == ADMISSION_REJECTED_REASON) or (
+            self.deletion_at is not None and bool(self.node)
         )
 
 
@@ -188,6 +212,9 @@ class Node:
     """Since when allocatable < capacity for GPUs (None while equal); kept by the cache across updates."""
     lifts: int = 0
     """How many times devheal lifted its marks from this node (LIFTS_ANNOTATION): the node's episode number."""
+    no_gpus_since: float | None = None
+    """Since when no GPU has been allocatable (capacity or allocatable 0; None while some are); kept by the cache
+    across updates like ``gap_since``."""
     conditions: tuple[NodeCondition, ...] = ()
     """True conditions but ``Ready`` (node-problem-detector's, NVSentinel's, ...): ``spec.signals`` maps them."""
 
@@ -239,6 +266,9 @@ class NodeDevicesReport:
     """The agent's last write (``status.updatedAt``, its heartbeat); None: no heartbeat to judge (a host that
     does not keep one, the simulator), the report is taken as current."""
     uid: str = ""
+    driver_failure: tuple[str, str, float | None] | None = None
+    """(reason, message, since) while the agent says the node's GPU driver or library is broken
+    (``DRIVER_FAILURE_REASONS``); None otherwise."""
 
     @property
     def unhealthy(self) -> tuple[ReportedDevice, ...]:
@@ -273,6 +303,16 @@ class ClusterView:
     empty when the controller does not watch ResourceSlices."""
     quarantined: Mapping[str, DeviceQuarantine] = field(default_factory=dict)
     """devheal's DeviceTaintRules, by the ``driver/pool/device`` each quarantines."""
+
+    troubled: frozenset[str] | None = None
+    """Keys of the pods that may give an infrastructure finding (``Pod.troubled``), kept by the cache;
+    None: every pod is looked at."""
+
+    def pods_in_trouble(self) -> Iterable[Pod]:
+        """The pods that may give an infrastructure finding: those in ``troubled``, or every pod without it."""
+        if self.troubled is None:
+            return [p for p in self.pods.values() if p.troubled]
+        return [self.pods[k] for k in sorted(self.troubled) if k in self.pods]
 
     def pods_with_signals(self) -> Iterable[Pod]:
         """The pods that may give a pod finding: those in ``signalled``, or every pod without that index."""

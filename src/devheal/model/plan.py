@@ -24,6 +24,15 @@ class FindingKind(StrEnum):
     """A node has failed devices, reported by pods, the agent, or allocatable below capacity for too long."""
     NODE_RECOVERED = "NodeRecovered"
     """A node devheal marked is healthy again."""
+    # Kubernetes infrastructure failures (``devheal.engine.infrastructure``).
+    ADMISSION_REJECTED = "AdmissionRejected"
+    """Kubelet rejected a pod at admission (``UnexpectedAdmissionError``), e.g. during a device-plugin restart."""
+    STUCK_TERMINATING = "StuckTerminating"
+    """A pod on a node with a failed device is still there past its deletion time plus the policy's deadline."""
+    DEVICE_PLUGIN_DOWN = "DevicePluginDown"
+    """A node whose agent sees GPUs shows none allocatable (device plugin gone), with no device failed."""
+    NODE_DRIVER_FAILED = "NodeDriverFailed"
+    """The node agent cannot use the GPU driver: NVML cannot initialise, or driver and library versions differ."""
     DEVICE_DEGRADED = "DeviceDegraded"
     """Devices the agent has reported Degraded for the policy's ``degradation.enterAfter`` (on the node, and on
     each pod holding one) (``devheal.engine.degradation``)."""
@@ -159,6 +168,8 @@ class RemediationReason(StrEnum):
     ALREADY_ENDED = "AlreadyEnded"
     EVICTION_BLOCKED = "EvictionBlocked"
     NOTIFIED = "Notified"
+    FORCE_DELETED = "ForceDeleted"
+    NOT_TERMINATING = "NotTerminating"
     # Node actions.
     TAINTED = "Tainted"
     CORDONED = "Cordoned"

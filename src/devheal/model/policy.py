@@ -59,6 +59,13 @@ Spec, with defaults::
         taint: true                    # a failed DRA device gets a DeviceTaintRule, not its node a taint
         taintEffect: NoSchedule        # NoExecute: Kubernetes also evicts the pods using the device
         holdDown: 2m                   # published healthy this long before the rule is removed
+      infrastructure:                  # Kubernetes infrastructure failures (infrastructure_policy.py)
+        admissionRejected: DeletePod   # DeletePod | Notify: pods rejected at admission (bare pods: reported)
+        stuckTerminatingAfter: 5m      # past deletionTimestamp on a failed device: reported...
+        forceDeleteStuck: false        # ...and deleted with grace 0 only when true
+        devicePluginDownAfter: 5m      # GPUs seen, none failed, none allocatable: reported, never remediated
+        driverFailure: Taint           # Taint | Notify: NVML cannot initialise / driver-library mismatch
+        driverFailureAfter: 1m
       allowDelete: false               # Deschedule may delete a pod when eviction is impossible
       # failedDeviceGracePeriodSeconds: 5  # grace for pods evicted off a failed device (unset: the pod's own)
       # spares:                        # no default (no pool): warm spare nodes for gang ranks (spares_policy.py)
@@ -104,6 +111,7 @@ from devheal.model import times
 from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
 from devheal.model.degradation_policy import DegradationRules, RepairRules, parse_degradation, parse_repair
 from devheal.model.device_policy import DeviceRules, parse_devices
+from devheal.model.infrastructure_policy import InfrastructureRules, parse_infrastructure
 from devheal.model.signals_policy import SignalRules, parse_signals
 from devheal.model.spares_policy import SparePool, parse_spares
 from devheal.model.straggler_policy import StragglerRules, parse_stragglers
@@ -128,6 +136,10 @@ class ActionKind(StrEnum):
     DRAIN = "Drain"
     REMEDIATE_NODE = "RemediateNode"
     LIFT = "Lift"
+    DELETE_POD = "DeletePod"
+    """Delete a pod that already failed (rejected at admission) so its owner recreates it."""
+    FORCE_DELETE_POD = "ForceDeletePod"
+    """Delete a pod stuck terminating with grace 0 (only where the policy opts in)."""
     TAINT_DEGRADED = "TaintDegraded"
     """``devheal.io/device-degraded:PreferNoSchedule``: the scheduler avoids the node."""
     FENCE_DEGRADED = "FenceDegraded"
@@ -336,6 +348,8 @@ class Policy:
     """``spec.degradation``: devices the agent reports Degraded (``devheal.model.degradation_policy``)."""
     repair: RepairRules = field(default_factory=RepairRules)
     """``spec.repair``: devices the agent says to send for repair (``RepeatedXid``)."""
+    infrastructure: InfrastructureRules = field(default_factory=InfrastructureRules)
+    """``spec.infrastructure``: Kubernetes infrastructure failures (``devheal.model.infrastructure_policy``)."""
     spares: SparePool | None = None
     """``spec.spares``: the warm spare nodes replaced gang ranks go to (``devheal.model.spares_policy``)."""
     signals: SignalRules = field(default_factory=SignalRules)
@@ -400,6 +414,7 @@ _SPEC_FIELDS = frozenset(
         "records",
         "allowDelete",
         "failedDeviceGracePeriodSeconds",
+        "infrastructure",
         "devices",
         "dryRun",
         "paused",
@@ -751,6 +766,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         or str(annotations.get(PAUSE_ANNOTATION, "")).lower() == "true",
         breaker_reset=reset or "",
         breaker_record=_breaker_record(obj),
+        infrastructure=parse_infrastructure(spec.get("infrastructure"), f"{prefix}.infrastructure", PolicyError),
         spares=parse_spares(spec.get("spares"), f"{prefix}.spares", PolicyError, _selector),
         signals=parse_signals(spec.get("signals"), f"{prefix}.signals", PolicyError),
     )

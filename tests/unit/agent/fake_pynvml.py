@@ -58,6 +58,7 @@ _NAMES = {
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
     NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
     NVML_ERROR_UNKNOWN: "Unknown Error",
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: "Driver/library version mismatch",
 }
 
 CONSTANTS = [name for name in list(globals()) if name.startswith(("NVML_", "nvmlEventType", "nvmlClocksEventReason"))]

@@ -209,17 +209,20 @@ def test_a_gpu_lost_at_start_is_listed_and_reported_lost() -> None:
 
 
 @pytest.mark.parametrize(
-    ("code", "text"),
+    ("code", "text", "reason"),
     [
-        (fake_pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found"),
-        (fake_pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded"),
+        (fake_pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found", "NVMLUnavailable"),
+        (fake_pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded", "NVMLInitFailed"),
+        (fake_pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "Driver/library version mismatch", "DriverVersionMismatch"),
     ],
 )
-def test_no_driver_is_telemetry_unavailable(code: int, text: str) -> None:
+def test_no_driver_is_telemetry_unavailable(code: int, text: str, reason: str) -> None:
+    """A driver that fails (not loaded, or a version other than the library's) has a reason of its own, which
+    the controller makes a node finding (NodeDriverFailed); a container without the library is not that."""
     b = NvmlBackend(FakeNvml([], init_error=code))
     with pytest.raises(TelemetryUnavailable, match=f"NVML cannot initialise: {text}") as info:
         b.start()
-    assert info.value.reason == "NVMLUnavailable"
+    assert info.value.reason == reason
     with pytest.raises(TelemetryUnavailable):
         b.sample(1.0)
     b.close()

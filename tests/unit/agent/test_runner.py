@@ -69,10 +69,11 @@ async def test_no_driver_keeps_running_retries_with_backoff_and_recovers(tmp_pat
     agent = make_agent(tmp_path, nvml, kube)
     await agent.step(100.0)
     cond = conditions(kube)["TelemetryAvailable"]
-    assert cond["status"] == "False" and cond["reason"] == "NVMLUnavailable"
+    assert cond["status"] == "False" and cond["reason"] == "NVMLInitFailed"
     assert "Driver Not Loaded" in cond["message"]
-    assert status_of(kube)["worstReason"] == "NVMLUnavailable"
-    assert kube.nodes["n1"]["status"]["conditions"][0]["status"] == "Unknown"
+    assert status_of(kube)["worstReason"] == "NVMLInitFailed"
+    node_condition = kube.nodes["n1"]["status"]["conditions"][0]
+    assert (node_condition["status"], node_condition["reason"]) == ("False", "NVMLInitFailed"), "a known failure"
     await agent.step(100.5)
     assert nvml.calls["nvmlInit"] == 1, "backing off"
     await agent.step(101.0)

@@ -23,7 +23,7 @@ from devheal.lab.nodesim.nodestatus import NodeStatus
 from devheal.lab.nodesim.store import NodeStore
 from devheal.lab.sharing import SHARING_FAULTS, sharing_fault
 
-FAULT_KINDS = ("xid", "degrade", "recover", "plugin-restart", "node-notready", "node-ready")
+FAULT_KINDS = ("xid", "degrade", "recover", "plugin-restart", "node-notready", "node-ready", "nvml", "kills-hang")
 
 
 @dataclass
@@ -72,6 +72,16 @@ class FaultAPI:
             if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
                 raise ValueError(f"fault 'plugin-restart' needs 'seconds' >= 0, got {seconds!r}")
             nd.restart_plugin(now, float(seconds))
+        elif kind == "kills-hang":
+            hang = body.get("on", True)
+            if not isinstance(hang, bool):
+                raise ValueError(f"fault 'kills-hang' takes 'on': true or false, got {hang!r}")
+            nd.kills_hang = hang
+        elif kind == "nvml":
+            failure = body.get("failure", "")
+            if not isinstance(failure, str):
+                raise ValueError(f"fault 'nvml' needs 'failure': 'init', 'version-mismatch' or '', got {failure!r}")
+            nd.fail_nvml(failure)
         elif kind in ("node-notready", "node-ready"):
             value = "true" if kind == "node-notready" else None
             await self.client.patch(

@@ -35,6 +35,9 @@ from devheal.model.times import format_time
 
 log = logging.getLogger(__name__)
 
+HUNG_RECHECK_SECONDS = 1.0
+"""How often a pod whose processes hang on a failed GPU (``NodeDevices.kills_hang``) is looked at again."""
+
 CLAIM_RETRY_SECONDS = 0.5
 """How soon a pod whose claims are not allocated to it yet is looked at again."""
 
@@ -164,6 +167,11 @@ class Kubelet:
         ending = self.running.get(pod.uid)
         if ending is not None and pod.phase not in ("Succeeded", "Failed"):
             now = time.time()
+            if nd.kills_hang and any(
+                d.holder is not None and d.holder.uid == pod.uid and d.health is devmod.Health.UNHEALTHY
+                for d in nd.devices
+            ):
+                return HUNG_RECHECK_SECONDS  # stuck in the driver: the pod stays terminating (look again later)
             if ending.stops_at is None:
                 # Started containers get SIGTERM and take their stop time, at most the grace
                 # period (then SIGKILL); a pod still starting has nothing running to stop.
