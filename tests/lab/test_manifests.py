@@ -27,6 +27,8 @@ PLURALS = {
     "DaemonSet": "daemonsets",
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
     "ConfigMap": "configmaps",
     "Job": "jobs",
     "Service": "services",
