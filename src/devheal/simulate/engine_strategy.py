@@ -52,9 +52,9 @@ from devheal.model.cluster import (
     Taint,
     Workload,
 )
+from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY
 from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan, TargetKind
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
-from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY
 from devheal.model.steps import StepReport
 from devheal.simulate.events import Event, EventKind
 from devheal.simulate.failures import Signal
