@@ -105,6 +105,10 @@ class EngineStrategy(Strategy):
         self.scheduled: set[float] = set()
         self.retry_s = RETRY_FIRST_S
         self.watched: list[int] = []
+        self.generation: dict[int, int] = {}
+        """Per gang, the restart generation devheal last wrote on its ranks (one more per RestartGang)."""
+        self.acknowledged: dict[int, int] = {}
+        """... and the one its ranks' launchers acknowledged (the generation they last ran at)."""
         self.degraded_effect: dict[int, str] = {}
         """Per node devheal marked degraded, the effect of its taint."""
         self.lifts: dict[int, int] = {}
@@ -144,7 +148,10 @@ class EngineStrategy(Strategy):
         self._judge_steps(unit, [self.sim.now + limit + SLACK_S])
 
     def on_unit_running(self, unit: Unit) -> None:
-        """A gang with a slow rank runs again: rounds at each step report until the outlier is judged."""
+        """A gang runs again: its launchers acknowledge the restart generation. With a slow rank: rounds at each
+        step report until the outlier is judged."""
+        if unit.kind is UnitKind.GANG and unit.uid in self.generation:
+            self.acknowledged[unit.uid] = self.generation[unit.uid]
         if unit.kind is not UnitKind.GANG or not self._has_slow(unit):
             return
         costs = self.sim.costs
@@ -295,6 +302,8 @@ class EngineStrategy(Strategy):
             containers=(ContainerState("main"),),
             gpu_request=unit.gpus_per_node,
             steps=steps,
+            restart_generation=self.generation.get(unit.uid, 0),
+            acknowledged_generation=self.acknowledged.get(unit.uid, 0),
         )
 
     def _report(self, n: int, pod: Pod | None) -> NodeDevicesReport | None:
@@ -344,6 +353,8 @@ class EngineStrategy(Strategy):
             pod_uid,
             self.lifts.get(n),
             steps,
+            self.generation.get(unit.uid, 0) if unit is not None else 0,
+            self.acknowledged.get(unit.uid, 0) if unit is not None else 0,
         )
         cached = self.cache.get(n)
         if settled and cached is not None and cached[0] == key:
@@ -519,6 +530,8 @@ class EngineStrategy(Strategy):
                 self._replace_stragglers(unit)
             if unit is not None and action.finding.kind in STEP_FINDINGS:
                 sim.restart_in_place(unit)  # a stalled run restarts now, whether or not a rank was replaced
+            if unit is not None:  # the restarter writes the next restart generation on every rank
+                self.generation[unit.uid] = self.generation.get(unit.uid, 0) + 1
             if action.target_kind is TargetKind.GANG and unit is not None:
                 phase = Phase.IN_PROGRESS
                 self.gang_restarts[action.name] = unit.uid

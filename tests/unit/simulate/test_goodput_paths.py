@@ -125,3 +125,13 @@ def test_a_slow_rank_is_replaced_at_the_gangs_next_restart_by_default() -> None:
     assert not {3, 5} & set(sim.units[0].members)
     # Slow until the restart at 2 h (less checkpoint pauses), not the day people take to find it.
     assert result.training_loss_gpu_hours["stragglers"] == pytest.approx(2 * 64 * (1 - 1 / 1.3), rel=0.05)
+
+
+def test_each_restart_raises_the_gangs_generation_so_the_next_hang_is_a_new_decision() -> None:
+    config = small_config()
+    strategy = EngineStrategy(policy("p"))
+    faults = [fault(2, node=2, cls="nccl-watchdog"), fault(6, node=1, cls="nccl-watchdog")]
+    result = Simulation(config, trace_of(config, faults), strategy).run()
+    assert result.recoveries_s == [pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)] * 2
+    assert result.engine["decisions"] == {"devheal:RestartGang": 2}
+    assert strategy.generation == strategy.acknowledged == {0: 2}
