@@ -1,46 +1,57 @@
-"""Benchmark: a 64-rank gang loses one GPU. In-place restart vs delete-and-recreate-everything.
+"""Benchmark: a 64-rank gang loses one GPU. In-place restart onto a warm spare vs delete-and-recreate-everything.
 
     python -m bench.gang_restart --ranks 64 --repeat 3
 
-One lab, one StatefulSet gang (label devheal.io/gang, 1 GPU per rank), the controller
-running with `actions.gang: RestartGang`. Alternating, `--repeat` times each:
+One lab, one StatefulSet gang (label devheal.io/gang, one whole 8-GPU node per rank, behind
+the devheal.io/placement gate), the controller running with `actions.gang: RestartGang` and a
+pool of warm spares (`spares`: the pool's nodes reserved, the image pre-pulled on them, as a
+pre-pull DaemonSet tolerating devheal.io/spare does). Alternating, `--repeat` times each:
 
-- in place: an XID 79 under one rank; devheal evicts that pod (with the policy's
-  ``failedDeviceGracePeriodSeconds``, ``--failed-device-grace``, default 5 s; the
-  StatefulSet recreates it, it starts) and bumps the gang's restart generation; time from
-  the fault until every rank runs again at the new generation;
+- in place: an XID 79 under one rank; devheal evicts that pod (the policy's
+  ``failedDeviceGracePeriodSeconds``, ``--failed-device-grace``, default 5 s), the StatefulSet
+  recreates it at the gate, devheal nominates a warm spare (its node keeps 7 healthy GPUs: no
+  room for 8) and gives the other 63 ranks the new restart generation; their simulated
+  launchers stop the training process, acknowledge and start it again. Time from the fault
+  until every rank's training process is ready at the new generation;
 - recreate all: the same XID 79 under one rank (devheal's policy paused), then every pod of
-  the gang deleted at once with the template's grace period (what a plain failure policy
-  or a JobSet restart does: it waits for the pods to terminate); time from the fault until
-  every rank runs again in a new pod. The delete follows the fault at once, which flatters
-  this path: a real failure policy first waits for the pod to fail.
+  the gang deleted at once with the template's grace period (a plain failure policy or a
+  JobSet restart: it waits for the pods to terminate). 63 ranks come back to their nodes;
+  the rank whose GPU failed needs another node: an idle one, which has never run this job's
+  image (a warm idle node is what the spare pool keeps; without it, the scheduler takes what
+  is free). Time from the fault until every rank of the new pods is ready. The delete follows
+  the fault at once, which flatters this path: a real failure policy first waits for the pod
+  to fail, and a rank hung on an XID 79 fails only when NCCL's watchdog gives up (10 min).
 
-Pod start-up and stop costs come from the node simulator's opt-in model (annotations on
-the pod template, see docs/lab.md). The defaults model GPU training pods on nodes that
-already have their image:
+What each path pays comes from the node simulator's models (docs/lab.md): a new pod pays
+scheduling (the real kube-scheduler), an image pull where its node lacks the image, container
+start (sandbox, device allocation and injection) and the training framework's start-up; a
+rank restarted in place pays its process stopping and starting again. Both then pay NCCL's
+communicator set-up once every rank is ready (``--nccl-init``, added to both). Defaults, and
+why:
 
-- ``--image-pull 0``: the image is on the node (pre-pulled, or the gang ran there before);
-  a cold node would add minutes for a multi-GB CUDA image;
-- ``--start 3 --start-jitter 4`` (3-7 s per pod, median 5 s): Kubernetes' pod start-up SLO
-  is p99 <= 5 s for *stateless* pods with pre-pulled images (creation to running, image
-  pulls excluded); a GPU pod adds device-plugin allocation and CDI/container-toolkit
-  device injection, shared-memory and CSI volumes and often a second (RDMA) network;
-- ``--stop 3 --stop-jitter 2`` (3-5 s): a training container on SIGTERM: the launcher
-  stops its workers, NCCL communicators abort, CUDA contexts and GPU memory are freed;
-- ``--grace 30``: Kubernetes' default terminationGracePeriodSeconds (must cover stop +
-  jitter, else the grace period cuts the stop short);
-- the rank on the failed GPU stops only at the end of its grace period: processes stuck in
-  the driver of a dead GPU ignore SIGTERM (the simulator models this for every pod that
-  holds a failed device), so the grace period devheal evicts it with matters.
+- ``--image-pull 300``: AI/ML training images are 10-50 GB and take 5-15 minutes to pull on a
+  node without them (kubernetes.recipes, "Image Pull Optimization for Kubernetes"; PyTorch +
+  CUDA images alone are 7-13 GB): 300 s is the low end;
+- ``--start 3 --start-jitter 4`` (3-7 s): Kubernetes' pod start-up SLO is p99 <= 5 s for
+  stateless pods with pre-pulled images; a GPU pod adds device-plugin allocation and
+  CDI/container-toolkit device injection, shared-memory and CSI volumes, often an RDMA network;
+- ``--init 10 --init-jitter 5`` (10-15 s): the training framework's start in a new container:
+  the interpreter, imports of torch and the training stack, CUDA contexts on 8 GPUs
+  (an estimate; both paths pay it for every new pod, the replacement included);
+- ``--restart 10 --restart-jitter 5``: the same process start after an in-place restart (the
+  launcher runs the same command again: no cheaper by assumption);
+- ``--stop 3 --stop-jitter 2`` (3-5 s): a training process on SIGTERM (pod deletion, or the
+  launcher's restart): workers stop, NCCL communicators abort, GPU memory is freed;
+- ``--grace 30``: Kubernetes' default terminationGracePeriodSeconds; the rank on the failed GPU
+  stops only at the end of its grace period (stuck in the driver);
+- ``--nccl-init 5``: NCCL's communicator set-up over 512 GPUs once every rank is ready (an
+  estimate; the same for both paths, so it narrows the ratio).
 
-``--image-pull 0 --start 0 --start-jitter 0 --stop 0 --stop-jitter 0 --grace 0`` is the
-zero-cost lab of the first version of this benchmark (pods start and vanish at once).
+``--recreate-node warm`` pre-pulls the image on the idle nodes too: the recreated gang's
+displaced rank then pays no pull (the sensitivity of the result to that one assumption).
 
-Not modelled on either path: the training process itself (rendezvous, NCCL init, loading
-the checkpoint), which a real restart pays after the pods run, in place or recreated.
-
-Reports medians, their ratio, pods recreated, and a breakdown of each path's milestones.
-Writes bench/results/gang_restart.json (with the profile used).
+Reports medians, their ratio, pods recreated, and each path's milestones. Writes
+bench/results/gang_restart.json (with the profile used).
 """
 
 from __future__ import annotations
@@ -66,15 +77,25 @@ from devheal.lab.nodesim import (
     START_SECONDS_ANNOTATION,
     STOP_JITTER_SECONDS_ANNOTATION,
     STOP_SECONDS_ANNOTATION,
+    node_name,
+)
+from devheal.lab.nodesim.training import (
+    INIT_JITTER_SECONDS_ANNOTATION,
+    INIT_SECONDS_ANNOTATION,
+    RESTART_JITTER_SECONDS_ANNOTATION,
+    RESTART_SECONDS_ANNOTATION,
 )
 from devheal.lab.workloads import pod_devices, wait_policy_observed, wait_until
 from devheal.model.api import GROUP_VERSION
-from devheal.model.cluster import RESTART_GENERATION_ANNOTATION
+from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION, PLACEMENT_GATE, RESTART_GENERATION_ANNOTATION
 from devheal.model.times import format_time
 
 RESULTS = Path(__file__).parent / "results"
 NS = "bench"
 GENERATION = RESTART_GENERATION_ANNOTATION
+IMAGE = "registry.invalid/train:1"
+POOL_LABEL = "devheal.io/spare-pool"
+GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True)
@@ -87,6 +108,12 @@ class Profile:
     stop_s: float
     stop_jitter_s: float
     grace_s: int
+    init_s: float = 0.0
+    init_jitter_s: float = 0.0
+    restart_s: float = 0.0
+    restart_jitter_s: float = 0.0
+    nccl_init_s: float = 0.0
+    """Added to both paths once every rank is ready (not simulated: the same for both)."""
 
     def annotations(self) -> dict[str, str]:
         values = {
@@ -95,13 +122,20 @@ class Profile:
             START_JITTER_SECONDS_ANNOTATION: self.start_jitter_s,
             STOP_SECONDS_ANNOTATION: self.stop_s,
             STOP_JITTER_SECONDS_ANNOTATION: self.stop_jitter_s,
+            INIT_SECONDS_ANNOTATION: self.init_s,
+            INIT_JITTER_SECONDS_ANNOTATION: self.init_jitter_s,
+            RESTART_JITTER_SECONDS_ANNOTATION: self.restart_jitter_s,
         }
-        return {key: str(value) for key, value in values.items() if value > 0}
+        notes = {key: str(value) for key, value in values.items() if value > 0}
+        notes[RESTART_SECONDS_ANNOTATION] = str(self.restart_s)  # always: every rank runs under a launcher
+        return notes
 
     def describe(self) -> str:
         return (
             f"image pull {self.image_pull_s:g}s, start {self.start_s:g}s + U[0,{self.start_jitter_s:g})s, "
-            f"stop {self.stop_s:g}s + U[0,{self.stop_jitter_s:g})s, grace {self.grace_s}s"
+            f"framework start {self.init_s:g}s + U[0,{self.init_jitter_s:g})s, in-place process restart "
+            f"{self.restart_s:g}s + U[0,{self.restart_jitter_s:g})s, stop {self.stop_s:g}s + "
+            f"U[0,{self.stop_jitter_s:g})s, grace {self.grace_s}s, NCCL init {self.nccl_init_s:g}s (both paths)"
         )
 
 
@@ -123,11 +157,12 @@ def gang(ranks: int, profile: Profile) -> dict[str, Any]:
                 "metadata": template_meta,
                 "spec": {
                     "terminationGracePeriodSeconds": profile.grace_s,
+                    "schedulingGates": [{"name": PLACEMENT_GATE}],
                     "containers": [
                         {
                             "name": "rank",
-                            "image": "registry.invalid/train:1",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                            "image": IMAGE,
+                            "resources": {"limits": {"nvidia.com/gpu": str(GPUS_PER_NODE)}},
                         }
                     ],
                 },
@@ -152,6 +187,19 @@ async def members(kube: KubeClient) -> list[dict[str, Any]]:
 
 def running(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+
+
+def ready(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Running pods whose training process is ready (the Ready condition the node simulator writes)."""
+    return [
+        p
+        for p in running(pods)
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in p["status"].get("conditions") or [])
+    ]
+
+
+def notes(pod: dict[str, Any]) -> dict[str, str]:
+    return pod["metadata"].get("annotations") or {}
 
 
 Pods = list[dict[str, Any]]
@@ -183,7 +231,7 @@ async def track(
     what: str,
 ) -> tuple[Pods, dict[str, float]]:
     """Poll the gang's pods (terminating ones too) until ``done``; seconds since ``started`` at
-    which each milestone first held (and ``all running``, when done held)."""
+    which each milestone first held (and ``all ready``, when done held)."""
     seen: dict[str, float] = {}
 
     def check(pods: Pods) -> bool:
@@ -192,7 +240,7 @@ async def track(
             if name not in seen and reached(pods):
                 seen[name] = now
         if done(pods):
-            seen["all running"] = now
+            seen["all ready"] = now
             return True
         return False
 
@@ -203,7 +251,7 @@ async def track(
 Row = tuple[float, int, dict[str, float]]
 
 
-async def in_place(kube: KubeClient, faults: Faults, ranks: int, timeout: float) -> Row:
+async def in_place(kube: KubeClient, faults: Faults, ranks: int, timeout: float, pool: list[str]) -> Row:
     before = running(await members(kube))
     # Recreated pods start without a generation: the restart bumps the highest one present.
     generation = 1 + max(int((p["metadata"].get("annotations") or {}).get(GENERATION, "0")) for p in before)
@@ -214,24 +262,32 @@ async def in_place(kube: KubeClient, faults: Faults, ranks: int, timeout: float)
     await asyncio.to_thread(faults.xid, node, index, 79)
 
     def done(pods: Pods) -> bool:
-        ready = running(live(pods))
-        return len(ready) == ranks and all(
-            (p["metadata"].get("annotations") or {}).get(GENERATION) == str(generation) for p in ready
+        up = ready(live(pods))
+        return len(up) == ranks and all(
+            notes(p).get(GENERATION) == str(generation)
+            and int(notes(p).get(LAUNCHER_GENERATION_ANNOTATION, "0")) >= generation
+            for p in up
         )
 
     def victim_state(pods: Pods) -> dict[str, Any] | None:
         return next((p for p in pods if p["metadata"]["uid"] == victim_uid), None)
 
+    def replacement(pods: Pods, state: Callable[[Pods], Pods]) -> bool:
+        return any(
+            p["metadata"]["name"] == victim_name and p["metadata"]["uid"] != victim_uid for p in state(live(pods))
+        )
+
     milestones: dict[str, Callable[[Pods], bool]] = {
         "evicted": lambda ps: (v := victim_state(ps)) is None or bool(v["metadata"].get("deletionTimestamp")),
         "old pod gone": lambda ps: victim_state(ps) is None,
-        "replacement running": lambda ps: any(
-            p["metadata"]["name"] == victim_name and p["metadata"]["uid"] != victim_uid for p in running(live(ps))
-        ),
+        "replacement running": lambda ps: replacement(ps, running),
+        "replacement ready": lambda ps: replacement(ps, ready),
     }
     after, marks = await track(kube, started, milestones, done, timeout=timeout, what="gang running again in place")
     elapsed = time.monotonic() - started
     recreated = len({p["metadata"]["uid"] for p in before} - {p["metadata"]["uid"] for p in live(after)})
+    new = next(p for p in live(after) if p["metadata"]["name"] == victim_name)
+    marks["replacement on a spare"] = 1.0 if new["spec"].get("nodeName") in pool else 0.0
     return elapsed, recreated, marks
 
 
@@ -259,11 +315,14 @@ async def recreate_all(kube: KubeClient, faults: Faults, ranks: int, grace: int,
         )
 
         def done(pods: Pods) -> bool:
-            ready = running(live(pods))
-            return len(ready) == ranks and not ({p["metadata"]["uid"] for p in ready} & before)
+            up = ready(live(pods))
+            return len(up) == ranks and not ({p["metadata"]["uid"] for p in up} & before)
 
         milestones: dict[str, Callable[[Pods], bool]] = {
             "old pods gone": lambda ps: not ({p["metadata"]["uid"] for p in ps} & before),
+            "all running": lambda ps: (
+                len(running(live(ps))) == ranks and not ({p["metadata"]["uid"] for p in running(live(ps))} & before)
+            ),
         }
         after, marks = await track(kube, started, milestones, done, timeout=timeout, what="gang recreated")
         return time.monotonic() - started, len(before - {p["metadata"]["uid"] for p in live(after)}), marks
@@ -285,6 +344,11 @@ def profile_of(args: argparse.Namespace) -> Profile:
         stop_s=args.stop,
         stop_jitter_s=args.stop_jitter,
         grace_s=args.grace,
+        init_s=args.init,
+        init_jitter_s=args.init_jitter,
+        restart_s=args.restart,
+        restart_jitter_s=args.restart_jitter,
+        nccl_init_s=args.nccl_init,
     )
 
 
@@ -293,61 +357,113 @@ def medians(rows: list[Row]) -> dict[str, float]:
     return {name: round(statistics.median(marks[name] for _, _, marks in rows), 3) for name in names}
 
 
+def policy(args: argparse.Namespace, pool: int) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": {"namespaces": [NS]},
+        "actions": {"gang": "RestartGang"},
+        "node": {"taint": False},
+        "spares": {"nodeSelector": {"matchLabels": {POOL_LABEL: "bench"}}, "size": pool},
+        "budgets": {
+            "gangRestartsPerHour": 1000,
+            "workloadDisruptionInterval": "0s",
+            "circuitBreaker": {"maxFaultyNodesPercent": 100},
+        },
+    }
+    if args.failed_device_grace:
+        spec["failedDeviceGracePeriodSeconds"] = args.failed_device_grace
+    return {"apiVersion": GROUP_VERSION, "kind": "RemediationPolicy", "metadata": {"name": "bench"}, "spec": spec}
+
+
+async def prepull(kube: KubeClient, nodes: list[str], profile: Profile, timeout: float) -> None:
+    """Pull the image on ``nodes`` as a pre-pull DaemonSet does (a pod per node that tolerates the spare taint),
+    then remove those pods: the nodes keep the image."""
+    pods = api_path("v1", "pods", namespace=NS)
+    for node in nodes:
+        await kube.create(
+            pods,
+            {
+                "metadata": {
+                    "name": f"prepull-{node}",
+                    "labels": {"app": "prepull"},
+                    "annotations": {IMAGE_PULL_SECONDS_ANNOTATION: str(profile.image_pull_s)},
+                },
+                "spec": {
+                    "nodeName": node,
+                    "terminationGracePeriodSeconds": 0,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "pull", "image": IMAGE}],
+                },
+            },
+        )
+
+    async def pulled() -> list[dict[str, Any]]:
+        items, _ = await kube.list_all(pods, {"labelSelector": "app=prepull"})
+        return items
+
+    await wait_until(pulled, lambda ps: len(running(ps)) == len(nodes), timeout=timeout, what="images pre-pulled")
+    await kube.request("DELETE", pods, params={"labelSelector": "app=prepull", "gracePeriodSeconds": 0})
+
+
+async def pool_reserved(kube: KubeClient, pool: list[str]) -> None:
+    async def spares() -> int:
+        nodes, _ = await kube.list_all(api_path("v1", "nodes"), {"labelSelector": "devheal.io/spare=true"})
+        return len([n for n in nodes if n["metadata"]["name"] in pool])
+
+    await wait_until(spares, lambda n: n == len(pool), timeout=120, what="the spare pool reserved")
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     profile = profile_of(args)
-    # Generous limits: a restart costs at most pull + start + stop (+ jitter), plus the lab's own time.
+    # Generous limits: a restart costs at most pull + start + init + stop (+ jitter), plus the lab's own time.
     timeout = 120 + 2 * (
-        profile.image_pull_s + profile.start_s + profile.start_jitter_s + profile.stop_s + profile.stop_jitter_s
+        profile.image_pull_s
+        + profile.start_s
+        + profile.start_jitter_s
+        + profile.stop_s
+        + profile.stop_jitter_s
+        + profile.init_s
+        + profile.init_jitter_s
+        + profile.restart_s
+        + profile.restart_jitter_s
+        + profile.grace_s
     )
-    nodes = (args.ranks + 2 * args.repeat + 7) // 8 + 2  # every run leaves one GPU failed
+    # One node per rank; a warm spare per in-place run (and one more); an idle node per recreate run.
+    pool_size, idle = args.repeat + 1, args.repeat + 1
+    nodes = args.ranks + pool_size + idle
+    pool = [node_name(i) for i in range(nodes - pool_size, nodes)]
     lab = Lab(Path(tempfile.mkdtemp(prefix="devheal-bench-", dir="/tmp")))
     await asyncio.to_thread(lab.up, LabSpec(nodes=nodes, pod_resources_sockets=False), None, 600)
     controller = None
     try:
         async with await KubeClient.connect(str(lab.kubeconfig)) as kube:
             await install_crds(kube)
-            await kube.create(
-                api_path(GROUP_VERSION, "remediationpolicies"),
-                {
-                    "apiVersion": GROUP_VERSION,
-                    "kind": "RemediationPolicy",
-                    "metadata": {"name": "bench"},
-                    "spec": {
-                        "selector": {"namespaces": [NS]},
-                        "actions": {"gang": "RestartGang"},
-                        "node": {"taint": False},
-                        **(
-                            {"failedDeviceGracePeriodSeconds": args.failed_device_grace}
-                            if args.failed_device_grace
-                            else {}
-                        ),
-                        "budgets": {
-                            "gangRestartsPerHour": 1000,
-                            "workloadDisruptionInterval": "0s",
-                            "circuitBreaker": {"maxFaultyNodesPercent": 100},
-                        },
-                    },
-                },
-            )
             await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": NS}})
-            await kube.create(api_path("apps/v1", "statefulsets", namespace=NS), gang(args.ranks, profile))
-            await wait_until(
-                lambda: members(kube),
-                lambda ps: len(running(ps)) == args.ranks,
-                timeout=300 + timeout,
-                what="gang running",
-            )
+            for node in pool:
+                await kube.patch(api_path("v1", "nodes", name=node), {"metadata": {"labels": {POOL_LABEL: "bench"}}})
+            await kube.create(api_path(GROUP_VERSION, "remediationpolicies"), policy(args, pool_size))
             controller = await asyncio.to_thread(
                 lab.spawn_devheal, "controller", "--no-leader-elect", "--log-level=WARNING"
             )
-
             await wait_policy_observed(kube, "bench", timeout=120)
+            await pool_reserved(kube, pool)
+            print(f"spare pool reserved: {', '.join(pool)}", flush=True)
+            warm = [node_name(i) for i in range(args.ranks, nodes - pool_size)] if args.recreate_node == "warm" else []
+            await asyncio.gather(
+                prepull(kube, pool + warm, profile, timeout),
+                kube.create(api_path("apps/v1", "statefulsets", namespace=NS), gang(args.ranks, profile)),
+            )
+            await wait_until(
+                lambda: members(kube),
+                lambda ps: len(ready(ps)) == args.ranks,
+                timeout=300 + timeout,
+                what="gang running",
+            )
             faults = Faults(lab)
             rows: dict[str, list[Row]] = {"in_place": [], "recreate_all": []}
             print(f"profile: {profile.describe()}", flush=True)
             for i in range(args.repeat):
                 await settle(kube)
-                rows["in_place"].append(await in_place(kube, faults, args.ranks, timeout))
+                rows["in_place"].append(await in_place(kube, faults, args.ranks, timeout, pool))
                 print(f"in place #{i + 1}: {rows['in_place'][-1][0]:.2f}s", flush=True)
                 await settle(kube)
                 rows["recreate_all"].append(await recreate_all(kube, faults, args.ranks, profile.grace_s, timeout))
@@ -357,20 +473,25 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             controller.terminate()
             controller.wait(timeout=20)
         await asyncio.to_thread(lab.down)
-    in_place_median = statistics.median(t for t, _, _ in rows["in_place"])
-    recreate_median = statistics.median(t for t, _, _ in rows["recreate_all"])
+    nccl = profile.nccl_init_s
+    in_place_median = statistics.median(t for t, _, _ in rows["in_place"]) + nccl
+    recreate_median = statistics.median(t for t, _, _ in rows["recreate_all"]) + nccl
     return {
         "ranks": args.ranks,
         "repeat": args.repeat,
         "profile": asdict(profile),
         "failed_device_grace_s": args.failed_device_grace or None,
-        "in_place_seconds": [round(t, 3) for t, _, _ in rows["in_place"]],
-        "recreate_all_seconds": [round(t, 3) for t, _, _ in rows["recreate_all"]],
+        "recreate_node": args.recreate_node,
+        "in_place_seconds": [round(t + nccl, 3) for t, _, _ in rows["in_place"]],
+        "recreate_all_seconds": [round(t + nccl, 3) for t, _, _ in rows["recreate_all"]],
         "in_place_median_s": round(in_place_median, 3),
         "recreate_all_median_s": round(recreate_median, 3),
         "speedup": round(recreate_median / in_place_median, 1),
         "pods_recreated_in_place": max(n for _, n, _ in rows["in_place"]),
         "pods_recreated_recreate_all": max(n for _, n, _ in rows["recreate_all"]),
+        "in_place_replacement_on_spare": [
+            marks.get("replacement on a spare") == 1.0 for _, _, marks in rows["in_place"]
+        ],
         "in_place_breakdown_median_s": medians(rows["in_place"]),
         "recreate_all_breakdown_median_s": medians(rows["recreate_all"]),
     }
@@ -392,12 +513,23 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS / "gang_restart.json")
     costs = parser.add_argument_group("pod start-up profile (seconds; see the module docstring for the defaults)")
-    costs.add_argument("--image-pull", type=float, default=0.0, help="pull time of the image on a node without it")
+    costs.add_argument("--image-pull", type=float, default=300.0, help="pull time of the image on a node without it")
     costs.add_argument("--start", type=float, default=3.0, help="container creation + start once the image is there")
     costs.add_argument("--start-jitter", type=float, default=4.0, help="plus U[0, this) per pod")
     costs.add_argument("--stop", type=float, default=3.0, help="containers stopping after SIGTERM")
     costs.add_argument("--stop-jitter", type=float, default=2.0, help="plus U[0, this) per pod")
     costs.add_argument("--grace", type=int, default=30, help="the pods' terminationGracePeriodSeconds")
+    costs.add_argument("--init", type=float, default=10.0, help="the training framework's start in a new container")
+    costs.add_argument("--init-jitter", type=float, default=5.0, help="plus U[0, this) per pod")
+    costs.add_argument("--restart", type=float, default=10.0, help="the process start after an in-place restart")
+    costs.add_argument("--restart-jitter", type=float, default=5.0, help="plus U[0, this) per pod and restart")
+    costs.add_argument("--nccl-init", type=float, default=5.0, help="NCCL set-up once every rank is ready (both)")
+    parser.add_argument(
+        "--recreate-node",
+        choices=("cold", "warm"),
+        default="cold",
+        help="whether the idle node the recreated gang's displaced rank lands on has the image",
+    )
     parser.add_argument(
         "--failed-device-grace",
         type=int,
@@ -405,7 +537,19 @@ def main() -> None:
         help="the policy's failedDeviceGracePeriodSeconds (0: unset, the pods' own grace period)",
     )
     args = parser.parse_args()
-    for name in ("image_pull", "start", "start_jitter", "stop", "stop_jitter", "grace"):
+    for name in (
+        "image_pull",
+        "start",
+        "start_jitter",
+        "stop",
+        "stop_jitter",
+        "grace",
+        "init",
+        "init_jitter",
+        "restart",
+        "restart_jitter",
+        "nccl_init",
+    ):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.grace < args.stop + args.stop_jitter:
