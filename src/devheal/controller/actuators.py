@@ -72,13 +72,13 @@ class Actuators:
             ActionKind.LIFT: Lift(client),
             ActionKind.DRAIN: Drain(client),
             ActionKind.REMEDIATE_NODE: self.node_remediation,
-            ActionKind.DELETE_POD: DeleteRejectedPod(client, policies, clock),
-            ActionKind.FORCE_DELETE_POD: ForceDeletePod(client, policies, clock),
+            ActionKind.TAINT_DEVICE: TaintDevice(client, policies),
+            ActionKind.UNTAINT_DEVICE: UntaintDevice(client),
             ActionKind.TAINT_DEGRADED: TaintDegraded(client),
             ActionKind.FENCE_DEGRADED: TaintDegraded(client),
             ActionKind.LIFT_DEGRADED: LiftDegraded(client),
-            ActionKind.TAINT_DEVICE: TaintDevice(client, policies),
-            ActionKind.UNTAINT_DEVICE: UntaintDevice(client),
+            ActionKind.DELETE_POD: DeleteRejectedPod(client, policies, clock),
+            ActionKind.FORCE_DELETE_POD: ForceDeletePod(client, policies, clock),
         }
         """The actuator of each action kind."""
 

@@ -48,10 +48,10 @@ class ClusterCache:
         self.pod_by_device: dict[tuple[str, str], str] = {}
         self.signalled: set[str] = set()
         """Keys of the pods detection has to look at (``Pod.signalled``): a round walks these, not every pod."""
-        self.troubled: set[str] = set()
-        """Keys of the pods that may give an infrastructure finding (``Pod.troubled``)."""
         self.gangs: dict[str, set[str]] = {}
         """Per gang (workload key), its active members' keys: step-time judging walks these, not every pod."""
+        self.troubled: set[str] = set()
+        """Keys of the pods that may give an infrastructure finding (``Pod.troubled``)."""
         self.policy_errors: dict[str, str] = {}
         self.nodes: Reflector[Node] = Reflector(
             client, api_path("v1", "nodes"), functools.partial(project_node, gpu=gpu), [self._on_node]
@@ -139,8 +139,8 @@ class ClusterCache:
             pods_by_node={n: frozenset(keys) for n, keys in self.pods_by_node.items() if keys},
             pod_by_device=self.pod_by_device,
             signalled=frozenset(self.signalled),
-            troubled=frozenset(self.troubled),
             gangs=self.gangs,
+            troubled=frozenset(self.troubled),
             dra_devices=self.dra.devices if self.dra is not None else {},
             quarantined=self.dra.quarantined if self.dra is not None else {},
         )

@@ -217,10 +217,10 @@ def project_pod(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Pod:
         restart_generation=_restart_generation(annotations.get(RESTART_GENERATION_ANNOTATION)),
         acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
         in_place=in_place_restart(spec, annotations).value,
+        claims=_pod_claims(spec, status, where),
         reason=_intern(str(status.get("reason") or "")),
         controlled=owner is not None,
         deletion_at=parse_time(meta.get("deletionTimestamp")),
-        claims=_pod_claims(spec, status, where),
         steps=_steps(annotations.get(STEPS_ANNOTATION), f"{namespace}/{name}"),
     )
 

@@ -451,10 +451,10 @@ def decide(
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
     candidates = _candidate_actions(view, findings, policies, in_flight, now)
     candidates += infrastructure.candidates(view, findings, policies)
-    if any(f.kind in DEGRADATION_FINDINGS for f in findings):  # degraded devices, repair, unknown XIDs
-        candidates += degradation_actions(view, findings, policies, gang_epochs(view), now)
     candidates += node_signals.candidates(view, findings, policies)  # other tools' node conditions, taints
     candidates += dra.candidates(view, findings, policies, now)  # DRA devices: device taints (engine.dra)
+    if any(f.kind in DEGRADATION_FINDINGS for f in findings):  # degraded devices, repair, unknown XIDs
+        candidates += degradation_actions(view, findings, policies, gang_epochs(view), now)
     if any(f.kind in STEP_FINDINGS for f in findings):  # slow ranks, stalled gangs (engine.stragglers)
         candidates += step_actions(findings, view, policies, gang_epochs(view))
 

@@ -119,14 +119,14 @@ class NodeDevices:
     node: str
     devices: list[Device]
     plugin_down_until: float = 0.0
+    sharing: Sharing | None = None
+    """Time-slicing or MIG (``devheal.lab.sharing``): slots are allocated instead of whole GPUs."""
     kills_hang: bool = False
     """Processes on this node's failed GPUs are stuck in the driver and survive SIGKILL: a pod holding one
     never finishes terminating (what ``faults.kills_hang`` sets)."""
     nvml_failure: str = ""
     """What NVML says on this node: "" (it works), ``init`` (cannot initialise: driver not loaded) or
     ``version-mismatch`` (driver and library versions differ); what the simulated agent backend reports."""
-    sharing: Sharing | None = None
-    """Time-slicing or MIG (``devheal.lab.sharing``): slots are allocated instead of whole GPUs."""
 
     @classmethod
     def create(cls, node: str, count: int, model: str) -> NodeDevices:

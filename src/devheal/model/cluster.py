@@ -137,6 +137,8 @@ class Pod:
     """The generation the member's in-place agent acknowledged (LAUNCHER_GENERATION_ANNOTATION; 0 when absent)."""
     in_place: str = "none"
     """How the pod restarts in place when its restart generation rises (a ``devheal.engine.inplace.InPlaceRestart``)."""
+    steps: StepReport | None = None
+    """What the pod's launcher last published of its step times (``devheal.io/steps``); None: nothing (valid)."""
     reason: str = ""
     """``status.reason`` (``UnexpectedAdmissionError`` for a pod kubelet rejected at admission)."""
     controlled: bool = False
@@ -145,8 +147,6 @@ class Pod:
     """``metadata.deletionTimestamp``: when the pod should be gone (the request's time plus its grace period)."""
     claims: tuple[tuple[str, str], ...] = ()
     """DRA: (pod claim name, ResourceClaim object name) from ``status.resourceClaimStatuses`` and the spec."""
-    steps: StepReport | None = None
-    """What the pod's launcher last published of its step times (``devheal.io/steps``); None: nothing (valid)."""
 
     @property
     def key(self) -> str:
@@ -295,18 +295,18 @@ class ClusterView:
     signalled: frozenset[str] | None = None
     """Keys of the pods with a signal to judge (``Pod.signalled``), kept by the cache as pods change, so a
     round need not walk every pod; None: every pod is looked at."""
+
     gangs: Mapping[str, Collection[str]] | None = None
     """Per gang (workload key), the keys of its active members, kept by the cache as pods change, so step-time
     judging (``devheal.engine.stragglers``) walks gangs, not every pod; None: every pod is looked at."""
+    troubled: frozenset[str] | None = None
+    """Keys of the pods that may give an infrastructure finding (``Pod.troubled``), kept by the cache;
+    None: every pod is looked at."""
     dra_devices: Mapping[str, SliceDevice] = field(default_factory=dict)
     """DRA devices as their drivers publish them in ResourceSlices, by ``driver/pool/device`` (``devheal.model.dra``);
     empty when the controller does not watch ResourceSlices."""
     quarantined: Mapping[str, DeviceQuarantine] = field(default_factory=dict)
     """devheal's DeviceTaintRules, by the ``driver/pool/device`` each quarantines."""
-
-    troubled: frozenset[str] | None = None
-    """Keys of the pods that may give an infrastructure finding (``Pod.troubled``), kept by the cache;
-    None: every pod is looked at."""
 
     def pods_in_trouble(self) -> Iterable[Pod]:
         """The pods that may give an infrastructure finding: those in ``troubled``, or every pod without it."""

@@ -24,15 +24,6 @@ class FindingKind(StrEnum):
     """A node has failed devices, reported by pods, the agent, or allocatable below capacity for too long."""
     NODE_RECOVERED = "NodeRecovered"
     """A node devheal marked is healthy again."""
-    # Kubernetes infrastructure failures (``devheal.engine.infrastructure``).
-    ADMISSION_REJECTED = "AdmissionRejected"
-    """Kubelet rejected a pod at admission (``UnexpectedAdmissionError``), e.g. during a device-plugin restart."""
-    STUCK_TERMINATING = "StuckTerminating"
-    """A pod on a node with a failed device is still there past its deletion time plus the policy's deadline."""
-    DEVICE_PLUGIN_DOWN = "DevicePluginDown"
-    """A node whose agent sees GPUs shows none allocatable (device plugin gone), with no device failed."""
-    NODE_DRIVER_FAILED = "NodeDriverFailed"
-    """The node agent cannot use the GPU driver: NVML cannot initialise, or driver and library versions differ."""
     DEVICE_DEGRADED = "DeviceDegraded"
     """Devices the agent has reported Degraded for the policy's ``degradation.enterAfter`` (on the node, and on
     each pod holding one) (``devheal.engine.degradation``)."""
@@ -42,6 +33,20 @@ class FindingKind(StrEnum):
     """A device the agent says to send for repair (remedy ReplaceHardware, e.g. ``RepeatedXid``): drain the node."""
     UNKNOWN_XID = "UnknownXid"
     """A pod's device status says Unhealthy, but the node agent reports only an XID it has no row for: notify."""
+    # Gangs' step times (``devheal.engine.stragglers``).
+    STRAGGLER = "Straggler"
+    """A gang's rank whose median step time is a sustained outlier among its gang's ranks."""
+    GANG_STALLED = "GangStalled"
+    """No rank of a gang has reported a step for too long while every rank runs (a hang)."""
+    # Kubernetes infrastructure failures (``devheal.engine.infrastructure``).
+    ADMISSION_REJECTED = "AdmissionRejected"
+    """Kubelet rejected a pod at admission (``UnexpectedAdmissionError``), e.g. during a device-plugin restart."""
+    STUCK_TERMINATING = "StuckTerminating"
+    """A pod on a node with a failed device is still there past its deletion time plus the policy's deadline."""
+    DEVICE_PLUGIN_DOWN = "DevicePluginDown"
+    """A node whose agent sees GPUs shows none allocatable (device plugin gone), with no device failed."""
+    NODE_DRIVER_FAILED = "NodeDriverFailed"
+    """The node agent cannot use the GPU driver: NVML cannot initialise, or driver and library versions differ."""
     # Devices of DRA drivers (``devheal.engine.dra``).
     DRA_DEVICE_FAILED = "DRADeviceFailed"
     """A DRA device (driver, pool, device) failed: a claim's status, its driver's ResourceSlice taint, the agent."""
@@ -51,11 +56,6 @@ class FindingKind(StrEnum):
     NODE_SIGNAL = "NodeSignal"
     """A node condition or taint of node-problem-detector, NVSentinel, ... that the policy maps to Degraded or
     Notify (mapped to DevicesFailed, it is a ``NodeDevicesFailed`` finding instead): reported."""
-    # Gangs' step times (``devheal.engine.stragglers``).
-    STRAGGLER = "Straggler"
-    """A gang's rank whose median step time is a sustained outlier among its gang's ranks."""
-    GANG_STALLED = "GangStalled"
-    """No rank of a gang has reported a step for too long while every rank runs (a hang)."""
 
 
 POD_FINDINGS = frozenset({FindingKind.DEVICE_FAILED, FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE})

@@ -136,16 +136,16 @@ class ActionKind(StrEnum):
     DRAIN = "Drain"
     REMEDIATE_NODE = "RemediateNode"
     LIFT = "Lift"
-    DELETE_POD = "DeletePod"
-    """Delete a pod that already failed (rejected at admission) so its owner recreates it."""
-    FORCE_DELETE_POD = "ForceDeletePod"
-    """Delete a pod stuck terminating with grace 0 (only where the policy opts in)."""
     TAINT_DEGRADED = "TaintDegraded"
     """``devheal.io/device-degraded:PreferNoSchedule``: the scheduler avoids the node."""
     FENCE_DEGRADED = "FenceDegraded"
     """``devheal.io/device-degraded:NoSchedule``: nothing new lands on the node."""
     LIFT_DEGRADED = "LiftDegraded"
     """Remove devheal's ``devheal.io/device-degraded`` taint: the node recovered."""
+    DELETE_POD = "DeletePod"
+    """Delete a pod that already failed (rejected at admission) so its owner recreates it."""
+    FORCE_DELETE_POD = "ForceDeletePod"
+    """Delete a pod stuck terminating with grace 0 (only where the policy opts in)."""
     TAINT_DEVICE = "TaintDevice"
     """Quarantine one failed DRA device with devheal's DeviceTaintRule (``spec.devices``)."""
     UNTAINT_DEVICE = "UntaintDevice"
@@ -344,28 +344,28 @@ class Policy:
     retention: Retention = Retention()
     stragglers: StragglerRules = field(default_factory=StragglerRules)
     """Slow ranks and stalled gangs, from the launchers' step times (``devheal.model.straggler_policy``)."""
-    degradation: DegradationRules = field(default_factory=DegradationRules)
-    """``spec.degradation``: devices the agent reports Degraded (``devheal.model.degradation_policy``)."""
-    repair: RepairRules = field(default_factory=RepairRules)
-    """``spec.repair``: devices the agent says to send for repair (``RepeatedXid``)."""
-    infrastructure: InfrastructureRules = field(default_factory=InfrastructureRules)
-    """``spec.infrastructure``: Kubernetes infrastructure failures (``devheal.model.infrastructure_policy``)."""
-    spares: SparePool | None = None
-    """``spec.spares``: the warm spare nodes replaced gang ranks go to (``devheal.model.spares_policy``)."""
-    signals: SignalRules = field(default_factory=SignalRules)
-    """``spec.signals``: node conditions and taints other tools set (``devheal.model.signals_policy``)."""
     allow_delete: bool = False
     failed_device_grace_period: int | None = None
     """Seconds of grace for pods devheal evicts off a failed device (Deschedule, gang ranks it
     replaces); None: each pod's own ``terminationGracePeriodSeconds``."""
-    devices: DeviceRules = field(default_factory=DeviceRules)
-    """``spec.devices``: failed DRA devices quarantined with DeviceTaintRules (``devheal.model.device_policy``)."""
     dry_run: bool = False
     paused: bool = False
     breaker_reset: str = ""
     """The value of the policy's ``devheal.io/reset-breaker`` annotation ("": none)."""
     breaker_record: BreakerRecord = BreakerRecord()
     """What the policy's status records of the breaker (not part of the spec)."""
+    devices: DeviceRules = field(default_factory=DeviceRules)
+    """``spec.devices``: failed DRA devices quarantined with DeviceTaintRules (``devheal.model.device_policy``)."""
+    infrastructure: InfrastructureRules = field(default_factory=InfrastructureRules)
+    """``spec.infrastructure``: Kubernetes infrastructure failures (``devheal.model.infrastructure_policy``)."""
+    spares: SparePool | None = None
+    """``spec.spares``: the warm spare nodes replaced gang ranks go to (``devheal.model.spares_policy``)."""
+    signals: SignalRules = field(default_factory=SignalRules)
+    """``spec.signals``: node conditions and taints other tools set (``devheal.model.signals_policy``)."""
+    degradation: DegradationRules = field(default_factory=DegradationRules)
+    """``spec.degradation``: devices the agent reports Degraded (``devheal.model.degradation_policy``)."""
+    repair: RepairRules = field(default_factory=RepairRules)
+    """``spec.repair``: devices the agent says to send for repair (``RepeatedXid``)."""
 
     def selects_node(self, labels: Mapping[str, str]) -> bool:
         return self.node_selector.matches(labels)
@@ -419,10 +419,10 @@ _SPEC_FIELDS = frozenset(
         "dryRun",
         "paused",
         "stragglers",
-        "degradation",
-        "repair",
         "spares",
         "signals",
+        "degradation",
+        "repair",
     }
 )
 
@@ -756,19 +756,19 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         budgets=budgets,
         retention=_retention(spec.get("records"), f"{prefix}.records"),
         stragglers=parse_stragglers(spec.get("stragglers"), f"{prefix}.stragglers", PolicyError),
-        degradation=parse_degradation(spec.get("degradation"), f"{prefix}.degradation", PolicyError),
-        repair=parse_repair(spec.get("repair"), f"{prefix}.repair", PolicyError),
         allow_delete=_bool(spec.get("allowDelete"), f"{prefix}.allowDelete", False),
         failed_device_grace_period=_grace(spec.get("failedDeviceGracePeriodSeconds"), prefix),
-        devices=parse_devices(spec.get("devices"), f"{prefix}.devices", PolicyError),
         dry_run=_bool(spec.get("dryRun"), f"{prefix}.dryRun", False),
         paused=_bool(spec.get("paused"), f"{prefix}.paused", False)
         or str(annotations.get(PAUSE_ANNOTATION, "")).lower() == "true",
         breaker_reset=reset or "",
         breaker_record=_breaker_record(obj),
         infrastructure=parse_infrastructure(spec.get("infrastructure"), f"{prefix}.infrastructure", PolicyError),
+        devices=parse_devices(spec.get("devices"), f"{prefix}.devices", PolicyError),
         spares=parse_spares(spec.get("spares"), f"{prefix}.spares", PolicyError, _selector),
         signals=parse_signals(spec.get("signals"), f"{prefix}.signals", PolicyError),
+        degradation=parse_degradation(spec.get("degradation"), f"{prefix}.degradation", PolicyError),
+        repair=parse_repair(spec.get("repair"), f"{prefix}.repair", PolicyError),
     )
     # Last, so that a policy with a wrong field and no selector hears about the field first.
     if not namespaces and sel.get("podSelector") is None and sel.get("nodeSelector") is None:
