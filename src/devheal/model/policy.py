@@ -11,92 +11,7 @@ A policy acts only on what it selects explicitly: ``selector`` must give non-emp
 ``namespaces``, a ``podSelector`` or a ``nodeSelector`` (``podSelector: {}`` selects every
 pod, on purpose); one that gives none is refused.
 
-Spec, with defaults::
-
-    spec:
-      selector:                        # required: at least one of the three
-        namespaces: []                 # empty: every namespace
-        podSelector: {}                # matchLabels / matchExpressions; {} selects every pod
-        nodeSelector: {}
-      actions:                         # per workload class, on a pod's device failure
-        inference: Deschedule          # Deschedule | FailPod | RestartGang | Notify
-        batch: FailPod
-        gang: FailPod
-        standalone: Notify
-      deviceErrorExitCodes: []         # container exit codes that mean "device error"
-      crashLoopRestarts: 3             # restarts on a failed device that make a crash loop
-      node:
-        taint: true                    # NoSchedule taint on a node with failed devices
-        cordon: false
-        capacityGapAfter: 2m           # allocatable < capacity this long is a finding
-        remediateAfter: 5m             # all devices failed this long -> node remediation
-        remediation: IdleOnly          # IdleOnly | Drain
-        template: null                 # {apiVersion, kind, name, namespace}: external remediation
-        escalation: []                 # or ordered [{template, timeout: 30m}, ...]: the next on timeout/failure
-        holdDown: 2m                   # healthy this long before devheal lifts its taint/cordon
-      budgets:
-        maxUnhealthyNodes: "10%"       # count ("3") or percent ("10%") of the selected GPU nodes
-        maxUnhealthyNodesPerPool: "50%"
-        poolLabel: devheal.io/pool
-        maxConcurrentRemediations: 10
-        workloadDisruptionInterval: 1m # at most one disruptive action per workload per interval
-        gangRestartsPerHour: 3
-        stepTimeouts:                  # an active remediation older than this stops holding the
-          Deschedule: 15m              # concurrency budget (and is reported)
-          FailPod: 5m
-          RestartGang: 30m
-          Drain: 1h
-          RemediateNode: 2h
-        circuitBreaker:
-          maxFaultyNodesPercent: 30    # more GPU nodes than this faulting within the window opens it:
-          window: 10m                  # every disruptive action stops...
-          closeAtFaultyNodesPercent: 15  # ...until at most this many (default: half the max) fault
-          coolDown: 30m                # within the window for this long, or a reset (devheal.io/reset-breaker)
-      records:                         # retention of ended Remediation records (Succeeded, Failed,
-        ttlAfterFinished: 168h         # Blocked, DryRun, Skipped): deleted this long after they ended...
-        maxEndedPerTarget: 20          # ...or beyond this many per target (oldest first); never active ones
-      devices:                         # single DRA devices (device_policy.py, docs/dra.md)
-        taint: true                    # a failed DRA device gets a DeviceTaintRule, not its node a taint
-        taintEffect: NoSchedule        # NoExecute: Kubernetes also evicts the pods using the device
-        holdDown: 2m                   # published healthy this long before the rule is removed
-      infrastructure:                  # Kubernetes infrastructure failures (infrastructure_policy.py)
-        admissionRejected: DeletePod   # DeletePod | Notify: pods rejected at admission (bare pods: reported)
-        stuckTerminatingAfter: 5m      # past deletionTimestamp on a failed device: reported...
-        forceDeleteStuck: false        # ...and deleted with grace 0 only when true
-        devicePluginDownAfter: 5m      # GPUs seen, none failed, none allocatable: reported, never remediated
-        driverFailure: Taint           # Taint | Notify: NVML cannot initialise / driver-library mismatch
-        driverFailureAfter: 1m
-      allowDelete: false               # Deschedule may delete a pod when eviction is impossible
-      # failedDeviceGracePeriodSeconds: 5  # grace for pods evicted off a failed device (unset: the pod's own)
-      # spares:                        # no default (no pool): warm spare nodes for gang ranks (spares_policy.py)
-      #   nodeSelector: {matchLabels: {devheal.io/spare-pool: "true"}}  # the nodes that may be spares
-      #   size: 2                      # idle, healthy spares kept reserved
-      #   promoteIdleNodes: true       # false: only nodes back from repair refill the pool
-      # signals: {conditions: {GpuPcieWatch: DevicesFailed}}  # other tools' node conditions (signals_policy.py)
-      degradation:                     # devices the agent reports Degraded (degradation_policy.py)
-        enterAfter: 10m                # a device Degraded this long counts...
-        leaveAfter: 30m                # ...and its node is let go once clean this long
-        sources: [ecc, remap, throttle, pcie, nvlink, thermal]
-        noScheduleRemedies: [RebootNode, ReplaceHardware]  # NoSchedule, else PreferNoSchedule
-        taint: true                    # devheal.io/device-degraded on the node
-        inference: Deschedule          # Deschedule | Notify, after inferenceGrace
-        inferenceGrace: 10m
-        gang: ReplaceAtRestart         # Notify | ReplaceAtRestart | ReplaceNow
-      repair:
-        action: Drain                  # Drain | Notify: a device to send for repair (RepeatedXid)
-      stragglers:                      # slow ranks, hung gangs (straggler_policy.py, docs/stragglers.md)
-        action: ReplaceAtRestart       # Notify | ReplaceAtRestart | ReplaceNow
-        minSlowdownPercent: 12         # a rank's median step 12 % above its gang's median...
-        outlierMADs: 5                 # ...and 5 scaled MADs above it...
-        minSamples: 5                  # ...with 5 steps in its current run...
-        sustainedReports: 3            # ...in 3 reports in a row is a straggler
-        minRanks: 3                    # ranks with enough steps before a gang is judged
-        stall:                         # no rank reported a step for the longer of
-          after: 45s                   # 45s and 5 median steps: the gang is stalled
-          steps: 5
-          action: RestartGang          # Notify | RestartGang (replacing the rank that stalled first)
-      dryRun: false
-      paused: false
+Every field with its default: docs/policy.md ("Every field and its default").
 """
 
 from __future__ import annotations
@@ -112,6 +27,15 @@ from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
 from devheal.model.degradation_policy import DegradationRules, RepairRules, parse_degradation, parse_repair
 from devheal.model.device_policy import DeviceRules, parse_devices
 from devheal.model.infrastructure_policy import InfrastructureRules, parse_infrastructure
+from devheal.model.node_policy import DEFAULT_ESCALATION_TIMEOUT as DEFAULT_ESCALATION_TIMEOUT
+from devheal.model.node_policy import EscalationStep as EscalationStep
+from devheal.model.node_policy import NodeRules as NodeRules
+from devheal.model.node_policy import RemediationMode as RemediationMode
+from devheal.model.node_policy import TemplateRef as TemplateRef
+from devheal.model.node_policy import parse_escalation, parse_template
+from devheal.model.selectors import LabelRequirement as LabelRequirement
+from devheal.model.selectors import LabelSelector as LabelSelector
+from devheal.model.selectors import parse_selector
 from devheal.model.signals_policy import SignalRules, parse_signals
 from devheal.model.spares_policy import SparePool, parse_spares
 from devheal.model.straggler_policy import StragglerRules, parse_stragglers
@@ -163,41 +87,6 @@ class PolicyError(ValueError):
     """A policy is invalid; the message names the policy and the field."""
 
 
-class RemediationMode(StrEnum):
-    IDLE_ONLY = "IdleOnly"
-    DRAIN = "Drain"
-
-
-_LABEL_OPS = ("In", "NotIn", "Exists", "DoesNotExist")
-
-
-@dataclass(frozen=True, slots=True)
-class LabelRequirement:
-    key: str
-    operator: str
-    values: frozenset[str] = frozenset()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "Exists":
-            return self.key in labels
-        if self.operator == "DoesNotExist":
-            return self.key not in labels
-        if self.operator == "In":
-            return labels.get(self.key) in self.values
-        return labels.get(self.key) not in self.values
-
-
-@dataclass(frozen=True, slots=True)
-class LabelSelector:
-    match_labels: tuple[tuple[str, str], ...] = ()
-    requirements: tuple[LabelRequirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(k) == v for k, v in self.match_labels) and all(
-            r.matches(labels) for r in self.requirements
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class Quantity:
     """A count (``3``) or a percentage (``10%``) of a total."""
@@ -214,51 +103,6 @@ class Quantity:
 
     def __str__(self) -> str:
         return f"{self.value}%" if self.percent else str(self.value)
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateRef:
-    api_version: str
-    kind: str
-    name: str
-    namespace: str
-
-    @property
-    def remediation_kind(self) -> str:
-        """medik8s convention: ``FooRemediationTemplate`` creates ``FooRemediation`` objects."""
-        return self.kind[: -len("Template")] if self.kind.endswith("Template") else self.kind
-
-
-@dataclass(frozen=True, slots=True)
-class EscalationStep:
-    """One rung of a node's remediation ladder: a template, and how long it may take before the next rung."""
-
-    template: TemplateRef
-    timeout: float
-
-
-DEFAULT_ESCALATION_TIMEOUT = 1800.0
-"""Seconds a rung may take (``node.escalation[].timeout``, and ``node.template`` alone) before the next."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRules:
-    taint: bool = True
-    cordon: bool = False
-    capacity_gap_after: float = 120.0
-    remediate_after: float = 300.0
-    remediation: RemediationMode = RemediationMode.IDLE_ONLY
-    template: TemplateRef | None = None
-    hold_down: float = 120.0
-    escalation: tuple[EscalationStep, ...] = ()
-    """``node.escalation``: templates tried in order, each for its timeout (medik8s-style ordered escalation)."""
-
-    @property
-    def ladder(self) -> tuple[EscalationStep, ...]:
-        """The remediation rungs: ``node.escalation``, or ``node.template`` alone as one rung; empty for none."""
-        if self.escalation:
-            return self.escalation
-        return () if self.template is None else (EscalationStep(self.template, DEFAULT_ESCALATION_TIMEOUT),)
 
 
 DEFAULT_STEP_TIMEOUTS: tuple[tuple[ActionKind, float], ...] = (
@@ -334,12 +178,12 @@ class Policy:
     name: str
     generation: int = 0
     namespaces: frozenset[str] = frozenset()
-    pod_selector: LabelSelector = LabelSelector()
-    node_selector: LabelSelector = LabelSelector()
+    pod_selector: LabelSelector = field(default_factory=LabelSelector)
+    node_selector: LabelSelector = field(default_factory=LabelSelector)
     actions: Mapping[WorkloadClass, ActionKind] = field(default_factory=lambda: dict(DEFAULT_ACTIONS))
     device_error_exit_codes: frozenset[int] = frozenset()
     crash_loop_restarts: int = 3
-    node: NodeRules = NodeRules()
+    node: NodeRules = field(default_factory=NodeRules)
     budgets: Budgets = Budgets()
     retention: Retention = Retention()
     stragglers: StragglerRules = field(default_factory=StragglerRules)
@@ -486,32 +330,7 @@ def _grace(value: Any, prefix: str) -> int | None:
 
 
 def _selector(value: Any, where: str) -> LabelSelector:
-    spec = _mapping(value, where)
-    labels = _mapping(spec.get("matchLabels"), f"{where}.matchLabels")
-    for key, val in labels.items():
-        if not isinstance(val, str):
-            raise PolicyError(f"{where}.matchLabels.{key}: expected a string, got {show(val)}")
-    expressions = spec.get("matchExpressions") or []
-    if not isinstance(expressions, list):
-        raise PolicyError(f"{where}.matchExpressions: expected a list, got {type(expressions).__name__}")
-    reqs = []
-    for i, expr in enumerate(expressions):
-        at = f"{where}.matchExpressions[{i}]"
-        expr = _mapping(expr, at)
-        op = expr.get("operator")
-        if op not in _LABEL_OPS:
-            raise PolicyError(f"{at}.operator: expected one of {', '.join(_LABEL_OPS)}, got {show(op)}")
-        values = expr.get("values") or []
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise PolicyError(f"{at}.values: expected a list of strings, got {show(values)}")
-        if op in ("In", "NotIn") and not values:
-            raise PolicyError(f"{at}.values: operator {op} needs at least one value")
-        if op in ("Exists", "DoesNotExist") and values:
-            raise PolicyError(f"{at}.values: operator {op} takes no values")
-        if not isinstance(expr.get("key"), str) or not expr.get("key"):
-            raise PolicyError(f"{at}.key: expected a label key")
-        reqs.append(LabelRequirement(str(expr["key"]), str(op), frozenset(str(v) for v in values)))
-    return LabelSelector(tuple(sorted((str(k), str(v)) for k, v in labels.items())), tuple(reqs))
+    return parse_selector(value, where, PolicyError)
 
 
 def _pool_label(value: Any, where: str) -> str:
@@ -520,47 +339,6 @@ def _pool_label(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise PolicyError(f"{where}: expected a label key, got {show(value)}")
     return value
-
-
-def _template(value: Any, where: str) -> TemplateRef | None:
-    if value is None:
-        return None
-    spec = _mapping(value, where)
-    missing = [k for k in ("apiVersion", "kind", "name", "namespace") if not spec.get(k)]
-    if missing:
-        raise PolicyError(f"{where}: missing {', '.join(missing)}")
-    wrong = [k for k in ("apiVersion", "kind", "name", "namespace") if not isinstance(spec.get(k), str)]
-    if wrong:
-        raise PolicyError(f"{where}: {', '.join(wrong)} must be strings")
-    return TemplateRef(str(spec["apiVersion"]), str(spec["kind"]), str(spec["name"]), str(spec["namespace"]))
-
-
-def _escalation(value: Any, where: str) -> tuple[EscalationStep, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise PolicyError(f"{where}: expected a list of {{template, timeout}}, got {show(value)}")
-    if len(value) > 8:
-        raise PolicyError(f"{where}: at most 8 steps, got {len(value)}")
-    steps = []
-    for i, item in enumerate(value):
-        at = f"{where}[{i}]"
-        spec = _mapping(item, at)
-        unknown = sorted(set(spec) - {"template", "timeout"})
-        if unknown:
-            raise PolicyError(f"{at}: unknown field(s) {', '.join(map(str, unknown))}; expected template, timeout")
-        template = _template(spec.get("template"), f"{at}.template")
-        if template is None:
-            raise PolicyError(f"{at}.template: required")
-        timeout = parse_duration(spec.get("timeout", "30m"), f"{at}.timeout")
-        if timeout <= 0:
-            raise PolicyError(f"{at}.timeout: must be more than 0s")
-        steps.append(EscalationStep(template, timeout))
-    kinds = [(s.template.api_version, s.template.kind) for s in steps]
-    if len(set(kinds)) != len(kinds):
-        # Each rung's object is named after the node: two rungs of one kind would be the same object.
-        raise PolicyError(f"{where}: each step needs a template of its own kind")
-    return tuple(steps)
 
 
 def _step_timeouts(value: Any, where: str) -> tuple[tuple[ActionKind, float], ...]:
@@ -675,7 +453,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         mode = RemediationMode(mode_value)
     except ValueError:
         raise PolicyError(f"{prefix}.node.remediation: expected IdleOnly or Drain, got {show(mode_value)}") from None
-    escalation = _escalation(node.get("escalation"), f"{prefix}.node.escalation")
+    escalation = parse_escalation(node.get("escalation"), f"{prefix}.node.escalation", PolicyError)
     if escalation and node.get("template") is not None:
         raise PolicyError(f"{prefix}.node: give either template or escalation, not both")
     if mode is RemediationMode.DRAIN and node.get("template") is None and not escalation:
@@ -687,7 +465,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         capacity_gap_after=parse_duration(node.get("capacityGapAfter", "2m"), f"{prefix}.node.capacityGapAfter"),
         remediate_after=parse_duration(node.get("remediateAfter", "5m"), f"{prefix}.node.remediateAfter"),
         remediation=mode,
-        template=_template(node.get("template"), f"{prefix}.node.template"),
+        template=parse_template(node.get("template"), f"{prefix}.node.template", PolicyError),
         hold_down=parse_duration(node.get("holdDown", "2m"), f"{prefix}.node.holdDown"),
         escalation=escalation,
     )

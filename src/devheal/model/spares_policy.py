@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from devheal.model.values import show, whole_number
 
 if TYPE_CHECKING:
-    from devheal.model.policy import LabelSelector
+    from devheal.model.selectors import LabelSelector
 
 MAX_SIZE = 1000
 """The largest pool a policy may ask for (more is a typo, not a fleet's spare budget)."""

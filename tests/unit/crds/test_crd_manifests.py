@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -32,6 +32,7 @@ from devheal.model.policy import (
 )
 
 Schema = dict[str, Any]
+POLICY_DOC = Path(__file__).resolve().parents[3] / "docs" / "policy.md"
 
 
 def by_kind() -> dict[str, dict[str, Any]]:
@@ -51,11 +52,16 @@ def spec_schema(kind: str) -> Schema:
     return dict(schema(kind)["properties"]["spec"])
 
 
+def documented_block() -> str:
+    """The YAML block under docs/policy.md's "Every field and its default"."""
+    text = POLICY_DOC.read_text()
+    section = text.split("### Every field and its default", 1)[1]
+    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
 def documented_spec() -> dict[str, Any]:
-    """The ``spec:`` block of policy.py's module docstring, as YAML (it is valid YAML)."""
-    doc = policy_module.__doc__ or ""
-    block = doc.split("Spec, with defaults::", 1)[1]
-    parsed = yaml.safe_load(textwrap.dedent(block))
+    """The ``spec:`` of the documented block, as YAML (it is valid YAML)."""
+    parsed = yaml.safe_load(documented_block())
     assert isinstance(parsed, dict)
     return dict(parsed["spec"])
 
@@ -63,10 +69,9 @@ def documented_spec() -> dict[str, Any]:
 def documented_optional() -> set[str]:
     """Spec fields without a default, shown commented out (``# field: example``) in the block, with the fields
     of such a section indented under it (``#   size: 2`` is ``spares.size``)."""
-    block = (policy_module.__doc__ or "").split("Spec, with defaults::", 1)[1]
     found: set[str] = set()
     parents: list[str] = []
-    for indent, key in re.findall(r"^ {6}# ( *)([A-Za-z]+):", block, flags=re.MULTILINE):
+    for indent, key in re.findall(r"^ {2}# ( *)([A-Za-z]+):", documented_block(), flags=re.MULTILINE):
         parents = [*parents[: len(indent) // 2], key]
         found.add(".".join(parents))
     return found

@@ -1,0 +1,111 @@
+"""The ``node`` section of a ``RemediationPolicy``: what devheal does to a node with failed devices.
+
+Its taint and cordon, when the node counts as failed, and how it is remediated: idle-only
+or by draining, through an external remediator's template (medik8s convention: a
+``FooRemediationTemplate`` creates ``FooRemediation`` objects), or an ordered ladder of
+them (``escalation``), each rung with a timeout. Pure; the parsers take their caller's
+error class so their messages name the policy and the field (``devheal.model.policy``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from devheal.model import times
+from devheal.model.selectors import mapping_field
+from devheal.model.values import show
+
+
+class RemediationMode(StrEnum):
+    IDLE_ONLY = "IdleOnly"
+    DRAIN = "Drain"
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRef:
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+
+    @property
+    def remediation_kind(self) -> str:
+        """medik8s convention: ``FooRemediationTemplate`` creates ``FooRemediation`` objects."""
+        return self.kind[: -len("Template")] if self.kind.endswith("Template") else self.kind
+
+
+@dataclass(frozen=True, slots=True)
+class EscalationStep:
+    """One rung of a node's remediation ladder: a template, and how long it may take before the next rung."""
+
+    template: TemplateRef
+    timeout: float
+
+
+DEFAULT_ESCALATION_TIMEOUT = 1800.0
+"""Seconds a rung may take (``node.escalation[].timeout``, and ``node.template`` alone) before the next."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRules:
+    taint: bool = True
+    cordon: bool = False
+    capacity_gap_after: float = 120.0
+    remediate_after: float = 300.0
+    remediation: RemediationMode = RemediationMode.IDLE_ONLY
+    template: TemplateRef | None = None
+    hold_down: float = 120.0
+    escalation: tuple[EscalationStep, ...] = ()
+    """``node.escalation``: templates tried in order, each for its timeout (medik8s-style ordered escalation)."""
+
+    @property
+    def ladder(self) -> tuple[EscalationStep, ...]:
+        """The remediation rungs: ``node.escalation``, or ``node.template`` alone as one rung; empty for none."""
+        if self.escalation:
+            return self.escalation
+        return () if self.template is None else (EscalationStep(self.template, DEFAULT_ESCALATION_TIMEOUT),)
+
+
+def parse_template(value: Any, where: str, error: type[ValueError]) -> TemplateRef | None:
+    """``{apiVersion, kind, name, namespace}`` -> ``TemplateRef`` (None when absent); raises ``error``."""
+    if value is None:
+        return None
+    spec = mapping_field(value, where, error)
+    missing = [k for k in ("apiVersion", "kind", "name", "namespace") if not spec.get(k)]
+    if missing:
+        raise error(f"{where}: missing {', '.join(missing)}")
+    wrong = [k for k in ("apiVersion", "kind", "name", "namespace") if not isinstance(spec.get(k), str)]
+    if wrong:
+        raise error(f"{where}: {', '.join(wrong)} must be strings")
+    return TemplateRef(str(spec["apiVersion"]), str(spec["kind"]), str(spec["name"]), str(spec["namespace"]))
+
+
+def parse_escalation(value: Any, where: str, error: type[ValueError]) -> tuple[EscalationStep, ...]:
+    """``node.escalation``: ordered ``{template, timeout}`` rungs; raises ``error`` naming the field."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise error(f"{where}: expected a list of {{template, timeout}}, got {show(value)}")
+    if len(value) > 8:
+        raise error(f"{where}: at most 8 steps, got {len(value)}")
+    steps = []
+    for i, item in enumerate(value):
+        at = f"{where}[{i}]"
+        spec = mapping_field(item, at, error)
+        unknown = sorted(set(spec) - {"template", "timeout"})
+        if unknown:
+            raise error(f"{at}: unknown field(s) {', '.join(map(str, unknown))}; expected template, timeout")
+        template = parse_template(spec.get("template"), f"{at}.template", error)
+        if template is None:
+            raise error(f"{at}.template: required")
+        timeout = times.parse_duration(spec.get("timeout", "30m"), f"{at}.timeout", error=error)
+        if timeout <= 0:
+            raise error(f"{at}.timeout: must be more than 0s")
+        steps.append(EscalationStep(template, timeout))
+    kinds = [(s.template.api_version, s.template.kind) for s in steps]
+    if len(set(kinds)) != len(kinds):
+        # Each rung's object is named after the node: two rungs of one kind would be the same object.
+        raise error(f"{where}: each step needs a template of its own kind")
+    return tuple(steps)
