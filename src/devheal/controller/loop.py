@@ -32,7 +32,8 @@ from devheal.controller.agent_reports import ReportAudit
 from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
 from devheal.controller.spares import Spares
-from devheal.engine.decide import Breaker, Overdue, Settings, relevance_horizon
+from devheal.engine.breaker import Breaker
+from devheal.engine.decide import Overdue, Settings, relevance_horizon
 from devheal.engine.placement import Release, place_gated
 from devheal.engine.retention import ended_at, expired
 from devheal.engine.rounds import DecisionRound, Pacing

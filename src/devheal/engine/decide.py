@@ -10,11 +10,8 @@ decisions, and tests check its invariants directly:
   circuit breaker is open, and are only recorded in dry-run or while paused.
 
 Budgets in percent and the breaker count GPU nodes only (``gpu_nodes``): CPU-only nodes
-a policy selects do not widen them. The breaker is a small state (``Breaker``) that the
-decision round carries from one round to the next (``step_breaker``): it opens when
-too many GPU nodes fault within its window, and closes only after a cool-down with
-hysteresis or an operator's reset; ``Breaker.restored`` rebuilds it from what the
-policies' status records, so a restarted controller keeps it open. A remediation active
+a policy selects do not widen them. The circuit breaker's state comes in from the round
+(``devheal.engine.breaker``). A remediation active
 for longer than its action's step timeout (``overdue``) no longer holds the concurrency
 budget.
 """
@@ -26,10 +23,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from devheal.engine import dra, infrastructure, node_signals
+from devheal.engine.breaker import Breaker, gpu_nodes, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.engine.stragglers import STEP_FINDINGS, step_actions
-from devheal.model.cluster import ClusterView, Node
+from devheal.model.cluster import ClusterView
 from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import (
     ACTIVE_PHASES,
@@ -45,13 +43,11 @@ from devheal.model.plan import (
     Rail,
     TargetKind,
 )
-from devheal.model.policy import RESET_BREAKER_ANNOTATION, ActionKind, Budgets, NodeRules, Policy, RemediationMode
+from devheal.model.policy import ActionKind, Budgets, NodeRules, Policy, RemediationMode
 from devheal.model.times import format_time
 
 NODE_TAKING = frozenset({ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN, ActionKind.REMEDIATE_NODE})
 """Actions that take a node out of service: they count against the unhealthy-node budgets."""
-DEVICE_FAULTS = POD_FINDINGS | {FindingKind.NODE_DEVICES_FAILED}
-"""Findings that say a device of their node is at fault: the circuit breaker counts their nodes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,119 +56,6 @@ class Settings:
 
     dry_run: bool = False
     paused: bool = False
-
-
-def gpu_nodes(view: ClusterView, policies: Sequence[Policy]) -> list[Node]:
-    """The selected GPU nodes: with GPU capacity or an agent report. Budgets in percent and the breaker count
-    these, so CPU-only nodes under the same policy do not let more GPU nodes go."""
-    return [
-        n
-        for n in view.nodes.values()
-        if (n.gpu_capacity > 0 or n.name in view.reports) and policy_for_node(policies, n) is not None
-    ]
-
-
-@dataclass(frozen=True, slots=True)
-class Breaker:
-    """The fault-storm circuit breaker's state, carried from one round to the next (``step_breaker``).
-
-    Open, it stops every disruptive action. It opens when more than ``maxFaultyNodesPercent`` of
-    the GPU nodes (and more than one) have faulted within the window, and closes only once at most
-    ``closeAtFaultyNodesPercent`` have for ``coolDown`` (hysteresis), or when an operator gives a
-    policy's annotation ``devheal.io/reset-breaker`` a new value; faults seen before a reset no
-    longer count."""
-
-    open_since: float | None = None
-    """When it opened; None while closed."""
-    reason: str = ""
-    """Why it opened, kept while it stays open (decisions it blocks are recorded once per reason)."""
-    calm_since: float | None = None
-    """While open: since when few enough GPU nodes have faulted within the window (the cool-down)."""
-    closed_at: float | None = None
-    """When it last closed (cooled down or reset)."""
-    reset_at: float | None = None
-    """When an operator last reset it."""
-    resets: tuple[tuple[str, str], ...] = ()
-    """(policy, value of its reset annotation) already acted on."""
-    recent: tuple[tuple[str, float], ...] = ()
-    """(node, when its latest fault began) for faults within the window, also of nodes healthy again: a node
-    that faults and recovers in waves still counts until the window has passed."""
-
-    @property
-    def open(self) -> bool:
-        return self.open_since is not None
-
-    @property
-    def closed_by_reset(self) -> bool:
-        """Closed, last by an operator's reset (not by cooling down)."""
-        return self.open_since is None and self.reset_at is not None and self.closed_at == self.reset_at
-
-    def reset_seen(self, policy: str) -> str:
-        """The value of ``policy``'s reset annotation already acted on ("": none)."""
-        return dict(self.resets).get(policy, "")
-
-    @staticmethod
-    def restored(policies: Sequence[Policy]) -> Breaker:
-        """The breaker as the policies' status records it, for a restarted controller or a new leader: open if
-        any policy records it open (since the earliest), with the resets already acted on. An open breaker's
-        cool-down starts again."""
-        records = {p.name: p.breaker_record for p in policies}
-        resets = tuple(sorted((name, r.reset_seen) for name, r in records.items() if r.reset_seen))
-        opened = sorted((r.open_since, r.reason) for r in records.values() if r.open_since is not None)
-        if opened:
-            since, reason = opened[0]
-            return Breaker(open_since=since, reason=reason, resets=resets)
-        reset_at = max((r.reset_at for r in records.values() if r.reset_at is not None), default=None)
-        return Breaker(closed_at=reset_at, reset_at=reset_at, resets=resets)
-
-
-def step_breaker(
-    prior: Breaker, view: ClusterView, findings: Iterable[Finding], policies: Sequence[Policy], now: float
-) -> Breaker:
-    """The breaker after this round: reset, opened, kept open, or closed after its cool-down. The first policy
-    by name sets it for the cluster; a new reset annotation value on any policy resets it."""
-    requested = tuple(sorted((p.name, p.breaker_reset) for p in policies if p.breaker_reset))
-    state = replace(prior, resets=requested)
-    if any(prior.reset_seen(name) != value for name, value in requested):
-        state = Breaker(closed_at=now if prior.open else prior.closed_at, reset_at=now, resets=requested)
-    if not policies:
-        return state
-    budgets = policies[0].budgets
-    limit = budgets.breaker_max_faulty_nodes_percent
-    if limit >= 100:  # no breaker
-        return replace(state, open_since=None, reason="", calm_since=None) if state.open else state
-    began = dict(prior.recent)
-    for f in findings:
-        node = view.nodes.get(f.node)
-        if f.kind in DEVICE_FAULTS and node is not None and policy_for_node(policies, node) is not None:
-            began[f.node] = max(began.get(f.node, f.since), f.since)
-    recent = {
-        name: since
-        for name, since in began.items()
-        if now - since <= budgets.breaker_window and (state.reset_at is None or since > state.reset_at)
-    }
-    state = replace(state, recent=tuple(sorted(recent.items())))
-    faulty = set(recent)
-    population = len({n.name for n in gpu_nodes(view, policies)} | faulty)
-    close = min(budgets.breaker_close_percent, limit)
-    if not state.open:
-        if len(faulty) > 1 and len(faulty) * 100 > limit * population:
-            return replace(
-                state,
-                open_since=now,
-                calm_since=None,
-                reason=f"{len(faulty)} of {population} GPU nodes faulted within {budgets.breaker_window:.0f}s "
-                f"(> {limit}%): disruptive actions stopped until at most {close}% fault within the window for "
-                f"{budgets.breaker_cool_down:.0f}s, or a reset (a new value of the annotation "
-                f"{RESET_BREAKER_ANNOTATION} on a RemediationPolicy)",
-            )
-        return state
-    if len(faulty) * 100 > close * population:
-        return replace(state, calm_since=None)
-    calm_since = state.calm_since if state.calm_since is not None else now
-    if now - calm_since >= budgets.breaker_cool_down:
-        return replace(state, open_since=None, reason="", calm_since=None, closed_at=now)
-    return replace(state, calm_since=calm_since)
 
 
 @dataclass(frozen=True, slots=True)

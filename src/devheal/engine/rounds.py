@@ -26,7 +26,8 @@ from collections.abc import Collection, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from devheal.engine.decide import Breaker, Overdue, Settings, decide, overdue, step_breaker
+from devheal.engine.breaker import Breaker, step_breaker
+from devheal.engine.decide import Overdue, Settings, decide, overdue
 from devheal.engine.degradation import DegradationTracker
 from devheal.engine.findings import FindingTracker, detect
 from devheal.engine.stragglers import StragglerTracker

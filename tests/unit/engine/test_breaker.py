@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from devheal.engine.decide import Breaker, decide, step_breaker
+from devheal.engine.breaker import Breaker, step_breaker
+from devheal.engine.decide import decide
 from devheal.engine.rounds import DecisionRound
 from devheal.model.cluster import ClusterView, DeviceHealth, WorkloadClass
 from devheal.model.plan import Finding, FindingKind

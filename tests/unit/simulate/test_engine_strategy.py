@@ -8,7 +8,8 @@ import pytest
 
 from devheal.engine import decide as decide_module
 from devheal.engine import rounds
-from devheal.engine.decide import Breaker, decide, step_breaker
+from devheal.engine.breaker import Breaker, step_breaker
+from devheal.engine.decide import decide
 from devheal.model.cluster import ClusterView
 from devheal.model.plan import Finding, InFlight, Phase, Plan
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
