@@ -28,25 +28,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from devheal.lab import toolchain, versions
+from devheal.lab import commands, toolchain, versions
+from devheal.lab.commands import FEATURE_GATES as FEATURE_GATES
 from devheal.lab.pki import LabPki
-
-FEATURE_GATES = {
-    "ResourceHealthStatus": True,
-    "ResourceHealthStatusMessage": True,
-    "ContainerRestartRules": True,
-    "RestartAllContainersOnContainerExits": True,
-    # DRA device taints (KEP-5055): GA and on by default in 1.37, set so the DRA lab never depends on a default.
-    "DRADeviceTaints": True,
-    "DRADeviceTaintRules": True,
-}
-"""Beta gates later issues rely on, set explicitly so a default flip never surprises us."""
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "nodesim")
 
@@ -227,13 +214,13 @@ class Lab:
         started = time.monotonic()
         deadline = started + timeout
         try:
-            self._start(state, "etcd", self._etcd_cmd(ports))
+            self._start(state, "etcd", commands.etcd(self.dir, ports))
             self._wait(state, "etcd", deadline, say)
-            self._start(state, "kube-apiserver", self._apiserver_cmd(ports))
+            self._start(state, "kube-apiserver", commands.apiserver(self.pki, ports))
             self._wait(state, "kube-apiserver", deadline, say)
-            self._start(state, "kube-controller-manager", self._kcm_cmd(ports))
-            self._start(state, "kube-scheduler", self._scheduler_cmd(ports))
-            self._start(state, "kwok", self._kwok_cmd(ports))
+            self._start(state, "kube-controller-manager", commands.controller_manager(self.kubeconfig, self.pki, ports))
+            self._start(state, "kube-scheduler", commands.scheduler(self.dir, self.kubeconfig, ports))
+            self._start(state, "kwok", commands.kwok(self.dir, self.kubeconfig, ports))
             self._start(state, "nodesim", self._nodesim_cmd(state))
             for component in ("kube-controller-manager", "kube-scheduler", "kwok", "nodesim"):
                 self._wait(state, component, deadline, say)
@@ -266,104 +253,6 @@ class Lab:
         state.pids[component] = proc.pid
         # Written after every start, so `down` finds a half-started lab too.
         self.state_path.write_text(state.to_json())
-
-    def _bin(self, name: str) -> str:
-        return str(toolchain.binary(name))
-
-    def _etcd_cmd(self, ports: dict[str, int]) -> list[str]:
-        return [
-            self._bin("etcd"),
-            "--name=devheal-lab",
-            f"--data-dir={self.dir / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{ports['etcd']}",
-            f"--advertise-client-urls=http://127.0.0.1:{ports['etcd']}",
-            f"--listen-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
-            f"--initial-cluster=devheal-lab=http://127.0.0.1:{ports['etcd-peer']}",
-            "--unsafe-no-fsync=true",
-            "--quota-backend-bytes=4294967296",
-            "--log-level=warn",
-        ]
-
-    def _apiserver_cmd(self, ports: dict[str, int]) -> list[str]:
-        gates = ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES.items())
-        return [
-            self._bin("kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={ports['kube-apiserver']}",
-            f"--tls-cert-file={self.pki.serving_cert}",
-            f"--tls-private-key-file={self.pki.serving_key}",
-            f"--client-ca-file={self.pki.ca_cert}",
-            "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={self.pki.sa_pub}",
-            f"--service-account-signing-key-file={self.pki.sa_key}",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            "--endpoint-reconciler-type=none",
-            "--allow-privileged=true",
-            "--profiling=false",
-            "--max-requests-inflight=2000",
-            "--max-mutating-requests-inflight=1000",
-            f"--feature-gates={gates}",
-            "--v=1",
-        ]
-
-    def _kcm_cmd(self, ports: dict[str, int]) -> list[str]:
-        return [
-            self._bin("kube-controller-manager"),
-            f"--kubeconfig={self.kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={ports['kube-controller-manager']}",
-            "--leader-elect=false",
-            f"--service-account-private-key-file={self.pki.sa_key}",
-            f"--root-ca-file={self.pki.ca_cert}",
-            f"--cluster-signing-cert-file={self.pki.ca_cert}",
-            f"--cluster-signing-key-file={self.pki.ca_key}",
-            "--kube-api-qps=500",
-            "--kube-api-burst=1000",
-            "--concurrent-deployment-syncs=20",
-            "--concurrent-replicaset-syncs=20",
-            "--concurrent-job-syncs=20",
-            "--profiling=false",
-            f"--feature-gates={','.join(f'{k}={str(v).lower()}' for k, v in FEATURE_GATES.items())}",
-            "--v=1",
-        ]
-
-    def _scheduler_cmd(self, ports: dict[str, int]) -> list[str]:
-        config = self.dir / "scheduler.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kubescheduler.config.k8s.io/v1",
-                    "kind": "KubeSchedulerConfiguration",
-                    "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 500, "burst": 1000},
-                    "leaderElection": {"leaderElect": False},
-                }
-            )
-        )
-        return [
-            self._bin("kube-scheduler"),
-            f"--config={config}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={ports['kube-scheduler']}",
-            "--profiling=false",
-            "--v=1",
-        ]
-
-    def _kwok_cmd(self, ports: dict[str, int]) -> list[str]:
-        stages = self.dir / "kwok-stages.yaml"
-        stages.write_text(resources.files("devheal.lab").joinpath("data/kwok-stages.yaml").read_text())
-        return [
-            self._bin("kwok"),
-            f"--kubeconfig={self.kubeconfig}",
-            f"--config={stages}",
-            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            "--node-lease-duration-seconds=40",
-            f"--server-address=127.0.0.1:{ports['kwok']}",
-            "--node-ip=10.0.0.1",
-        ]
 
     def _nodesim_cmd(self, state: LabState) -> list[str]:
         spec = state.spec
