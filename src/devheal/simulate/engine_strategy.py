@@ -36,7 +36,6 @@ from typing import Any
 from devheal.engine.decide import Overdue, lift_hold_down
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.engine.stragglers import STEP_FINDINGS
-from devheal.engine.workloads import classify
 from devheal.model.cluster import (
     GPU_RESOURCE,
     OWNED_TAINT_KEY,
@@ -46,9 +45,7 @@ from devheal.model.cluster import (
     DeviceStatus,
     Node,
     NodeDevicesReport,
-    OwnerRef,
     Pod,
-    ReportedDevice,
     Taint,
     Workload,
 )
@@ -61,6 +58,7 @@ from devheal.simulate.failures import Signal
 from devheal.simulate.fleet import NodeState, Unit, UnitKind, node_name
 from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Simulation, Strategy
 from devheal.simulate.step_reports import step_report
+from devheal.simulate.view_objects import agent_report, gpu_id, unit_workload, visible_faults
 
 RETRY_FIRST_S = 60.0
 RETRY_MAX_S = 3600.0
@@ -68,11 +66,6 @@ STEP_SAMPLE = 5
 """Ordinary ranks in a step round beyond twice the outstanding ones (see ``_step_members``)."""
 SLACK_S = 1e-3
 """Rounds scheduled for a policy duration run just after it, so ``now - since >= duration`` holds."""
-TEMPLATE_HASH = "7c9d8f"
-
-
-def gpu_id(node: str, index: int) -> str:
-    return f"{node}-gpu{index}"
 
 
 class EngineStrategy(Strategy):
@@ -199,33 +192,13 @@ class EngineStrategy(Strategy):
     # ---- the cluster as the controller's cache would show it ----------------------------------
 
     def _visible(self, state: NodeState, delay: float) -> dict[int, int]:
-        """GPU index -> fault index for GPU faults on the node that this signal shows by now."""
-        now = self.sim.now
-        out: dict[int, int] = {}
-        for i in state.faults:
-            fault = self.sim.faults[i]
-            if fault.failure_class.signal is Signal.DEVICE and now >= fault.time + delay:
-                out.setdefault(fault.gpu, i)
-        return out
+        return visible_faults(self.sim, state, delay)
 
     def _workload(self, unit: Unit) -> tuple[Workload, dict[str, str]]:
         cached = self.workloads.get(unit.uid)
-        if cached is not None:
-            return cached
-        owner: OwnerRef | None
-        if unit.kind is UnitKind.GANG:
-            labels, owner, restart = {"jobset.sigs.k8s.io/jobset-name": unit.name}, OwnerRef("Job", unit.name), "Never"
-        elif unit.kind is UnitKind.INFERENCE:
-            labels, owner, restart = (
-                {"pod-template-hash": TEMPLATE_HASH},
-                OwnerRef("ReplicaSet", f"serve-{TEMPLATE_HASH}"),
-                "Always",
-            )
-        else:
-            labels, owner, restart = {"batch.kubernetes.io/job-name": unit.name}, OwnerRef("Job", unit.name), "Never"
-        workload = classify(unit.namespace, unit.name, labels, owner, restart)
-        self.workloads[unit.uid] = (workload, labels)
-        return workload, labels
+        if cached is None:
+            cached = self.workloads[unit.uid] = unit_workload(unit)
+        return cached
 
     def _node(self, n: int) -> Node:
         state = self.sim.nodes[n]
@@ -306,35 +279,6 @@ class EngineStrategy(Strategy):
             acknowledged_generation=self.acknowledged.get(unit.uid, 0),
         )
 
-    def _report(self, n: int, pod: Pod | None) -> NodeDevicesReport | None:
-        """The agent's report; None while every GPU is healthy (such a report adds no finding)."""
-        state = self.sim.nodes[n]
-        delay = self.sim.costs.agent_detect_s
-        bad = self._visible(state, delay)
-        if not bad:
-            return None
-        devices = []
-        for g in range(self.sim.config.fleet.gpus_per_node):
-            if g in bad:
-                fault = self.sim.faults[bad[g]]
-                cls = fault.failure_class
-                devices.append(
-                    ReportedDevice(
-                        gpu_id(state.name, g),
-                        g,
-                        DeviceHealth.UNHEALTHY,
-                        reason=cls.label,
-                        code=cls.xid,
-                        pod=pod.key if pod is not None else "",
-                        since=fault.time + delay,
-                    )
-                )
-            else:
-                devices.append(
-                    ReportedDevice(gpu_id(state.name, g), g, DeviceHealth.HEALTHY, pod=pod.key if pod else "")
-                )
-        return NodeDevicesReport(state.name, tuple(devices))
-
     def _records(self, n: int) -> tuple[Node, Pod | None, NodeDevicesReport | None]:
         """A watched node as the cache shows it. Reused while nothing about the node changed and every
         fault on it is older than the slowest signal (so time alone changes nothing either)."""
@@ -361,7 +305,7 @@ class EngineStrategy(Strategy):
             return cached[1]
         node = self._node(n)
         pod = self._pod(n, steps)
-        records = (node, pod, self._report(n, pod))
+        records = (node, pod, agent_report(self.sim, self.sim.nodes[n], pod))
         if settled:
             self.cache[n] = (key, records)
         return records
