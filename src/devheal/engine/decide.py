@@ -217,15 +217,11 @@ def _candidate_actions(
                 continue
             out.append(
                 (
-                    Action(
-                        kind=kind,
-                        target_kind=TargetKind.POD,
-                        target=pod.key,
-                        node=pod.node,
-                        finding=f,
-                        policy=policy.name,
-                        workload=pod.workload,
-                        target_uid=pod.uid,
+                    Action.on_pod(
+                        kind,
+                        pod,
+                        f,
+                        policy.name,
                         reason=f"{f.kind} on {pod.workload.cls} pod: policy {policy.name} says {kind}",
                     ),
                     policy,
@@ -238,14 +234,11 @@ def _candidate_actions(
         if policy is None:
             continue
         rules = policy.node
-        base = Action(
-            kind=ActionKind.TAINT,
-            target_kind=TargetKind.NODE,
-            target=node.name,
-            node=node.name,
-            finding=f,
-            policy=policy.name,
-            target_uid=node.uid,
+        base = Action.on_node(
+            ActionKind.TAINT,
+            node,
+            f,
+            policy.name,
             epoch=node.lifts,
         )
         if f.kind is FindingKind.NODE_DEVICES_FAILED:

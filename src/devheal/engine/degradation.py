@@ -221,14 +221,11 @@ def _node_actions(f: Finding, view: ClusterView, policy: Policy, now: float) -> 
     node = view.nodes.get(f.node)
     if node is None:
         return []
-    base = Action(
-        kind=ActionKind.TAINT_DEGRADED,
-        target_kind=TargetKind.NODE,
-        target=node.name,
-        node=node.name,
-        finding=f,
-        policy=policy.name,
-        target_uid=node.uid,
+    base = Action.on_node(
+        ActionKind.TAINT_DEGRADED,
+        node,
+        f,
+        policy.name,
         epoch=node.lifts,
     )
     rules = policy.degradation
@@ -275,15 +272,11 @@ def _node_actions(f: Finding, view: ClusterView, policy: Policy, now: float) -> 
 
 
 def _pod_action(f: Finding, pod: Pod, policy: Policy, epoch: int, now: float) -> Action | None:
-    base = Action(
-        kind=ActionKind.NOTIFY,
-        target_kind=TargetKind.POD,
-        target=pod.key,
-        node=pod.node,
-        finding=f,
-        policy=policy.name,
-        workload=pod.workload,
-        target_uid=pod.uid,
+    base = Action.on_pod(
+        ActionKind.NOTIFY,
+        pod,
+        f,
+        policy.name,
     )
     if f.kind is FindingKind.UNKNOWN_XID:
         return replace(base, reason=f"{f.evidence}: an unknown XID is never acted on; add a row for it to act")

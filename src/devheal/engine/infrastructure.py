@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from devheal.model.cluster import ADMISSION_REJECTED_REASON, ClusterView, DeviceHealth, Node, Pod
 from devheal.model.infrastructure_policy import AdmissionRemedy, DriverRemedy
-from devheal.model.plan import Action, Finding, FindingKind, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind
 from devheal.model.policy import ActionKind, Policy
 
 INFRASTRUCTURE_FINDINGS = frozenset(
@@ -197,15 +197,11 @@ def _pod_action(f: Finding, view: ClusterView, policies: Sequence[Policy]) -> tu
         )
     else:
         kind, reason = ActionKind.NOTIFY, "stuck terminating on a failed device: reported (forceDeleteStuck is off)"
-    action = Action(
-        kind=kind,
-        target_kind=TargetKind.POD,
-        target=pod.key,
-        node=pod.node,
-        finding=f,
-        policy=policy.name,
-        workload=pod.workload,
-        target_uid=pod.uid,
+    action = Action.on_pod(
+        kind,
+        pod,
+        f,
+        policy.name,
         reason=reason,
     )
     return action, policy
@@ -218,14 +214,11 @@ def _node_action(f: Finding, view: ClusterView, policies: Sequence[Policy]) -> t
     policy = _node_policy(policies, node)
     if policy is None:
         return None
-    base = Action(
-        kind=ActionKind.NOTIFY,
-        target_kind=TargetKind.NODE,
-        target=node.name,
-        node=node.name,
-        finding=f,
-        policy=policy.name,
-        target_uid=node.uid,
+    base = Action.on_node(
+        ActionKind.NOTIFY,
+        node,
+        f,
+        policy.name,
         # A report has no mark to lift and so no lift count: each outage is numbered by when it began.
         epoch=int(f.since),
         reason="device plugin down with no device failed: reported; devheal never remediates this",

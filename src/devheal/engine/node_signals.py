@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from devheal.model.cluster import ClusterView, Node
-from devheal.model.plan import Action, Finding, FindingKind, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.signals_policy import SignalClass, SignalRules
 
@@ -130,14 +130,11 @@ def candidates(
         policy = _policy(policies, node) if node is not None else None
         if node is None or policy is None:
             continue
-        action = Action(
-            kind=ActionKind.NOTIFY,
-            target_kind=TargetKind.NODE,
-            target=node.name,
-            node=node.name,
-            finding=f,
-            policy=policy.name,
-            target_uid=node.uid,
+        action = Action.on_node(
+            ActionKind.NOTIFY,
+            node,
+            f,
+            policy.name,
             # Nothing to lift, so no lift count: each episode is numbered by when its signal began.
             epoch=int(f.since),
             reason=f"reported by another tool: {f.evidence}",

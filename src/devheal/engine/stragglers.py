@@ -285,15 +285,11 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
         if finding.kind is FindingKind.STRAGGLER and rules.replaces
         else ""
     )
-    return Action(
-        kind=ActionKind.NOTIFY,
-        target_kind=TargetKind.POD,
-        target=pod.key,
-        node=pod.node,
-        finding=finding,
-        policy=policy.name,
-        workload=pod.workload,
-        target_uid=pod.uid,
+    return Action.on_pod(
+        ActionKind.NOTIFY,
+        pod,
+        finding,
+        policy.name,
         epoch=epoch,
         reason=f"{finding.kind} on rank {pod.key}: policy {policy.name} says Notify{later}",
     )
@@ -312,14 +308,11 @@ def steer_away(finding: Finding, view: ClusterView, policy: Policy) -> Action | 
         or has_degraded_taint(node, "NoSchedule")
     ):
         return None
-    return Action(
-        kind=ActionKind.TAINT_DEGRADED,
-        target_kind=TargetKind.NODE,
-        target=node.name,
-        node=node.name,
-        finding=finding,
-        policy=policy.name,
-        target_uid=node.uid,
+    return Action.on_node(
+        ActionKind.TAINT_DEGRADED,
+        node,
+        finding,
+        policy.name,
         epoch=node.lifts,
         reason=f"slow rank {finding.pod} on this node: keep its replacement and new pods away (PreferNoSchedule)",
     )

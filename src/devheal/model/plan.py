@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import overload
 
-from devheal.model.cluster import Workload
+from devheal.model.cluster import Node, Pod, Workload
 from devheal.model.policy import DISRUPTIVE, ActionKind
 
 
@@ -220,6 +220,24 @@ class Action:
     recovery is a new decision, and a restarted controller computes the same number."""
     step: int = 0
     """RemediateNode: the rung of the policy's escalation ladder (``NodeRules.ladder``) this decision takes."""
+
+    @classmethod
+    def on_node(
+        cls, kind: ActionKind, node: Node, finding: Finding, policy: str, *, epoch: int, reason: str = ""
+    ) -> Action:
+        """An action on ``node`` (``epoch``: its lift count, or when a report-only episode began)."""
+        return cls(
+            kind, TargetKind.NODE, node.name, node.name, finding, policy, None, node.uid, reason=reason, epoch=epoch
+        )
+
+    @classmethod
+    def on_pod(
+        cls, kind: ActionKind, pod: Pod, finding: Finding, policy: str, *, epoch: int = 0, reason: str = ""
+    ) -> Action:
+        """An action on ``pod``, for its workload."""
+        return cls(
+            kind, TargetKind.POD, pod.key, pod.node, finding, policy, pod.workload, pod.uid, reason=reason, epoch=epoch
+        )
 
     @property
     def disruptive(self) -> bool:
