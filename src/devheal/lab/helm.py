@@ -9,18 +9,15 @@ directives, so ``go install module/cmd@version`` builds it as released.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from devheal.lab.toolchain import ToolchainError, cache_root
+from devheal.lab.toolchain import ToolchainError, build_lock, cache_root
 
 HELM = "3.22.0"
 """helm.sh/helm/v3: the newest v3 release (``go list -m -versions helm.sh/helm/v3``)."""
@@ -65,17 +62,6 @@ def _ldflags(kubernetes_minor: str) -> str:
     return " ".join(flags)
 
 
-@contextmanager
-def _lock(root: Path) -> Iterator[None]:
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _build(root: Path) -> None:
     go = shutil.which("go")
     if go is None:
@@ -117,7 +103,7 @@ def ensure_helm() -> Path:
     if os.access(helm_path(), os.X_OK):
         return helm_path()
     root = helm_dir()
-    with _lock(root):
+    with build_lock(root):
         if not os.access(helm_path(), os.X_OK):
             _build(root)
     return helm_path()

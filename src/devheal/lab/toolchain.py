@@ -258,8 +258,8 @@ def _build_target(go: str, target: _Target, work: Path, progress: ProgressFn) ->
 
 
 @contextmanager
-def _build_lock() -> Iterator[None]:
-    root = version_dir()
+def build_lock(root: Path) -> Iterator[None]:
+    """Hold ``root``'s build lock: one build at a time, across processes (parallel test sessions)."""
     root.mkdir(parents=True, exist_ok=True)
     with (root / ".lock").open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -275,7 +275,7 @@ def ensure_binaries(progress: ProgressFn | None = None) -> Path:
     if not missing_binaries():
         return bin_dir()
     go = _go()
-    with _build_lock():
+    with build_lock(version_dir()):
         for target in _targets():
             if all(os.access(binary(name), os.X_OK) for name in target.outputs):
                 continue
