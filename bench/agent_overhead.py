@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -32,6 +30,7 @@ from typing import Any
 
 import psutil
 
+from bench.report import write_results
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab, LabSpec
@@ -198,25 +197,9 @@ def main() -> None:
             f"{r['rss_mib_per_node']:>9} {r['api_writes_per_s']:>9} {r['nodesim_cpu_percent']:>10} "
             f"{'yes' if r['meets_goal'] else 'NO':>10}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "agent_overhead",
-                "command": " ".join(["python -m bench.agent_overhead", *sys.argv[1:]]),
-                "goal_percent_of_one_core_per_node": GOAL_PERCENT_PER_NODE,
-                "host": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "platform": platform.platform(),
-                },
-                "results": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        args.out, "agent_overhead", {"goal_percent_of_one_core_per_node": GOAL_PERCENT_PER_NODE, "results": rows}
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

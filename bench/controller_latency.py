@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import subprocess
@@ -26,13 +25,13 @@ from typing import Any
 
 import psutil
 
+from bench.report import write_results
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.workloads import gpu_deployment, pod_devices, wait_policy_observed, wait_until
 from devheal.model.api import GROUP_VERSION
-from devheal.model.times import format_time
 
 RESULTS = Path(__file__).parent / "results"
 NAMESPACE = "bench"
@@ -212,19 +211,11 @@ def main() -> None:
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {value}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "controller_latency",
-                "when": format_time(time.time()),
-                "targets": {"latency_p99_s": 1.0, "controller_peak_rss_mib": 300},
-                "result": result,
-            },
-            indent=2,
-        )
+    write_results(
+        args.out,
+        "controller_latency",
+        {"targets": {"latency_p99_s": 1.0, "controller_peak_rss_mib": 300}, "result": result},
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import write_results
+
 RESULTS = Path(__file__).parent / "results"
 GOAL_MB = 300.0
 GPU = "nvidia.com/gpu"
@@ -207,9 +209,7 @@ def main() -> None:
     figures.update(pods=args.pods, nodes=args.nodes, goal_rss_mb=GOAL_MB, met=figures["rss_synced_mb"] <= GOAL_MB)
     for key, value in figures.items():
         print(f"{key:>18}  {value}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, "controller_memory", figures)
 
 
 if __name__ == "__main__":

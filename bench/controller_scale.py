@@ -33,6 +33,7 @@ from typing import Any
 import psutil
 
 from bench.controller_memory import node
+from bench.report import write_results
 
 RESULTS = Path(__file__).parent / "results"
 NAMESPACE = "ml"
@@ -235,9 +236,7 @@ def main() -> None:
     }
     for key, value in figures.items():
         print(f"{key:>24}  {value}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, "controller_scale", figures)
 
 
 if __name__ == "__main__":

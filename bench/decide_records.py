@@ -17,15 +17,13 @@ bench/results/decide_records.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import write_results
 from devheal.engine.decide import decide, relevance_horizon
 from devheal.engine.retention import expired
 from devheal.model.cluster import (
@@ -41,7 +39,6 @@ from devheal.model.cluster import (
 )
 from devheal.model.plan import Finding, FindingKind, InFlight, InFlightRecords, Phase, TargetKind
 from devheal.model.policy import ActionKind, parse_policy
-from devheal.model.times import format_time
 
 RESULTS = Path(__file__).parent / "results"
 NOW = 1_900_000_000.0
@@ -170,21 +167,7 @@ def main() -> None:
             f"{row['decide_indexed_ms']:>11} {row['decide_indexed_ratio']:>6} "
             f"{row['expired_ms']:>11} {row['expired_ratio']:>6}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "decide_records",
-                "when": format_time(time.time()),
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "runs": args.runs,
-                "results": rows,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    print(f"wrote {args.out}")
+    write_results(args.out, "decide_records", {"runs": args.runs, "results": rows})
 
 
 if __name__ == "__main__":

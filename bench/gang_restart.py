@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -67,6 +66,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.report import write_results
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab, LabSpec
@@ -88,7 +88,6 @@ from devheal.lab.nodesim.training import (
 from devheal.lab.workloads import pod_devices, wait_policy_observed, wait_until
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION, PLACEMENT_GATE, RESTART_GENERATION_ANNOTATION
-from devheal.model.times import format_time
 
 RESULTS = Path(__file__).parent / "results"
 NS = "bench"
@@ -559,19 +558,7 @@ def main() -> None:
     for key, value in result.items():
         print(f"{key:<{width}}  {value}")
     print(breakdown(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "gang_restart",
-                "goal_speedup": 10,
-                "when": format_time(time.time()),
-                "result": result,
-            },
-            indent=2,
-        )
-    )
-    print(f"wrote {args.out}")
+    write_results(args.out, "gang_restart", {"goal_speedup": 10, "result": result})
 
 
 if __name__ == "__main__":

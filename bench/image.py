@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -35,9 +34,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.report import write_results
 from devheal import __version__
 from devheal.kubelet.podresources import ContainerDevices, ContainerResources, PodResources, PodResourcesServer
-from devheal.model.times import format_time
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
@@ -230,26 +229,19 @@ def main() -> None:
         )
     for row in rows:
         print(f"{'ok ' if row['ok'] else 'FAIL'} {row['check']:<34} {row['detail']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "image",
-                "when": format_time(time.time()),
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "base": base or "Dockerfile default",
-                "build_s": round(build_s, 1),
-                "rootfs_bytes": size,
-                "venv_bytes": venv,
-                "config": {k: config.get(k) for k in ("User", "Entrypoint", "Cmd", "WorkingDir", "Env")},
-                "startup": startup,
-                "checks": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        args.out,
+        "image",
+        {
+            "base": base or "Dockerfile default",
+            "build_s": round(build_s, 1),
+            "rootfs_bytes": size,
+            "venv_bytes": venv,
+            "config": {k: config.get(k) for k in ("User", "Entrypoint", "Cmd", "WorkingDir", "Env")},
+            "startup": startup,
+            "checks": rows,
+        },
     )
-    print(f"wrote {args.out}")
     if not all(row["ok"] for row in rows):
         sys.exit(1)
 

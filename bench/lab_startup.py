@@ -10,8 +10,6 @@ process (per component). Prints a table and writes bench/results/lab_startup.jso
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import tempfile
 import time
@@ -19,9 +17,9 @@ from pathlib import Path
 
 import psutil
 
+from bench.report import write_results
 from devheal.lab import toolchain, versions
 from devheal.lab.cluster import Lab, LabSpec
-from devheal.model.times import format_time
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -88,20 +86,14 @@ def main() -> None:
             f"{row['nodes']:>6} {row['ready_seconds']:>8} {row['rss_mib_total']:>8}  "
             + "  ".join(f"{v:>12}" for v in comps.values())
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "lab_startup",
-                "when": format_time(time.time()),
-                "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
-                "versions": {"kubernetes": versions.KUBERNETES, "etcd": versions.ETCD, "kwok": versions.KWOK},
-                "results": rows,
-            },
-            indent=2,
-        )
+    write_results(
+        args.out,
+        "lab_startup",
+        {
+            "versions": {"kubernetes": versions.KUBERNETES, "etcd": versions.ETCD, "kwok": versions.KWOK},
+            "results": rows,
+        },
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -13,13 +13,10 @@ bench/results/simulate_sensitivity.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
 from pathlib import Path
 
-from devheal.model.times import format_time
+from bench.report import write_results
 from devheal.simulate.config import CHECKPOINTING, build_preset, with_checkpointing
 from devheal.simulate.sensitivity import GROUPS, markdown, sensitivity
 from devheal.simulate.strategies import lineup
@@ -46,27 +43,20 @@ def main() -> None:
     table = markdown(rows)
     print(table)
     print(f"{len(rows)} variants x {args.seeds} seeds in {seconds:.0f} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "simulate_sensitivity",
-                "when": format_time(time.time()),
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "preset": args.preset,
-                "nodes": config.fleet.workload_nodes,
-                "days": config.days,
-                "checkpointing": args.checkpointing,
-                "seeds": args.seeds,
-                "seconds": round(seconds, 1),
-                "rows": [r.to_json() for r in rows],
-                "markdown": table,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        args.out,
+        "simulate_sensitivity",
+        {
+            "preset": args.preset,
+            "nodes": config.fleet.workload_nodes,
+            "days": config.days,
+            "checkpointing": args.checkpointing,
+            "seeds": args.seeds,
+            "seconds": round(seconds, 1),
+            "rows": [r.to_json() for r in rows],
+            "markdown": table,
+        },
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

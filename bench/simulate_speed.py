@@ -12,15 +12,12 @@ Prints a table and writes bench/results/simulate_speed.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from devheal.model.times import format_time
+from bench.report import write_results
 from devheal.simulate.config import build_preset
 from devheal.simulate.runner import run_comparison
 from devheal.simulate.strategies import lineup
@@ -74,22 +71,7 @@ def main() -> None:
             f"{row['gpus']:>8,} {row['nodes']:>6} {row['faults']:>6} {row['seconds_median']:>8}  "
             + "  ".join(f"{by[n]:>22}" for n in names)
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "simulate_speed",
-                "when": format_time(time.time()),
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "preset": "llama3-405b (scaled)",
-                "runs": args.runs,
-                "results": rows,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    print(f"wrote {args.out}")
+    write_results(args.out, "simulate_speed", {"preset": "llama3-405b (scaled)", "runs": args.runs, "results": rows})
 
 
 if __name__ == "__main__":

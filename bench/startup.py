@@ -17,9 +17,7 @@ Prints a table and writes bench/results/startup.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import ssl
 import statistics
 import subprocess
@@ -29,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devheal.model.times import format_time
+from bench.report import write_results
 
 RESULTS = Path(__file__).parent / "results"
 GOAL_S = 0.5
@@ -132,22 +130,7 @@ def main() -> None:
             continue
         verdict = "met" if row["goal_met"] else "NOT met"
         print(f"{row['entry_point']:<{width}} {row['median_s']:>9.3f} {row['max_s']:>7.3f}  {verdict}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "startup",
-                "when": format_time(time.time()),
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "goal_s": GOAL_S,
-                "runs": args.runs,
-                "results": rows,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    print(f"wrote {args.out}")
+    write_results(args.out, "startup", {"goal_s": GOAL_S, "runs": args.runs, "results": rows})
 
 
 if __name__ == "__main__":

@@ -20,18 +20,15 @@ Prints a table and writes bench/results/stragglers.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import write_results
 from devheal.engine.stragglers import StragglerTracker
 from devheal.model.plan import FindingKind
 from devheal.model.policy import Policy, parse_policy
-from devheal.model.times import format_time
 from devheal.simulate.step_streams import GangStream
 
 RESULTS = Path(__file__).parent / "results"
@@ -136,26 +133,19 @@ def main() -> None:
     print(f"{'noise':>6} {'runs flagged':>13} {'per 1000 rank-steps':>20}")
     for h in healthy:
         print(f"{h['noise']:>6.0%} {h['runs_with_false_positive']:>13.0%} {h['false_per_1000_rank_steps']:>20}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "stragglers",
-                "when": format_time(time.time()),
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "ranks": args.ranks,
-                "seeds": args.seeds,
-                "slow_from_step": SLOW_FROM,
-                "policy": {"stragglers": overrides or "defaults"},
-                "elapsed_s": round(elapsed, 1),
-                "detection": cells,
-                "healthy": healthy,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        args.out,
+        "stragglers",
+        {
+            "ranks": args.ranks,
+            "seeds": args.seeds,
+            "slow_from_step": SLOW_FROM,
+            "policy": {"stragglers": overrides or "defaults"},
+            "elapsed_s": round(elapsed, 1),
+            "detection": cells,
+            "healthy": healthy,
+        },
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
