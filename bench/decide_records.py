@@ -125,7 +125,14 @@ def timed(fn: Any, runs: int) -> float:
 
 def measure(count: int, nodes: int, runs: int) -> dict[str, Any]:
     view, findings = cluster(nodes)
-    policies = [parse_policy({"metadata": {"name": "p"}, "spec": {"budgets": {"maxUnhealthyNodes": "50%"}}})]
+    policies = [
+        parse_policy(
+            {
+                "metadata": {"name": "p"},
+                "spec": {"selector": {"podSelector": {}}, "budgets": {"maxUnhealthyNodes": "50%"}},
+            }
+        )
+    ]
     in_flight = records(count, nodes)
     plan = decide(view, findings, policies, in_flight, NOW)
     # As the controller hands them over: the records it keeps current as the watch delivers them, any by name.
