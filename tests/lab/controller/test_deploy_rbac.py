@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
 from devheal.lab.cluster import Lab
-from devheal.lab.workloads import pods_of
 
 from ..conftest import RecordingFaults
 from ..launch.test_rbac import service_account_token, token_kubeconfig
 from ..test_manifests import PLURALS
 from .conftest import ControllerHarness
-from .test_gang_restart import fail_rank, placed_gang
+from .test_gang_restart import restart_a_placed_gang_as
 
 MANIFEST = Path(__file__).parents[3] / "deploy" / "controller.yaml"
 RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
@@ -56,31 +53,9 @@ async def test_the_controller_needs_no_more_than_its_cluster_role(
     try:
         token = await service_account_token(kube, system, account)
         kubeconfig = token_kubeconfig(lab, token, tmp_path / "controller.kubeconfig")
-        await harness.policy(
-            {
-                "selector": {"namespaces": [namespace]},
-                "actions": {"gang": "RestartGang"},
-                "node": {"taint": False},
-                "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
-            }
+        await restart_a_placed_gang_as(
+            harness, kube, namespace, faults, kubeconfig, "the gang restart under the deployed RBAC"
         )
-        controller = harness.start(f"--kubeconfig={kubeconfig}")  # the last --kubeconfig wins
-        first, home = await placed_gang(kube, namespace)
-        await fail_rank(faults, first, home)
-
-        def done(records: list[dict[str, Any]]) -> bool:
-            return any(
-                r["spec"]["action"] == "RestartGang" and get_path(r, "status", "phase") == "Succeeded" for r in records
-            )
-
-        await harness.wait_remediation(done, "the gang restart under the deployed RBAC", timeout=60)
-        pods = await pods_of(kube, namespace, "app=placed")
-        output = controller.output()
-        placed = [(p["metadata"]["uid"], p["spec"].get("nodeName")) for p in pods]
-        assert any(node == home and uid != first["metadata"]["uid"] for uid, node in placed), (
-            f"replacement not back on {home}: {placed}\n{output[-4000:]}"
-        )
-        assert "Forbidden" not in output and "403" not in output, output[-3000:]
     finally:
         for path in created:
             with contextlib.suppress(errors.NotFound):

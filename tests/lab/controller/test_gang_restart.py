@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import get_path
@@ -184,6 +186,38 @@ async def fail_rank(faults: RecordingFaults, pod: dict, node: str) -> None:
     device = pod_devices(pod)[0].device_id
     index = await asyncio.to_thread(faults.gpu_index, node, device)
     await asyncio.to_thread(faults.xid, node, index, 79)
+
+
+async def restart_a_placed_gang_as(
+    harness: ControllerHarness, kube: KubeClient, namespace: str, faults: RecordingFaults, kubeconfig: Path, what: str
+) -> None:
+    """A controller holding only ``kubeconfig``'s credentials restarts a gang whose rank's GPU failed: the
+    restart succeeds, the replacement goes back to the node its rank left, and nothing was refused."""
+    await harness.policy(
+        {
+            "selector": {"namespaces": [namespace]},
+            "actions": {"gang": "RestartGang"},
+            "node": {"taint": False},
+            "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
+        }
+    )
+    controller = harness.start(f"--kubeconfig={kubeconfig}")  # the last --kubeconfig wins
+    first, home = await placed_gang(kube, namespace)
+    await fail_rank(faults, first, home)
+
+    def done(records: list[dict[str, Any]]) -> bool:
+        return any(
+            r["spec"]["action"] == "RestartGang" and get_path(r, "status", "phase") == "Succeeded" for r in records
+        )
+
+    await harness.wait_remediation(done, what, timeout=60)
+    pods = await pods_of(kube, namespace, "app=placed")
+    placed = [(p["metadata"]["uid"], p["spec"].get("nodeName")) for p in pods]
+    output = controller.output()
+    assert any(node == home and uid != first["metadata"]["uid"] for uid, node in placed), (
+        f"replacement not back on {home}: {placed}\n{output[-4000:]}"
+    )
+    assert "Forbidden" not in output and "403" not in output, output[-3000:]
 
 
 async def test_a_replacement_is_nominated_back_to_the_node_its_rank_left(

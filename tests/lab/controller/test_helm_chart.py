@@ -25,7 +25,7 @@ from devheal.lab import chart
 from devheal.lab.cluster import Lab
 from devheal.lab.helm import ensure_helm
 from devheal.lab.toolchain import ToolchainError
-from devheal.lab.workloads import gpu_pod, pods_of, wait_until
+from devheal.lab.workloads import gpu_pod, wait_until
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import OWNED_TAINT_KEY
 
@@ -33,7 +33,7 @@ from ..conftest import RecordingFaults
 from ..launch.test_rbac import service_account_token, token_kubeconfig
 from ..monitoring_crds import install_monitoring_crds
 from .conftest import ControllerHarness
-from .test_gang_restart import fail_rank, placed_gang
+from .test_gang_restart import restart_a_placed_gang_as
 from .test_node_remediation import GROUP, GV, install_fake_remediator
 
 SYSTEM = chart.NAMESPACE
@@ -214,31 +214,9 @@ async def test_the_controller_as_the_charts_service_account_restarts_a_gang(
     kube: KubeClient, namespace: str, harness: ControllerHarness, faults: RecordingFaults, chart_controller: Path
 ) -> None:
     """Annotations, the placement gate, pod status, evictions and records, under RBAC and the pod-writes policy."""
-    await harness.policy(
-        {
-            "selector": {"namespaces": [namespace]},
-            "actions": {"gang": "RestartGang"},
-            "node": {"taint": False},
-            "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
-        }
+    await restart_a_placed_gang_as(
+        harness, kube, namespace, faults, chart_controller, "the gang restart as the chart's service account"
     )
-    controller = harness.start(f"--kubeconfig={chart_controller}")  # the last --kubeconfig wins
-    first, home = await placed_gang(kube, namespace)
-    await fail_rank(faults, first, home)
-
-    def done(records: list[dict[str, Any]]) -> bool:
-        return any(
-            r["spec"]["action"] == "RestartGang" and get_path(r, "status", "phase") == "Succeeded" for r in records
-        )
-
-    await harness.wait_remediation(done, "the gang restart as the chart's service account", timeout=60)
-    pods = await pods_of(kube, namespace, "app=placed")
-    placed = [(p["metadata"]["uid"], p["spec"].get("nodeName")) for p in pods]
-    output = controller.output()
-    assert any(node == home and uid != first["metadata"]["uid"] for uid, node in placed), (
-        f"replacement not back on {home}: {placed}\n{output[-4000:]}"
-    )
-    assert "Forbidden" not in output and "403" not in output, output[-3000:]
 
 
 async def test_the_controller_as_the_charts_service_account_remediates_a_node_through_a_template(
