@@ -78,6 +78,7 @@ async def unpool(harness: ControllerHarness, kube: KubeClient) -> None:
         with contextlib.suppress(errors.NotFound):
             node = await kube.get(api_path("v1", "nodes", name=name))
             node["spec"]["taints"] = [t for t in node["spec"].get("taints") or [] if t.get("key") != SPARE_TAINT_KEY]
+            node["spec"]["unschedulable"] = False
             for key in (POOL_LABEL, SPARE_LABEL):
                 (node["metadata"].get("labels") or {}).pop(key, None)
             await kube.replace(api_path("v1", "nodes", name=name), node)
@@ -103,10 +104,15 @@ async def test_a_broken_rank_moves_to_the_warm_spare(
             lambda: spares(kube), lambda s: sum(s.values()) == 1, timeout=60, what="one spare reserved"
         )
         spare = next(name for name, on in pool.items() if on)
+        other = next(name for name in POOL_NODES if name != spare)
 
+        # The pool's unreserved node is an ordinary node the scheduler may pick for a rank, which would leave
+        # nothing to refill the pool with: keep the ranks off it while they are placed.
+        await kube.patch(api_path("v1", "nodes", name=other), {"spec": {"unschedulable": True}})
         await kube.create(api_path("apps/v1", "statefulsets", namespace=namespace), gang())
         before = await wait_until(lambda: ranks(kube, namespace), lambda r: len(r) == 2, timeout=60, what="2 ranks")
-        assert not {p["spec"]["nodeName"] for p in before.values()} & set(POOL_NODES), "spares are kept empty"
+        await kube.patch(api_path("v1", "nodes", name=other), {"spec": {"unschedulable": False}})
+        assert spare not in {p["spec"]["nodeName"] for p in before.values()}, "the reserved spare is kept empty"
 
         broken = before["train-0"]
         node = broken["spec"]["nodeName"]
@@ -135,7 +141,6 @@ async def test_a_broken_rank_moves_to_the_warm_spare(
         assert len([r for r in records if r["spec"]["action"] == "RestartGang"]) == 1
 
         # The spare moved to the gang: it leaves the pool, and the pool's other node is reserved.
-        other = next(name for name in POOL_NODES if name != spare)
         await wait_until(
             lambda: spares(kube), lambda s: s == {spare: False, other: True}, timeout=60, what="the pool refilled"
         )
