@@ -18,6 +18,7 @@ from .monitoring_crds import GROUP, KINDS, install_monitoring_crds
 DEPLOY = Path(__file__).parents[2] / "deploy"
 PLURALS = {
     "Namespace": "namespaces",
+    "CustomResourceDefinition": "customresourcedefinitions",
     "ServiceAccount": "serviceaccounts",
     "ClusterRole": "clusterroles",
     "ClusterRoleBinding": "clusterrolebindings",

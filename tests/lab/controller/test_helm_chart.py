@@ -32,6 +32,7 @@ from devheal.model.cluster import OWNED_TAINT_KEY
 from ..conftest import RecordingFaults
 from ..launch.test_rbac import service_account_token, token_kubeconfig
 from ..monitoring_crds import install_monitoring_crds
+from ..test_manifests import PLURALS
 from .conftest import ControllerHarness
 from .test_gang_restart import restart_a_placed_gang_as
 from .test_node_remediation import GROUP, GV, install_fake_remediator
@@ -39,25 +40,6 @@ from .test_node_remediation import GROUP, GV, install_fake_remediator
 SYSTEM = chart.NAMESPACE
 ACCOUNT = "devheal-controller"
 NODE = "gpu-node-005"
-PLURALS = {
-    "Namespace": "namespaces",
-    "ServiceAccount": "serviceaccounts",
-    "ClusterRole": "clusterroles",
-    "ClusterRoleBinding": "clusterrolebindings",
-    "Role": "roles",
-    "RoleBinding": "rolebindings",
-    "Deployment": "deployments",
-    "DaemonSet": "daemonsets",
-    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
-    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
-    "ConfigMap": "configmaps",
-    "Service": "services",
-    "PodDisruptionBudget": "poddisruptionbudgets",
-    "CustomResourceDefinition": "customresourcedefinitions",
-    "ServiceMonitor": "servicemonitors",
-    "PodMonitor": "podmonitors",
-    "PrometheusRule": "prometheusrules",
-}
 INSTALLED = {
     "ServiceAccount",
     "ClusterRole",
