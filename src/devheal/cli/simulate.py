@@ -32,6 +32,7 @@ def load_policies(paths: list[Path]) -> list[Policy]:
     import yaml
 
     from devheal.model.policy import PolicyError, parse_policy
+    from devheal.simulate.fleet import NAMESPACES
 
     policies: list[Policy] = []
     for path in paths:
@@ -51,9 +52,15 @@ def load_policies(paths: list[Path]) -> list[Policy]:
             if kind != "RemediationPolicy":
                 raise _InputError(f"{path}: document {i + 1}: kind {kind!r}, expected RemediationPolicy")
             try:
-                policies.append(parse_policy(doc))
+                parsed = parse_policy(doc)
             except PolicyError as exc:
                 raise _InputError(f"{path}: {exc}") from exc
+            if parsed.namespaces and parsed.namespaces.isdisjoint(NAMESPACES.values()):
+                raise _InputError(
+                    f"{path}: policy {parsed.name}: spec.selector.namespaces selects none of the simulated "
+                    f"workloads' namespaces ({', '.join(NAMESPACES.values())}): it would never act"
+                )
+            policies.append(parsed)
             found += 1
         if not found:
             raise _InputError(f"{path}: no RemediationPolicy in the file")
@@ -111,6 +118,7 @@ def _tables(comparison: Comparison) -> list[Table]:
         summary.add_column("fleet goodput", justify="right")
     summary.add_column("interruptions", justify="right")
     summary.add_column("GPU-h lost", justify="right")
+    summary.add_column("node-h broken", justify="right")
     for q in (50, 90, 99):
         summary.add_column(f"recovery p{q} (min)" if q == 50 else f"p{q} (min)", justify="right")
     for name, rs in results.items():
@@ -126,6 +134,7 @@ def _tables(comparison: Comparison) -> list[Table]:
         row += [
             f"{min(interruptions)}-{max(interruptions)}" if several else str(interruptions[0]),
             _gpu_hours(sum(r.lost_gpu_hours for r in rs) / len(rs)),
+            _gpu_hours(sum(r.broken_node_hours for r in rs) / len(rs)),
             *(_minutes(percentile(recoveries, q)) for q in (50, 90, 99)),
         ]
         summary.add_row(*row)

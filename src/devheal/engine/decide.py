@@ -246,33 +246,35 @@ def _candidate_actions(
                 out.append((replace(base, reason="failed GPUs: keep new pods off the node"), policy))
             if rules.cordon and "cordon" not in node.owned and not node.unschedulable:
                 out.append((replace(base, kind=ActionKind.CORDON, reason="failed GPUs: cordon the node"), policy))
-            held = now - (f.all_failed_since if f.all_failed_since is not None else f.since)
-            if rules.ladder and f.all_devices_failed and held >= rules.remediate_after:
-                if f.node_idle:
-                    step, why = escalation_step(rules, node.name, node.lifts, in_flight, now)
-                    out.append(
-                        (
-                            replace(
-                                base,
-                                kind=ActionKind.REMEDIATE_NODE,
-                                step=step,
-                                reason=why
-                                or f"all GPUs failed for {held:.0f}s (>= {rules.remediate_after:.0f}s), node idle",
-                            ),
-                            policy,
-                        )
+            # An idle node with a failed GPU walks the ladder: its other GPUs serve nobody while it is kept
+            # off new pods, and a reset or reboot often brings it back. Evicting pods (Drain) takes every
+            # GPU failed: one dead GPU is no reason to stop the pods on the healthy ones.
+            held = now - f.since
+            all_held = now - (f.all_failed_since if f.all_failed_since is not None else f.since)
+            if rules.ladder and f.node_idle and held >= rules.remediate_after:
+                step, why = escalation_step(rules, node.name, node.lifts, in_flight, now)
+                count = len(f.device_ids)
+                failed = "all GPUs" if f.all_devices_failed else f"{count} GPUs" if count > 1 else "a GPU"
+                waited = f"{failed} failed for {held:.0f}s (>= {rules.remediate_after:.0f}s), node idle"
+                out.append(
+                    (
+                        replace(
+                            base,
+                            kind=ActionKind.REMEDIATE_NODE,
+                            step=step,
+                            reason=why or waited,
+                        ),
+                        policy,
                     )
-                elif rules.remediation is RemediationMode.DRAIN:
-                    out.append(
-                        (
-                            replace(
-                                base,
-                                kind=ActionKind.DRAIN,
-                                reason=f"all GPUs failed for {held:.0f}s; policy drains busy nodes",
-                            ),
-                            policy,
-                        )
-                    )
+                )
+            elif (
+                rules.ladder
+                and rules.remediation is RemediationMode.DRAIN
+                and f.all_devices_failed
+                and all_held >= rules.remediate_after
+            ):
+                reason = f"all GPUs failed for {all_held:.0f}s; policy drains busy nodes"
+                out.append((replace(base, kind=ActionKind.DRAIN, reason=reason), policy))
         elif f.kind is FindingKind.NODE_RECOVERED and node.owned and now - f.since >= rules.hold_down:
             hold_down = lift_hold_down(rules, node.name, in_flight, now)
             if now - f.since >= hold_down:

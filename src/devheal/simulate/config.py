@@ -58,7 +58,12 @@ class CostModel:
     nhc_timer_s: float = 300.0
     """Node health controller: allocatable below capacity this long -> recreate the node."""
     template_remediation: str = "reboot"
-    """What devheal's external remediation template does to a node: ``reboot`` or ``replace``."""
+    """What devheal's external remediation template (``node.template``) does to a node: ``reboot`` or ``replace``."""
+    escalation_effects: tuple[str, ...] = ("reset", "reboot", "replace")
+    """What each rung of a ``node.escalation`` ladder does, in order (the last repeats for longer ladders):
+    ``reset`` (the GPUs), ``reboot``, ``replace`` or ``repair``; the docs' example ladder."""
+    gpu_reset_s: float = 300.0
+    """A GPU reset and the health check after it (the node's GPUs are idle)."""
     # Workload restarts.
     pod_recreate_s: float = 120.0
     """Every pod of the workload is deleted, recreated, scheduled and started (images cached)."""
@@ -73,6 +78,12 @@ class CostModel:
         if self.template_remediation not in ("reboot", "replace"):
             raise ConfigError(
                 f"costs.template_remediation: expected reboot or replace, got {self.template_remediation!r}"
+            )
+        effects = ("reset", "reboot", "replace", "repair")
+        if not self.escalation_effects or any(e not in effects for e in self.escalation_effects):
+            raise ConfigError(
+                f"costs.escalation_effects: expected one or more of {', '.join(effects)}, "
+                f"got {self.escalation_effects!r}"
             )
 
 

@@ -506,11 +506,18 @@ class EngineStrategy(Strategy):
         elif action.kind is ActionKind.DRAIN:
             sim.release(n, recreate=True, why=None)
         elif action.kind is ActionKind.REMEDIATE_NODE:
-            sim.start_repair(n, sim.costs.template_remediation, None)
+            sim.start_repair(n, self._rung_effect(action.step), None)
             phase = Phase.IN_PROGRESS
         record = InFlight.of(action, phase, now)
         self._store(record)
         self.recent.append((now, record.name))
+
+    def _rung_effect(self, step: int) -> str:
+        """What the template of the ladder's ``step`` does to a node (``CostModel``: one template, or a ladder)."""
+        costs = self.sim.costs
+        if self.policy.node.template is not None:
+            return costs.template_remediation
+        return costs.escalation_effects[min(step, len(costs.escalation_effects) - 1)]
 
     def _replace_stragglers(self, unit: Unit) -> None:
         """The gang restarter also replaces the ranks the round finds straggling (``ReplaceAtRestart``)."""
@@ -534,12 +541,19 @@ class EngineStrategy(Strategy):
         rules = self.policy.node
         wake: list[float] = []
         for f in findings:
-            if f.kind is FindingKind.NODE_DEVICES_FAILED and rules.template is not None and f.all_devices_failed:
+            if f.kind is FindingKind.NODE_DEVICES_FAILED and rules.ladder and f.node_idle:
+                wake.append(f.since + rules.remediate_after + SLACK_S)
+            elif f.kind is FindingKind.NODE_DEVICES_FAILED and rules.ladder and f.all_devices_failed:
                 since = f.all_failed_since if f.all_failed_since is not None else f.since
                 wake.append(since + rules.remediate_after + SLACK_S)
             elif f.kind is FindingKind.NODE_RECOVERED:
                 history = [self.records[name] for name in self.by_node.get(f.node, ())]
                 wake.append(f.since + lift_hold_down(rules, f.node, history, now) + SLACK_S)
+        for name in self.active:  # a rung that does not bring its node back in time gives way to the next
+            record = self.records[name]
+            if record.action is ActionKind.REMEDIATE_NODE and record.resume is not None and len(rules.ladder) > 1:
+                step = min(record.resume.step, len(rules.ladder) - 1)
+                wake.append(record.started + rules.ladder[step].timeout + SLACK_S)
         if plan.blocked:
             wake.append(now + self.retry_s)
             self.retry_s = min(self.retry_s * 2, RETRY_MAX_S)

@@ -42,6 +42,10 @@ class UnitKind(StrEnum):
     BATCH = "batch"
 
 
+NAMESPACES = {UnitKind.GANG: "ml-training", UnitKind.INFERENCE: "ml-inference", UnitKind.BATCH: "ml-batch"}
+"""Where each kind of workload runs: the namespaces the example policies (deploy/examples) select."""
+
+
 class UnitState(StrEnum):
     RUNNING = "running"
     DOWN = "down"

@@ -52,6 +52,8 @@ class StrategyResult:
     """Training goodput per time bin (useful GPU-time kept / GPU-time), for the plot."""
     min_spares: int
     repair_node_hours: float
+    broken_node_hours: float
+    """Node-hours with a fault that stays (found or not) or in repair: the capacity failures and repairs took."""
     events: int
     engine: dict[str, Any] = field(default_factory=dict)
     """Engine-driven strategies: decision rounds, full-fleet rounds, blocked decisions by rail."""

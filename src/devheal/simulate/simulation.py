@@ -27,7 +27,7 @@ from typing import Any
 from devheal.simulate.config import CostModel, SimConfig
 from devheal.simulate.events import Event, EventKind, EventQueue
 from devheal.simulate.failures import DAY, HOUR, PERSISTENT, Fault, Signal, Trace, TraceError
-from devheal.simulate.fleet import NodeState, Unit, UnitKind, UnitState
+from devheal.simulate.fleet import NAMESPACES, NodeState, Unit, UnitKind, UnitState
 from devheal.simulate.results import StrategyResult, losses_by_cause, serving_availability, summarize_units
 
 STALLING = frozenset({Signal.DEVICE, Signal.HIDDEN, Signal.NODE_DOWN})
@@ -89,6 +89,9 @@ class Simulation:
         self.absorbed = 0
         self.repair_seconds = 0.0
         self.min_spares = fleet.spare_nodes
+        self.broken: set[int] = set()
+        """Nodes with a fault that stays (found or not) or in repair: no use to any workload."""
+        self.broken_seconds = 0.0
         self._transient_unit: dict[int, int] = {}
         self._build_units()
         for i, fault in enumerate(self.faults):
@@ -129,7 +132,7 @@ class Simulation:
             add(
                 UnitKind.GANG,
                 gang.name,
-                "training",
+                NAMESPACES[UnitKind.GANG],
                 gang.nodes,
                 gang.checkpoint_interval_s,
                 gang.checkpoint_stall_s,
@@ -137,10 +140,12 @@ class Simulation:
             )
         if fleet.inference is not None:
             for r in range(fleet.inference.replicas):
-                add(UnitKind.INFERENCE, f"serve-{r}", "inference", 1, 0.0, 0.0, fleet.inference.start_s)
+                namespace = NAMESPACES[UnitKind.INFERENCE]
+                add(UnitKind.INFERENCE, f"serve-{r}", namespace, 1, 0.0, 0.0, fleet.inference.start_s)
         if fleet.batch is not None:
             for b in range(fleet.batch.nodes):
-                add(UnitKind.BATCH, f"batch-{b}", "batch", 1, fleet.batch.job_hours * HOUR, 0.0, fleet.batch.start_s)
+                hours = fleet.batch.job_hours * HOUR
+                add(UnitKind.BATCH, f"batch-{b}", NAMESPACES[UnitKind.BATCH], 1, hours, 0.0, fleet.batch.start_s)
         for n in range(next_node, fleet.nodes):
             self.nodes[n].in_pool = True
             self.pool.append(n)
@@ -179,13 +184,15 @@ class Simulation:
         return True
 
     def start_repair(self, node: int, kind: str, why: str | None) -> None:
-        """Take the node out: ``reboot`` (clears faults a reboot fixes), ``repair`` or ``replace`` (clear all)."""
+        """Take the node out: ``reset`` (its GPUs: clears the GPU faults a reboot fixes), ``reboot`` (clears
+        faults a reboot fixes), ``repair`` or ``replace`` (clear all)."""
         state = self.nodes[node]
         if state.repairing:
             return
         costs = self.costs
         factor = max((self.faults[i].repair_factor for i in state.faults), default=1.0)
         duration = {
+            "reset": costs.gpu_reset_s,
             "reboot": costs.node_reboot_s,
             "repair": costs.hardware_repair_s * factor,
             "replace": costs.node_replace_s,
@@ -195,6 +202,7 @@ class Simulation:
         if unit is not None:
             unit.end_misrouting(self.now)  # a node going down leaves the endpoints
         state.repairing = True
+        self.broken.add(node)
         state.repair_kind = kind
         state.repair_token += 1
         self.repair_seconds += max(0.0, min(self.now + duration, self.horizon) - self.now)
@@ -308,6 +316,7 @@ class Simulation:
         costs = self.costs
         if signal in PERSISTENT:
             node.faults.append(index)
+            self.broken.add(fault.node)
             self.take_from_pool(fault.node)
         human_at = self.now + costs.human_response_s * fault.human_factor
         if signal in (Signal.CRASH, Signal.HANG):
@@ -395,11 +404,19 @@ class Simulation:
         state.repairing = False
         if state.repair_kind == "reboot":
             state.faults = [i for i in state.faults if not self.faults[i].reboot_fixes]
+        elif state.repair_kind == "reset":
+            state.faults = [
+                i
+                for i in state.faults
+                if not (self.faults[i].reboot_fixes and self.faults[i].failure_class.signal is Signal.DEVICE)
+            ]
         else:
             state.faults = []
             state.slow = 1.0
             self.slow_nodes.discard(node)
         state.down = any(self.faults[i].failure_class.signal is Signal.NODE_DOWN for i in state.faults)
+        if not state.faults:
+            self.broken.discard(node)
         unit = self.unit_of(node)
         if unit is not None and not state.faults:
             # Back before Kubernetes evicted its pods: they run again where they were.
@@ -458,9 +475,13 @@ class Simulation:
             EventKind.FAULT: lambda e: self._on_fault(e.ref),
         }
         processed = 0
+        last = 0.0
         while (event := self.queue.pop(self.horizon)) is not None:
+            self.broken_seconds += len(self.broken) * (event.time - last)
+            last = event.time
             handlers[event.kind](event)
             processed += 1
+        self.broken_seconds += len(self.broken) * (self.horizon - last)
         self.queue.now = self.horizon
         for unit in self.units:
             unit.close(self.horizon)
@@ -496,6 +517,7 @@ class Simulation:
             training_series=series,
             min_spares=self.min_spares,
             repair_node_hours=self.repair_seconds / HOUR,
+            broken_node_hours=self.broken_seconds / HOUR,
             events=processed,
             engine=self.strategy.engine_stats(),
             training_loss_by_cause=losses_by_cause(self.units),

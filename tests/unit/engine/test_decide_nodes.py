@@ -19,6 +19,7 @@ from .builders import (
     node,
     node_failed,
     node_recovered,
+    pod,
     policy,
     report,
     reported,
@@ -78,7 +79,7 @@ def test_remediate_an_idle_node_whose_gpus_all_failed_long_enough() -> None:
 
 @pytest.mark.parametrize(
     ("template", "all_failed", "idle", "held"),
-    [(False, True, True, 300), (True, False, True, 300), (True, True, False, 300), (True, True, True, 299)],
+    [(False, True, True, 300), (True, True, False, 300), (True, False, False, 300), (True, True, True, 299)],
 )
 def test_no_node_remediation_unless_every_condition_holds(
     template: bool, all_failed: bool, idle: bool, held: float
@@ -87,6 +88,21 @@ def test_no_node_remediation_unless_every_condition_holds(
     ps = [remediating() if template else policy()]
     finding = node_failed("n1", since=NOW - held, all_failed=all_failed, idle=idle)
     assert decide(v, [finding], ps, [], NOW) == Plan()
+
+
+def test_an_idle_node_with_one_failed_gpu_is_remediated_too() -> None:
+    # Kept off new pods by the taint, its healthy GPUs serve nobody: a reset or reboot may bring it back.
+    v = view([node("n1", owned=["taint"])])
+    finding = node_failed("n1", since=NOW - 300, all_failed=False, idle=True)
+    [action] = decide(v, [finding], [remediating()], [], NOW).actions
+    assert (action.kind, action.step) == (ActionKind.REMEDIATE_NODE, 0)
+    assert "failed for 300s" in action.reason and "node idle" in action.reason
+
+
+def test_a_busy_node_with_healthy_gpus_left_is_not_drained() -> None:
+    finding = node_failed("n1", since=NOW - 3600, all_failed=False, idle=False)
+    v = view([node("n1", owned=["taint"])])
+    assert decide(v, [finding], [remediating(remediation="Drain")], [], NOW) == Plan()
 
 
 def test_drain_a_busy_node_when_the_policy_drains() -> None:
@@ -119,18 +135,28 @@ def test_no_node_action_outside_every_node_selector() -> None:
     assert decide(v, findings, [outside], [], NOW) == Plan()
 
 
-def all_failed_view(unhealthy: int) -> ClusterView:
+def all_failed_view(unhealthy: int, *, busy: bool = False) -> ClusterView:
     devices = [
         reported(gpu_id("n1", i), i, DeviceHealth.UNHEALTHY if i < unhealthy else DeviceHealth.HEALTHY)
         for i in range(2)
     ]
-    return view([node("n1", gpus=2, owned=["taint"])], [], [report("n1", *devices)])
+    pods = [pod("user", "n1", gpus=1)] if busy else []
+    return view([node("n1", gpus=2, owned=["taint"])], pods, [report("n1", *devices)])
 
 
-def test_remediate_after_counts_from_when_all_gpus_failed() -> None:
+def test_drain_counts_from_when_all_gpus_failed() -> None:
+    ps, tracker = [remediating(remediation="Drain")], FindingTracker()
+    for now, unhealthy in ((0, 1), (400, 2)):
+        v = all_failed_view(unhealthy, busy=True)
+        findings = tracker.observe(detect(v, ps, now), v, ps, now)
+    # The second GPU failed a moment ago: "all devices failed" has held for 0s, not 5m.
+    assert ActionKind.DRAIN not in kinds(decide(v, findings, ps, [], 400))
+    assert ActionKind.DRAIN in kinds(decide(v, findings, ps, [], 700))
+
+
+def test_an_idle_node_counts_from_its_first_failed_gpu() -> None:
     ps, tracker = [remediating()], FindingTracker()
     for now, unhealthy in ((0, 1), (400, 2)):
         v = all_failed_view(unhealthy)
         findings = tracker.observe(detect(v, ps, now), v, ps, now)
-    # The second GPU failed a moment ago: "all devices failed" has held for 0s, not 5m.
-    assert ActionKind.REMEDIATE_NODE not in kinds(decide(v, findings, ps, [], 400))
+    assert ActionKind.REMEDIATE_NODE in kinds(decide(v, findings, ps, [], 400))

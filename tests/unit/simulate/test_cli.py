@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from devheal.cli.app import app
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parents[3]
 SMALL = ["simulate", "--nodes", "64", "--days", "10", "--no-plots", "--no-color"]
 
 
@@ -39,6 +40,17 @@ def test_a_policy_file_adds_a_strategy(tmp_path: Path) -> None:
     assert "policy:restart-in-place" in result.output
 
 
+def test_the_example_policies_act_in_the_simulator(tmp_path: Path) -> None:
+    examples = REPO / "deploy" / "examples"
+    args = [a for path in sorted(examples.glob("*.yaml")) for a in ("--policy", str(path))]
+    result = runner.invoke(app, [*SMALL, "--rate", "2e-4", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "results.json").read_text())
+    for name in ("policy:recommended", "policy:recommended-ladder"):
+        [run] = data["results"][name]
+        assert any(kind.startswith("devheal:") for kind in run["remediations"]), name
+
+
 def test_rate_and_spares_override_the_preset(tmp_path: Path) -> None:
     result = runner.invoke(app, [*SMALL, "--rate", "2e-4", "--spare-nodes", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -61,8 +73,11 @@ def test_replays_a_trace_file(tmp_path: Path) -> None:
 def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     bad_policy = tmp_path / "bad.yaml"
     bad_policy.write_text("kind: RemediationPolicy\nmetadata: {name: bad}\nspec: {actions: {gang: Reboot}}\n")
+    elsewhere = tmp_path / "elsewhere.yaml"
+    elsewhere.write_text("kind: RemediationPolicy\nmetadata: {name: web}\nspec: {selector: {namespaces: [web]}}\n")
     cases = [
         (["--policy", str(bad_policy)], "spec.actions.gang: expected one of"),
+        (["--policy", str(elsewhere)], "selects none of the simulated workloads' namespaces (ml-training, "),
         (["--preset", "nope"], "unknown preset 'nope'"),
         (["--trace", str(tmp_path / "missing.csv")], "no such file"),
         (["--seeds", "0"], "--seeds: expected at least 1"),

@@ -122,6 +122,60 @@ def test_node_remediation_through_a_template_when_every_gpu_failed() -> None:
     assert record.phase is Phase.SUCCEEDED
 
 
+LADDER = {
+    "remediateAfter": "5m",
+    "escalation": [
+        {
+            "template": {"apiVersion": "x.io/v1", "kind": "GPUResetTemplate", "name": "r", "namespace": "o"},
+            "timeout": "10m",
+        },
+        {
+            "template": {"apiVersion": "x.io/v1", "kind": "RebootTemplate", "name": "b", "namespace": "o"},
+            "timeout": "30m",
+        },
+        {"template": {"apiVersion": "x.io/v1", "kind": "ReplaceTemplate", "name": "m", "namespace": "o"}},
+    ],
+}
+
+
+def _rungs(strategy: EngineStrategy) -> list[tuple[int, Phase]]:
+    records = [r for r in strategy.records.values() if r.action is ActionKind.REMEDIATE_NODE and r.resume]
+    return sorted((r.resume.step, r.phase) for r in records if r.resume is not None)
+
+
+def test_a_ladder_resets_a_spare_with_one_failed_gpu_once_idle() -> None:
+    config = small_config(days=1)
+    spare = 4  # idle from the start: a single GPU fault makes it remediable after remediateAfter
+    strategy = EngineStrategy(policy("ladder", node=LADDER))
+    sim = Simulation(config, _trace_with(config, [fault(1, spare, reboot_fixes=True)]), strategy)
+    result = sim.run()
+    assert _rungs(strategy) == [(0, Phase.SUCCEEDED)]  # the reset fixed it: no reboot, no replacement
+    assert "people:reboot" not in result.remediations
+    # Broken from the fault until the reset is done: remediateAfter (+ the round's slack) + the reset.
+    assert result.broken_node_hours == pytest.approx((300 + 300) / HOUR, abs=0.01)
+
+
+def test_a_ladder_climbs_when_a_rung_does_not_bring_the_node_back() -> None:
+    config = small_config(days=1)
+    spare = 4
+    strategy = EngineStrategy(policy("ladder", node=LADDER))
+    result = run(config, [fault(1, spare, reboot_fixes=False)], strategy)  # neither a reset nor a reboot helps
+    steps = [step for step, _ in _rungs(strategy)]
+    assert steps == [0, 1, 2]  # reset, reboot after the reset's 10 minutes, replace after the reboot's 30
+    assert _rungs(strategy)[-1][1] is Phase.SUCCEEDED
+    assert "people:repair" not in result.remediations  # replaced before a person came (an hour)
+    people = run(config, [fault(1, spare, reboot_fixes=False)], EngineStrategy(policy("no-ladder")))
+    assert result.broken_node_hours < 2 < people.broken_node_hours  # the repair takes days
+
+
+def test_a_busy_node_with_one_failed_gpu_is_left_to_the_workload() -> None:
+    config = small_config(days=1)
+    p = policy("ladder", node={**LADDER, "remediation": "IdleOnly"}, actions={"gang": "Notify"})
+    strategy = EngineStrategy(p)
+    run(config, [fault(1, node=1, reboot_fixes=True)], strategy)  # rank 1's node; Notify keeps the rank there
+    assert _rungs(strategy) == []
+
+
 def _trace_with(config: Any, faults: Any) -> Any:
     from .builders import trace_of
 

@@ -41,7 +41,7 @@ def test_a_hidden_fault_stalls_the_gang_and_devheal_replaces_the_rank_that_stall
     assert result.engine["decisions"] == {"devheal:RestartGang": 1}
     [record] = devheal.records.values()
     assert record.resume is not None and record.node == "node-00001"
-    assert record.resume.finding.kind == "GangStalled" and record.resume.finding.pod == "training/train-1"
+    assert record.resume.finding.kind == "GangStalled" and record.resume.finding.pod == "ml-training/train-1"
     # Without step reports nothing in Kubernetes points at the node: a person finds it.
     watcher = run(small_config(), faults, PodWatcher())
     assert watcher.recoveries_s == [pytest.approx(3600 + RECREATE + GANG_RESTART)]
