@@ -1,10 +1,13 @@
-"""(c) All GPUs of an idle node fail: taint, then an external remediation after the policy's duration;
-after recovery plus hold-down everything devheal set is lifted."""
+"""(c) GPUs of an idle node fail (all of them, or one: its other GPUs serve nobody while it is kept off new
+pods): taint, then an external remediation after the policy's duration; after recovery plus hold-down
+everything devheal set is lifted."""
 
 from __future__ import annotations
 
 import contextlib
 import time
+
+import pytest
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
@@ -70,8 +73,9 @@ async def install_fake_remediator(kube: KubeClient) -> None:
         )
 
 
-async def test_idle_node_with_all_gpus_failed_is_tainted_remediated_and_lifted(
-    harness: ControllerHarness, kube: KubeClient, faults: RecordingFaults
+@pytest.mark.parametrize("failed", [8, 1], ids=["all-gpus", "one-gpu"])
+async def test_idle_node_with_failed_gpus_is_tainted_remediated_and_lifted(
+    harness: ControllerHarness, kube: KubeClient, faults: RecordingFaults, failed: int
 ) -> None:
     await install_fake_remediator(kube)
     await harness.label_nodes(NODE)
@@ -102,7 +106,7 @@ async def test_idle_node_with_all_gpus_failed_is_tainted_remediated_and_lifted(
     await wait_until(pods_on_node, lambda ps: not ps, timeout=60, what=f"{NODE} idle")
     harness.start()
     started = time.monotonic()
-    for gpu in range(8):
+    for gpu in range(failed):
         faults.xid(NODE, gpu, 79)
 
     async def node() -> dict:
@@ -128,7 +132,7 @@ async def test_idle_node_with_all_gpus_failed_is_tainted_remediated_and_lifted(
     assert rem["status"]["phase"] == "InProgress"
     assert rem["spec"]["target"] == {**rem["spec"]["target"], "kind": "Node", "name": NODE}
 
-    for gpu in range(8):
+    for gpu in range(failed):
         faults.recover(NODE, gpu)
     await wait_until(external, lambda o: o is None, timeout=30, what="FakeRemediation removed after recovery")
     n = await wait_until(node, lambda n: not tainted(n), timeout=30, what="taint lifted after hold-down")
