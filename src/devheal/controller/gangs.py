@@ -244,14 +244,24 @@ class GangRestarter:
             {"metadata": {"uid": pod.uid}, "status": {"conditions": [condition]}},
             content_type=STRATEGIC_PATCH,
         )
-        # A refusal (TooManyRequests: a PodDisruptionBudget) goes to the caller, which backs off.
-        with contextlib.suppress(errors.NotFound, errors.Conflict):  # gone or replaced already
-            await self.client.create(
-                api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="eviction"),
-                eviction(pod.namespace, pod.name, pod.uid, grace),
-            )
-        if vacate and pod.node and action.workload is not None:
-            self.vacancies.append(Vacancy(action.workload.key, pod.node, self.clock()))
+        # The vacancy comes first: the owner may recreate the pod, and a placement pass release it, before the
+        # eviction's answer is back. A refusal (TooManyRequests: a PodDisruptionBudget) takes it back and goes
+        # to the caller, which backs off.
+        vacancy = (
+            Vacancy(action.workload.key, pod.node, self.clock()) if vacate and pod.node and action.workload else None
+        )
+        if vacancy is not None:
+            self.vacancies.append(vacancy)
+        try:
+            with contextlib.suppress(errors.NotFound, errors.Conflict):  # gone or replaced already
+                await self.client.create(
+                    api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="eviction"),
+                    eviction(pod.namespace, pod.name, pod.uid, grace),
+                )
+        except BaseException:
+            if vacancy is not None and vacancy in self.vacancies:
+                self.vacancies.remove(vacancy)
+            raise
 
     def _behind(self, pods: Sequence[Pod], generation: int, now: float) -> list[Pod]:
         """Members still to be given ``generation`` (not those just given it, which the cache may not show yet)."""

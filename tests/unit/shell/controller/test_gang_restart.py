@@ -121,6 +121,23 @@ def generation(api: MemApi, name: str) -> str | None:
     return api.get(f"{PODS}/{name}")["metadata"].get("annotations", {}).get(RESTART_GENERATION_ANNOTATION)
 
 
+async def test_the_vacancy_is_there_before_the_eviction_is_asked_for(api: MemApi, kube: KubeClient) -> None:
+    """The owner may recreate the rank, and a placement pass release the replacement, before the eviction's
+    answer is back: the rank's node must be a vacancy by then, or the replacement goes anywhere."""
+    gang(api, broken=1)
+    seen: list[list[str]] = []
+    async with synced(kube) as cache:
+        acting = actuators(kube, cache)
+        api.meanwhile(
+            lambda: seen.append([v.node for v in acting.gangs.vacancies]),
+            verb="create",
+            path=f"{PODS}/rank-1/eviction",
+        )
+        await acting.execute(restart())
+    assert seen == [["n1"]]
+    assert [v.node for v in acting.gangs.vacancies] == ["n1"]
+
+
 async def test_only_the_rank_with_a_finding_is_replaced_and_the_rest_get_the_new_generation(
     api: MemApi, kube: KubeClient
 ) -> None:
