@@ -248,6 +248,13 @@ def simulate(
         Path | None,
         typer.Option(help="Replay this trace file (CSV or JSONL); --seed, --seeds and --rate then go unused."),
     ] = None,
+    bound: Annotated[
+        bool,
+        typer.Option(
+            "--bound",
+            help="Also run ideal-bound: every fault remediated the moment it lands (what no strategy can beat).",
+        ),
+    ] = False,
     out: Annotated[Path, typer.Option(help="Directory for results.json and the plots.")] = Path("simulate-results"),
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not draw the PNG plots.")] = False,
     no_color: Annotated[bool, typer.Option("--no-color", help="Plain output (for logs and CI).")] = False,
@@ -277,7 +284,7 @@ def simulate(
         if rate is not None:
             config = replace(config, trace=replace(config.trace, rate_per_gpu_hour=rate))
         config.validate()
-        strategies = lineup(load_policies(policy or []))
+        strategies = lineup(load_policies(policy or []), bound=bound)
         seed_list = list(range(seed, seed + seeds))
         replay = None
         if trace is not None:

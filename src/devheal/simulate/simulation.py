@@ -54,6 +54,9 @@ class Strategy:
     def on_unit_stopped(self, unit: Unit, fault: int) -> None:
         """A fault stopped a running workload (whatever its signal)."""
 
+    def on_fault(self, fault: int) -> None:
+        """Any fault (index into the trace) just landed on a node not in repair, after Kubernetes' own handling."""
+
     def on_unit_running(self, unit: Unit) -> None:
         """A workload's restart finished: it runs again."""
 
@@ -311,6 +314,7 @@ class Simulation:
             if signal in STALLING:
                 unit.culprit = fault.node
             self.strategy.on_unit_stopped(unit, index)
+        self.strategy.on_fault(index)
 
     def _handle_fault(self, index: int, fault: Fault, node: NodeState, signal: Signal, unit: Unit | None) -> None:
         costs = self.costs

@@ -23,6 +23,8 @@ from functools import partial
 from devheal.model.policy import RECOMMENDED_POLICY, Policy
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.events import Event, EventKind
+from devheal.simulate.failures import Signal
+from devheal.simulate.fleet import Unit
 from devheal.simulate.simulation import Strategy
 
 
@@ -63,6 +65,48 @@ class PodWatcher(Strategy):
             self.sim.release(event.target, recreate=True, why="pod-watcher:delete-pod")
 
 
+class IdealBound(Strategy):
+    """Not a product: what no remediation can beat. Every fault is handled the moment it lands (silent
+    corruption: the moment the job notices it): the node leaves its workload for a spare and goes to the
+    repair a person would choose, the other ranks restart in place; a crash or a hang restarts in place at
+    once; slow nodes are taken out at the start. What is left is the workload's own cost: rollback to the
+    last checkpoint, checkpoint pauses, the in-place restart and the workload's restart (rendezvous, load)."""
+
+    name = "ideal-bound"
+    description = "a bound: every fault remediated the moment it lands, in place, on a spare"
+
+    def on_unit_running(self, unit: Unit) -> None:
+        sim = self.sim
+        for node in [n for n in sorted(sim.slow_nodes) if sim.nodes[n].unit == unit.uid]:
+            sim.start_repair(node, "repair", None)  # first: the released node must not go straight back to work
+            sim.release(node, recreate=False, why="ideal:swap-slow-node")
+
+    def on_fault(self, fault: int) -> None:
+        sim = self.sim
+        if sim.faults[fault].failure_class.signal is Signal.SILENT:
+            sim.queue.push(sim.now + sim.costs.sdc_detect_s, EventKind.SIGNAL, sim.faults[fault].node, fault)
+        else:
+            self._remediate(fault)
+
+    def on_signal(self, event: Event) -> None:
+        self._remediate(event.ref)
+
+    def _remediate(self, fault: int) -> None:
+        sim = self.sim
+        node = sim.faults[fault].node
+        unit = sim.unit_of(node)
+        state = sim.nodes[node]
+        if fault not in state.faults:  # a crash or a hang (the node is fine), or fixed already
+            if unit is not None:
+                sim.restart_in_place(unit)
+            return
+        if unit is not None:
+            sim.release(node, recreate=False, why="ideal:replace")
+            sim.restart_in_place(unit)
+        if not state.repairing:
+            sim.start_repair(node, sim.repair_kind_for(node), "ideal:repair")
+
+
 @dataclass(frozen=True)
 class StrategySpec:
     """A named way to build a fresh strategy for each run (strategies keep per-run state)."""
@@ -75,12 +119,15 @@ class StrategySpec:
 BASELINES: tuple[type[Strategy], ...] = (KubernetesDefault, NodeHealthController, PodWatcher)
 
 
-def lineup(policies: Sequence[Policy] = ()) -> list[StrategySpec]:
-    """The three baselines, devheal with its recommended policy, then one strategy per given policy."""
+def lineup(policies: Sequence[Policy] = (), bound: bool = False) -> list[StrategySpec]:
+    """The three baselines, devheal with its recommended policy, one strategy per given policy, and with
+    ``bound`` the ideal bound last."""
     specs = [StrategySpec(cls.name, cls.description, cls) for cls in BASELINES]
     for policy in (RECOMMENDED_POLICY, *policies):
         strategy = EngineStrategy(policy)
         specs.append(StrategySpec(strategy.name, strategy.description, partial(EngineStrategy, policy)))
+    if bound:
+        specs.append(StrategySpec(IdealBound.name, IdealBound.description, IdealBound))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"strategy names must be unique, got {', '.join(names)}")

@@ -51,6 +51,13 @@ def test_the_example_policies_act_in_the_simulator(tmp_path: Path) -> None:
         assert any(kind.startswith("devheal:") for kind in run["remediations"]), name
 
 
+def test_bound_adds_the_ideal_bound_last(tmp_path: Path) -> None:
+    result = runner.invoke(app, [*SMALL, "--bound", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert list(data["results"])[-1] == "ideal-bound"
+
+
 def test_rate_and_spares_override_the_preset(tmp_path: Path) -> None:
     result = runner.invoke(app, [*SMALL, "--rate", "2e-4", "--spare-nodes", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
