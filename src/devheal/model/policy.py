@@ -38,7 +38,7 @@ from devheal.model.selectors import LabelSelector as LabelSelector
 from devheal.model.selectors import parse_selector
 from devheal.model.signals_policy import SignalRules, parse_signals
 from devheal.model.spares_policy import SparePool, parse_spares
-from devheal.model.straggler_policy import StragglerRules, parse_stragglers
+from devheal.model.straggler_policy import StragglerAction, StragglerRules, parse_stragglers
 from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
 
 RESET_BREAKER_ANNOTATION = "devheal.io/reset-breaker"
@@ -228,11 +228,14 @@ RECOMMENDED_POLICY = Policy(
     name="devheal-recommended",
     actions={**DEFAULT_ACTIONS, WorkloadClass.GANG: ActionKind.RESTART_GANG},
     budgets=Budgets(gang_restarts_per_hour=10),
+    stragglers=StragglerRules(action=StragglerAction.REPLACE_NOW),
 )
 """What we recommend a cluster installs (``deploy/examples/recommended-policy.yaml``, which adds a selector),
 and what the simulator runs as devheal: the documented defaults, except that a gang restarts in place
 (``RestartGang``: only the broken rank's pod is replaced; ranks run under ``devheal launch``) up to 10 times an
-hour (a 16,000-GPU gang fails several times a day, and failures come in bursts)."""
+hour (a 16,000-GPU gang fails several times a day, and failures come in bursts), and a straggler is replaced at
+once (``ReplaceNow``: one in-place restart costs less than a slow rank holding the gang back until its next
+restart; docs/stragglers.md)."""
 
 
 # ---- parsing ---------------------------------------------------------------------------------

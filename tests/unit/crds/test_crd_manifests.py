@@ -313,9 +313,10 @@ def test_documented_defaults_pass_the_schema_and_parse_to_the_built_in_defaults(
     assert violations(spec, spec_schema("RemediationPolicy")) == []
     parsed = parse_policy({"metadata": {"name": DEFAULT_POLICY.name}, "spec": spec})
     assert parsed == dataclasses.replace(DEFAULT_POLICY, dry_run=False)
-    # The recommended policy differs only where it says so: gangs restart in place, more often.
+    # The recommended policy differs only where it says so: gangs restart in place, more often; stragglers go now.
     recommended = dataclasses.replace(RECOMMENDED_POLICY, name=DEFAULT_POLICY.name)
-    assert dataclasses.replace(parsed, actions=recommended.actions, budgets=recommended.budgets) == recommended
+    changed = {"actions": recommended.actions, "budgets": recommended.budgets, "stragglers": recommended.stragglers}
+    assert dataclasses.replace(parsed, **changed) == recommended
 
 
 def test_the_schema_refuses_a_policy_without_a_selector_as_parse_policy_does() -> None:

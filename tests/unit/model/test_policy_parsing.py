@@ -36,7 +36,13 @@ def test_a_spec_of_a_selector_alone_gives_the_documented_defaults() -> None:
 
 
 def test_the_recommended_policy_is_the_defaults_with_gangs_restarted_in_place() -> None:
-    parsed = parse({"actions": {"gang": "RestartGang"}, "budgets": {"gangRestartsPerHour": 10}})
+    parsed = parse(
+        {
+            "actions": {"gang": "RestartGang"},
+            "budgets": {"gangRestartsPerHour": 10},
+            "stragglers": {"action": "ReplaceNow"},
+        }
+    )
     assert dataclasses.replace(parsed, name=RECOMMENDED_POLICY.name) == RECOMMENDED_POLICY
     for f in dataclasses.fields(RECOMMENDED_POLICY):
         if f.name != "name":
@@ -52,6 +58,7 @@ def test_the_built_in_policy_without_a_cluster_policy_only_observes() -> None:
         dry_run=False,
         actions=RECOMMENDED_POLICY.actions,
         budgets=RECOMMENDED_POLICY.budgets,
+        stragglers=RECOMMENDED_POLICY.stragglers,
     )
     assert acting == RECOMMENDED_POLICY
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from devheal.model.policy import RECOMMENDED_POLICY
 from devheal.simulate.config import CHECKPOINTING, ConfigError, build_preset, with_checkpointing
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.fleet import UnitState
@@ -118,7 +117,7 @@ def test_demand_follows_the_day() -> None:
 
 def test_a_slow_rank_is_replaced_at_the_gangs_next_restart_by_default() -> None:
     config = small_config(gang_nodes=8, days=1)
-    strategy = EngineStrategy(RECOMMENDED_POLICY)  # stragglers: ReplaceAtRestart
+    strategy = EngineStrategy(policy("p", actions={"gang": "RestartGang"}))  # stragglers: ReplaceAtRestart
     sim = Simulation(config, trace_of(config, [fault(2, node=5)], {3: 1.3}), strategy)
     result = sim.run()
     assert result.remediations["devheal:RestartGang (straggler replaced)"] == 1
