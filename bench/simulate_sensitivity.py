@@ -5,8 +5,8 @@
     python -m bench.simulate_sensitivity --checkpointing in-memory
 
 Each group of parameters (``devheal.simulate.sensitivity.GROUPS``: MTTR, checkpoint interval,
-restart costs, detection times, spare pool) at 0.5x and 2x, every default strategy on the same
-seeds. Prints a Markdown table (for docs/simulator.md) and writes
+restart costs, detection times, spare pool) at 0.5x and 2x, every default strategy and the ideal
+bound on the same seeds. Prints a Markdown table (for docs/simulator.md) and writes
 bench/results/simulate_sensitivity.json.
 """
 
@@ -37,7 +37,11 @@ def main() -> None:
     config = with_checkpointing(build_preset(args.preset, args.nodes, None, args.days), args.checkpointing)
     started = time.perf_counter()
     rows = sensitivity(
-        config, lineup(), list(range(args.seeds)), groups=args.groups, progress=lambda s: print(s, flush=True)
+        config,
+        lineup(bound=True),
+        list(range(args.seeds)),
+        groups=args.groups,
+        progress=lambda s: print(s, flush=True),
     )
     seconds = time.perf_counter() - started
     table = markdown(rows)

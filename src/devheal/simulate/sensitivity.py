@@ -28,7 +28,7 @@ from typing import Any
 from devheal.simulate.config import SimConfig
 from devheal.simulate.results import StrategyResult
 from devheal.simulate.runner import Progress, run_comparison
-from devheal.simulate.strategies import BASELINES, StrategySpec
+from devheal.simulate.strategies import BASELINES, IdealBound, StrategySpec
 
 FACTORS = (0.5, 2.0)
 REMEDIABLE = ("awaiting-remediation", "awaiting-node", "restart", "stragglers")
@@ -100,6 +100,11 @@ class Row:
     """... and the smallest over seeds."""
     remediable_cut: float
     """1 - devheal's remediable loss / the pod watcher's (mean over seeds)."""
+    bound_margin_min: float | None = None
+    """With ``ideal-bound`` in the line-up: its ETTR minus the best baseline's, the smallest over seeds (what
+    any strategy could reach on the worst seed)."""
+    bound_cut: float | None = None
+    """... and its remediable loss cut against the pod watcher's."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,6 +114,8 @@ class Row:
             "margin_mean": self.margin_mean,
             "margin_min": self.margin_min,
             "remediable_cut": self.remediable_cut,
+            "bound_margin_min": self.bound_margin_min,
+            "bound_cut": self.bound_cut,
         }
 
 
@@ -124,16 +131,25 @@ def row_of(group: str, factor: float, results: dict[str, list[StrategyResult]], 
         value = results[name][i].training_ettr
         return value if value is not None else 0.0
 
-    margins = [ettr(devheal, i) - max(ettr(b, i) for b in baselines) for i in seeds]
+    def margins(name: str) -> list[float]:
+        return [ettr(name, i) - max(ettr(b, i) for b in baselines) for i in seeds]
+
     watcher = statistics.fmean(remediable(r) for r in results["pod-watcher"])
-    ours = statistics.fmean(remediable(r) for r in results[devheal])
+
+    def cut(name: str) -> float:
+        return 1 - statistics.fmean(remediable(r) for r in results[name]) / watcher if watcher > 0 else 0.0
+
+    ours = margins(devheal)
+    bound = IdealBound.name in results
     return Row(
         group=group,
         factor=factor,
         ettr={name: statistics.fmean(ettr(name, i) for i in seeds) for name in results},
-        margin_mean=statistics.fmean(margins),
-        margin_min=min(margins),
-        remediable_cut=1 - ours / watcher if watcher > 0 else 0.0,
+        margin_mean=statistics.fmean(ours),
+        margin_min=min(ours),
+        remediable_cut=cut(devheal),
+        bound_margin_min=min(margins(IdealBound.name)) if bound else None,
+        bound_cut=cut(IdealBound.name) if bound else None,
     )
 
 
@@ -163,11 +179,15 @@ def sensitivity(
 def markdown(rows: Sequence[Row]) -> str:
     """The rows as a Markdown table (for docs/simulator.md)."""
     names = list(rows[0].ettr)
+    bound = rows[0].bound_margin_min is not None
     head = ["variant", *names, "devheal margin mean (min)", "remediable loss cut"]
+    head += ["bound margin min", "bound cut"] if bound else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         variant = "base" if r.group == "base" else f"{r.group} x{r.factor:g}"
         cells = [variant, *(f"{100 * r.ettr[n]:.1f}%" for n in names)]
         cells += [f"{100 * r.margin_mean:+.1f} ({100 * r.margin_min:+.1f})", f"{100 * r.remediable_cut:.0f}%"]
+        if r.bound_margin_min is not None and r.bound_cut is not None:
+            cells += [f"{100 * r.bound_margin_min:+.1f}", f"{100 * r.bound_cut:.0f}%"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -32,3 +32,13 @@ def test_a_table_row_per_variant_with_devheals_margin() -> None:
     assert table.splitlines()[0].startswith("| variant | kubernetes-default") and "mttr x0.5" in table
     with pytest.raises(ValueError, match="unknown lunch"):
         sensitivity(config, lineup(), seeds=[0], groups=["lunch"])
+
+
+def test_with_the_bound_each_row_says_what_any_strategy_could_reach() -> None:
+    config = build_preset("llama3-405b", nodes=64, days=5)
+    rows = sensitivity(config, lineup(bound=True), seeds=[0, 1], groups=["detection times"])
+    for r in rows:
+        assert r.bound_margin_min is not None and r.bound_cut is not None
+        assert r.bound_margin_min >= r.margin_min - 1e-9 and r.bound_cut >= r.remediable_cut - 1e-9
+    assert "| bound margin min | bound cut |" in markdown(rows).splitlines()[0]
+    assert rows[0].to_json()["bound_cut"] == rows[0].bound_cut
