@@ -239,6 +239,14 @@ def simulate(
             "(every 2 min to peers' host memory, the best practice)."
         ),
     ] = "periodic",
+    result_validation: Annotated[
+        bool,
+        typer.Option(
+            "--result-validation",
+            help="Training jobs validate their results: on silent data corruption the suspect rank exits with a "
+            "code every devheal policy declares (deviceErrorExitCodes).",
+        ),
+    ] = False,
     seed: Annotated[int, typer.Option(help="Seed of the first generated trace.")] = 0,
     seeds: Annotated[int, typer.Option(help="How many seeds to run: seed, seed+1, ...")] = 1,
     policy: Annotated[
@@ -266,7 +274,7 @@ def simulate(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from devheal.simulate.config import ConfigError, build_preset, with_checkpointing
+    from devheal.simulate.config import ConfigError, build_preset, with_checkpointing, with_result_validation
     from devheal.simulate.failures import TraceError
     from devheal.simulate.runner import run_comparison
     from devheal.simulate.strategies import lineup
@@ -279,6 +287,8 @@ def simulate(
         if seeds < 1:
             raise _InputError("--seeds: expected at least 1")
         config = with_checkpointing(build_preset(preset, nodes, gpus_per_node, days), checkpointing)
+        if result_validation:
+            config = with_result_validation(config)
         if spare_nodes is not None:
             config = replace(config, fleet=replace(config.fleet, spare_nodes=spare_nodes))
         if rate is not None:

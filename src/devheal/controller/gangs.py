@@ -54,7 +54,7 @@ from devheal.engine.workloads import member_selector
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, RESTART_GENERATION_ANNOTATION, ClusterView, Pod, Workload
-from devheal.model.plan import POD_FINDINGS, Action, Phase, RemediationReason
+from devheal.model.plan import POD_FINDINGS, Action, FindingKind, Phase, RemediationReason
 from devheal.model.policy import Policy
 from devheal.model.values import INT64_MAX, show, whole_number
 
@@ -132,19 +132,25 @@ def gang_view(view: ClusterView, members: Sequence[Pod]) -> ClusterView:
     )
 
 
-def broken_ranks(view: ClusterView, members: Sequence[Pod], policies: Sequence[Policy], now: float) -> set[str]:
-    """UIDs of the members devheal has a pod finding about (failed device, device-error exit, crash loop on a device).
+def broken_ranks(
+    view: ClusterView, members: Sequence[Pod], policies: Sequence[Policy], now: float
+) -> tuple[set[str], set[str]]:
+    """UIDs of the members devheal has a pod finding about (failed device, device-error exit, crash loop on a
+    device); and of those among them whose GPUs nothing reports failed (only their exit code or crash loop
+    accuses them): their replacements must not be sent back to that node, where the device plugin would
+    hand out the suspect GPU again.
 
     ``view`` holds the members (``gang_view``). A finding counts only on the node it was made
     on: an agent's report that still names a replaced rank's pod must not condemn the
     replacement elsewhere.
     """
     by_uid = {p.uid: p for p in members}
-    return {
-        f.pod_uid
-        for f in detect(view, policies, now)
-        if f.kind in POD_FINDINGS and f.pod_uid in by_uid and by_uid[f.pod_uid].node == f.node
-    }
+    kinds: dict[str, set[FindingKind]] = {}
+    for f in detect(view, policies, now):
+        if f.kind in POD_FINDINGS and f.pod_uid in by_uid and by_uid[f.pod_uid].node == f.node:
+            kinds.setdefault(f.pod_uid, set()).add(f.kind)
+    suspect = {uid for uid, found in kinds.items() if FindingKind.DEVICE_FAILED not in found}
+    return set(kinds), suspect
 
 
 def _back(pod: Pod, mechanism: InPlaceRestart, generation: int, agents: bool) -> bool:
@@ -236,7 +242,7 @@ class GangRestarter:
             "status": "True",
             "reason": action.finding.kind.value,
             "message": f"rank of gang {action.target} "
-            + ("on a failed device" if vacate else "slow, hung or on a degraded GPU")
+            + ("on a failed device" if vacate else "slow, hung, or on a degraded or suspect GPU")
             + "; replaced, the gang restarts in place",
         }
         await self.client.patch(
@@ -385,7 +391,7 @@ class GangRestarter:
         started = started_noted or now
 
         ordered = sorted(policies.values(), key=lambda p: p.name)
-        broken_uids = broken_ranks(view, active, ordered, now)
+        broken_uids, suspect = broken_ranks(view, active, ordered, now)
         # Ranks on a degraded GPU are replaced at this restart too, whatever its cause, as it begins (a later
         # pass would take a replacement that landed on the same GPU for one); their node is left no vacancy.
         moved = degraded_ranks(view, active, ordered, now) - broken_uids if beginning else set()
@@ -395,6 +401,7 @@ class GangRestarter:
         if action.finding.kind in STEP_FINDINGS and action.finding.pod_uid:
             slow.add(action.finding.pod_uid)
         moved |= (slow & {p.uid for p in active}) - broken_uids
+        moved |= suspect  # accused by an exit code or a crash loop only: no vacancy on a GPU that looks healthy
         broken_uids |= moved
         broken = [p for p in active if p.uid in broken_uids]
         refused = await self._evict(broken, action, grace, now, moved)

@@ -98,6 +98,9 @@ class GangSpec:
     """Training time each checkpoint costs (asynchronous checkpointing still pauses briefly)."""
     restart_s: float = 180.0
     """Rendezvous, NCCL initialisation and checkpoint load after the pods run again."""
+    corruption_exit_code: int | None = None
+    """The workload validates its results: when it notices corruption, the rank whose GPU produced it exits
+    with this code (``--result-validation``). None: the job stops and waits for a person to find the GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +215,16 @@ CHECKPOINTING: Mapping[str, Checkpointing] = {
 """``periodic``: the presets' default, asynchronous checkpoints to remote storage every 15 minutes.
 ``in-memory``: the best practice (Gemini, ByteRobust): checkpoints to peers' host memory every 2 minutes,
 restored from memory on restart."""
+
+
+RESULT_VALIDATION_EXIT_CODE = 75
+"""The code ``--result-validation``'s workloads exit the suspect rank with (any code the policy declares)."""
+
+
+def with_result_validation(config: SimConfig, code: int = RESULT_VALIDATION_EXIT_CODE) -> SimConfig:
+    """Every training gang of ``config`` validates its results and exits the suspect rank with ``code``."""
+    gangs = tuple(replace(g, corruption_exit_code=code) for g in config.fleet.gangs)
+    return replace(config, fleet=replace(config.fleet, gangs=gangs))
 
 
 def with_checkpointing(config: SimConfig, name: str) -> SimConfig:

@@ -82,6 +82,13 @@ class EngineStrategy(Strategy):
 
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
+        # Gangs that validate their results exit the suspect rank with a code: the policy declares it, as the
+        # operator who adopted that practice would (``deviceErrorExitCodes``).
+        self.policies = [self.policy]
+        codes = frozenset(u.corruption_exit_code for u in sim.units if u.corruption_exit_code is not None)
+        if not codes <= self.policy.device_error_exit_codes:
+            codes |= self.policy.device_error_exit_codes
+            self.policies = [replace(self.policy, device_error_exit_codes=codes)]
         # Rounds happen only at events here: an interrupted step is carried on at the next one.
         self.round = DecisionRound(Pacing(gang_restart=0.0, retry=0.0))
         self.records: dict[str, InFlight] = {}
@@ -123,6 +130,11 @@ class EngineStrategy(Strategy):
         costs = self.sim.costs
         for delay in sorted({costs.agent_detect_s, costs.pod_status_detect_s}):
             self._schedule(self.sim.now + delay)
+
+    def on_rank_exited(self, node: int) -> None:
+        """The pod status shows the exit a moment later; a policy that declares the code decides then."""
+        self.watch.add(node)
+        self._schedule(self.sim.now + self.sim.costs.pod_status_detect_s + SLACK_S)
 
     def on_node_repaired(self, node: int) -> None:
         if node in self.watch:
@@ -272,12 +284,19 @@ class EngineStrategy(Strategy):
             restart_policy="Always" if unit.kind is UnitKind.INFERENCE else "Never",
             workload=workload,
             devices=devices,
-            containers=(ContainerState("main"),),
+            containers=(ContainerState("main", exit_code=self._exit_code(unit.pod_uid(slot))),),
             gpu_request=unit.gpus_per_node,
             steps=steps,
             restart_generation=self.generation.get(unit.uid, 0),
             acknowledged_generation=self.acknowledged.get(unit.uid, 0),
         )
+
+    def _exit_code(self, pod_uid: str) -> int | None:
+        """The rank's exit code once its pod status shows it."""
+        exited = self.sim.exited.get(pod_uid)
+        if exited is None or self.sim.now < exited[1] + self.sim.costs.pod_status_detect_s:
+            return None
+        return exited[0]
 
     def _records(self, n: int) -> tuple[Node, Pod | None, NodeDevicesReport | None]:
         """A watched node as the cache shows it. Reused while nothing about the node changed and every
@@ -299,6 +318,7 @@ class EngineStrategy(Strategy):
             steps,
             self.generation.get(unit.uid, 0) if unit is not None else 0,
             self.acknowledged.get(unit.uid, 0) if unit is not None else 0,
+            self._exit_code(pod_uid),
         )
         cached = self.cache.get(n)
         if settled and cached is not None and cached[0] == key:
@@ -568,5 +588,7 @@ class EngineStrategy(Strategy):
         for n in sorted(self.watch):
             state = self.sim.nodes[n]
             has_gpu_fault = any(self.sim.faults[i].failure_class.signal is Signal.DEVICE for i in state.faults)
-            if not (has_gpu_fault or state.marks or state.name in busy):
+            unit = self.sim.unit_of(n)
+            exited = unit is not None and unit.pod_uid(unit.members[n]) in self.sim.exited
+            if not (has_gpu_fault or state.marks or state.name in busy or exited):
                 self.watch.discard(n)

@@ -91,6 +91,8 @@ class Unit:
     stall_s: float
     restart_s: float
     """After the pods run again: rendezvous + checkpoint load (gangs), model load (inference), pod start (batch)."""
+    corruption_exit_code: int | None = None
+    """Gangs that validate their results: the suspect rank's exit code on corruption (``GangSpec``)."""
     members: dict[int, int] = field(default_factory=dict)
     """node -> slot (pod index)."""
     free_slots: list[int] = field(default_factory=list)

@@ -57,6 +57,9 @@ class Strategy:
     def on_fault(self, fault: int) -> None:
         """Any fault (index into the trace) just landed on a node not in repair, after Kubernetes' own handling."""
 
+    def on_rank_exited(self, node: int) -> None:
+        """The gang rank on ``node`` exited with its workload's corruption code (``Simulation.exited``)."""
+
     def on_unit_running(self, unit: Unit) -> None:
         """A workload's restart finished: it runs again."""
 
@@ -95,6 +98,9 @@ class Simulation:
         self.broken: set[int] = set()
         """Nodes with a fault that stays (found or not) or in repair: no use to any workload."""
         self.broken_seconds = 0.0
+        self.exited: dict[str, tuple[int, float]] = {}
+        """Pod UID -> the exit code its rank stopped with, and when (a gang that validates its results, on
+        corruption)."""
         self._transient_unit: dict[int, int] = {}
         self._build_units()
         for i, fault in enumerate(self.faults):
@@ -141,6 +147,7 @@ class Simulation:
                 gang.checkpoint_stall_s,
                 gang.restart_s,
             )
+            self.units[-1].corruption_exit_code = gang.corruption_exit_code
         if fleet.inference is not None:
             for r in range(fleet.inference.replicas):
                 namespace = NAMESPACES[UnitKind.INFERENCE]
@@ -399,6 +406,9 @@ class Simulation:
         if unit is not None:
             self._stop(unit, fault.cls, rollback_to=fault.time)
             unit.stuck.add(fault.node)
+            if unit.corruption_exit_code is not None:  # the suspect rank exits with the workload's code
+                self.exited[unit.pod_uid(unit.members[fault.node])] = (unit.corruption_exit_code, self.now)
+                self.strategy.on_rank_exited(fault.node)
         self.queue.push(self.now + self.costs.human_response_s * fault.human_factor, EventKind.HUMAN, fault.node, index)
 
     def _on_repair_done(self, node: int, token: int) -> None:

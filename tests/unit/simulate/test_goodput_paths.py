@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from devheal.simulate.config import CHECKPOINTING, ConfigError, build_preset, with_checkpointing
+from devheal.model.policy import RECOMMENDED_POLICY
+from devheal.simulate.config import (
+    CHECKPOINTING,
+    RESULT_VALIDATION_EXIT_CODE,
+    ConfigError,
+    SimConfig,
+    build_preset,
+    with_checkpointing,
+    with_result_validation,
+)
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.fleet import UnitState
 from devheal.simulate.results import demand
@@ -134,3 +143,18 @@ def test_each_restart_raises_the_gangs_generation_so_the_next_hang_is_a_new_deci
     assert result.recoveries_s == [pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)] * 2
     assert result.engine["decisions"] == {"devheal:RestartGang": 2}
     assert strategy.generation == strategy.acknowledged == {0: 2}
+
+
+def test_a_gang_that_validates_its_results_has_the_suspect_rank_replaced_on_its_exit_code() -> None:
+    config: SimConfig = with_result_validation(small_config(days=1))
+    sdc = [fault(2, node=1, cls="sdc")]
+    ours = EngineStrategy(RECOMMENDED_POLICY)  # declares no exit code: the workload's is added, as its operator would
+    result = run(config, sdc, ours)
+    # Noticed an hour later; the exit shows in the pod status 10 s after; the rank is replaced, the rest restart.
+    assert result.recoveries_s == [pytest.approx(10 + 20 + 180, abs=0.01)]
+    assert result.remediations["devheal:RestartGang"] == 1
+    assert RESULT_VALIDATION_EXIT_CODE in ours.policies[0].device_error_exit_codes
+    # The exit code tells a pod watcher nothing: the gang waits for a person, as without validation.
+    assert run(config, sdc, PodWatcher()).recoveries_s == [pytest.approx(3600 + 120 + 180)]
+    plain = run(small_config(days=1), sdc, EngineStrategy(RECOMMENDED_POLICY))
+    assert plain.recoveries_s == [pytest.approx(3600 + 120 + 180)]

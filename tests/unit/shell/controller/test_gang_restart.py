@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -136,6 +137,29 @@ async def test_the_vacancy_is_there_before_the_eviction_is_asked_for(api: MemApi
         await acting.execute(restart())
     assert seen == [["n1"]]
     assert [v.node for v in acting.gangs.vacancies] == ["n1"]
+
+
+async def test_a_rank_accused_only_by_its_exit_code_leaves_no_vacancy_on_its_healthy_looking_gpu(
+    api: MemApi, kube: KubeClient
+) -> None:
+    """Its GPU corrupted results the device plugin cannot see: sent back to that node, the replacement could
+    get the very GPU again."""
+    gang(api)
+    api.patch(
+        f"{PODS}/rank-1/status",
+        {"status": {"containerStatuses": [{"name": "main", "state": {"terminated": {"exitCode": 75}}}]}},
+    )
+    declared = parse_policy(
+        {"metadata": {"name": "p"}, "spec": {"selector": {"podSelector": {}}, "deviceErrorExitCodes": [75]}}
+    )
+    async with synced(kube) as cache:
+        acting = Actuators(kube, lambda: {"p": declared}, unix_clock, cache=cache)
+        exit_finding = Finding(FindingKind.DEVICE_ERROR_EXIT, "n1", "container-exit", "exit 75", EPOCH.timestamp())
+        action = replace(restart(), finding=replace(exit_finding, pod="ml/rank-1"))
+        outcome = await acting.execute(action)
+    assert outcome.phase is Phase.IN_PROGRESS
+    assert evicted(api) == ["rank-1"]
+    assert acting.gangs.vacancies == []
 
 
 async def test_only_the_rank_with_a_finding_is_replaced_and_the_rest_get_the_new_generation(

@@ -52,7 +52,7 @@ async def test_a_straggler_restart_replaces_the_slow_rank_and_leaves_its_node_no
     (condition,) = marked["status"]["conditions"]
     assert (condition["reason"], condition["message"]) == (
         "Straggler",
-        f"rank of gang {GANG.key} slow, hung or on a degraded GPU; replaced, the gang restarts in place",
+        f"rank of gang {GANG.key} slow, hung, or on a degraded or suspect GPU; replaced, the gang restarts in place",
     )
 
 
