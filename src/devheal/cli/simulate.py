@@ -118,7 +118,6 @@ def _tables(comparison: Comparison) -> list[Table]:
         summary.add_column("fleet goodput", justify="right")
     summary.add_column("interruptions", justify="right")
     summary.add_column("GPU-h lost", justify="right")
-    summary.add_column("node-h broken", justify="right")
     for q in (50, 90, 99):
         summary.add_column(f"recovery p{q} (min)" if q == 50 else f"p{q} (min)", justify="right")
     for name, rs in results.items():
@@ -134,7 +133,6 @@ def _tables(comparison: Comparison) -> list[Table]:
         row += [
             f"{min(interruptions)}-{max(interruptions)}" if several else str(interruptions[0]),
             _gpu_hours(sum(r.lost_gpu_hours for r in rs) / len(rs)),
-            _gpu_hours(sum(r.broken_node_hours for r in rs) / len(rs)),
             *(_minutes(percentile(recoveries, q)) for q in (50, 90, 99)),
         ]
         summary.add_row(*row)
@@ -148,13 +146,14 @@ def _tables(comparison: Comparison) -> list[Table]:
 
     by_cause = _cause_table(comparison)
 
-    remediations = Table(title="Remediations by type (mean per run)")
+    remediations = Table(title="Remediations by type, and node-hours broken (a fault on the node, or in repair)")
     remediations.add_column("strategy", no_wrap=True)
-    remediations.add_column("who did what, how often")
+    remediations.add_column("node-h broken", justify="right")
+    remediations.add_column("who did what, how often (mean per run)")
     for name, rs in results.items():
         kinds = sorted({k for r in rs for k in r.remediations})
         text = ", ".join(f"{k} {_count(sum(r.remediations.get(k, 0) for r in rs) / len(rs))}" for k in kinds)
-        remediations.add_row(name, text)
+        remediations.add_row(name, _gpu_hours(sum(r.broken_node_hours for r in rs) / len(rs)), text)
     return [summary, losses, by_cause, remediations]
 
 
