@@ -26,7 +26,7 @@ from devheal.engine import dra, infrastructure, node_signals
 from devheal.engine.breaker import Breaker, gpu_nodes, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.findings import policy_for_node, policy_for_pod
-from devheal.engine.stragglers import STEP_FINDINGS, step_actions
+from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
 from devheal.model.cluster import ClusterView
 from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import (
@@ -193,6 +193,9 @@ def _candidate_actions(
             if policy is None:
                 continue
             kind = policy.actions[pod.workload.cls]
+            taint = steer_away(f, view, policy, policies)
+            if taint is not None:  # first: the node is tainted before the pod's replacement is scheduled
+                out.append(taint)
             if kind is ActionKind.RESTART_GANG:
                 # One remediation per gang restart: every rank that fails while it runs joins it.
                 if generations is None:

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from devheal.engine.degradation import has_degraded_taint
-from devheal.engine.findings import policy_for_pod
+from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import Action, Finding, FindingKind, TargetKind
@@ -295,12 +295,38 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
     )
 
 
-def steer_away(finding: Finding, view: ClusterView, policy: Policy) -> Action | None:
-    """A straggler to replace: devheal's degraded taint (``TaintDegraded``, ``PreferNoSchedule``) on its node, so the
-    scheduler sends the replacement elsewhere; lifted as a degraded node's is (``engine.degradation``: once its
-    agent reports it clean for ``degradation.leaveAfter``). None where the node already has the taint."""
+SUSPECT_FINDINGS = frozenset({FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE})
+"""A pod's GPU accused by its own container (an exit code, a crash loop) while nothing reports it failed."""
+
+
+def steer_away(
+    finding: Finding, view: ClusterView, policy: Policy, policies: Sequence[Policy]
+) -> tuple[Action, Policy] | None:
+    """A rank to replace whose node should not get its replacement: a straggler's, or a pod's whose GPU only its
+    exit code or crash loop accuses (the device plugin would hand the same GPU out again). Devheal's degraded
+    taint (``TaintDegraded``, ``PreferNoSchedule``) on the node, so the scheduler sends the replacement
+    elsewhere; lifted as a degraded node's is (``engine.degradation``: once its agent reports it clean for
+    ``degradation.leaveAfter``). ``policy`` decided about the rank; the taint is the node's policy's decision
+    (returned with it). None where the node already has the taint, no policy selects it, or nothing is to be
+    replaced."""
     node = view.nodes.get(finding.node)
-    if finding.kind is not FindingKind.STRAGGLER or node is None or not policy.stragglers.replaces:
+    if node is None:
+        return None
+    node_policy = policy_for_node(policies, node)
+    if node_policy is None:
+        return None
+    if finding.kind is FindingKind.STRAGGLER:
+        if not policy.stragglers.replaces:
+            return None
+        why = f"slow rank {finding.pod} on this node"
+    elif finding.kind in SUSPECT_FINDINGS:
+        pod = view.pods.get(finding.pod)
+        if pod is None or policy.actions[pod.workload.cls] is ActionKind.NOTIFY:
+            return None
+        if any(d.health is DeviceHealth.UNHEALTHY for d in pod.devices):
+            return None  # a failed GPU: the device plugin keeps it from the replacement, the node gets its taint
+        why = f"{finding.kind} of {finding.pod} on a GPU nothing reports failed"
+    else:
         return None
     if (
         DEGRADED_MARK in node.owned
@@ -308,14 +334,15 @@ def steer_away(finding: Finding, view: ClusterView, policy: Policy) -> Action | 
         or has_degraded_taint(node, "NoSchedule")
     ):
         return None
-    return Action.on_node(
+    taint = Action.on_node(
         ActionKind.TAINT_DEGRADED,
         node,
         finding,
-        policy.name,
+        node_policy.name,
         epoch=node.lifts,
-        reason=f"slow rank {finding.pod} on this node: keep its replacement and new pods away (PreferNoSchedule)",
+        reason=f"{why}: keep its replacement and new pods away (PreferNoSchedule)",
     )
+    return taint, node_policy
 
 
 def step_actions(
@@ -332,8 +359,8 @@ def step_actions(
         if action is None:
             continue
         policy = by_name[action.policy]
-        taint = steer_away(f, view, policy)
+        taint = steer_away(f, view, policy, policies)
         if taint is not None:  # first: the node is tainted before the rank's replacement is scheduled
-            out.append((taint, policy))
+            out.append(taint)
         out.append((action, policy))
     return out

@@ -566,6 +566,8 @@ class EngineStrategy(Strategy):
             elif f.kind is FindingKind.NODE_DEVICES_FAILED and rules.ladder and f.all_devices_failed:
                 since = f.all_failed_since if f.all_failed_since is not None else f.since
                 wake.append(since + rules.remediate_after + SLACK_S)
+            elif f.kind is FindingKind.DEGRADATION_RECOVERED:
+                wake.append(f.since + self.policy.degradation.leave_after + SLACK_S)
             elif f.kind is FindingKind.NODE_RECOVERED:
                 history = [self.records[name] for name in self.by_node.get(f.node, ())]
                 wake.append(f.since + lift_hold_down(rules, f.node, history, now) + SLACK_S)

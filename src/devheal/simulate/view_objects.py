@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from devheal.engine.workloads import classify
 from devheal.model.cluster import DeviceHealth, NodeDevicesReport, OwnerRef, Pod, ReportedDevice, Workload
+from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.simulate.failures import Signal
 from devheal.simulate.fleet import NodeState, Unit, UnitKind
 from devheal.simulate.simulation import Simulation
@@ -46,10 +47,11 @@ def unit_workload(unit: Unit) -> tuple[Workload, dict[str, str]]:
 
 
 def agent_report(sim: Simulation, state: NodeState, pod: Pod | None) -> NodeDevicesReport | None:
-    """The agent's report; None while every GPU is healthy (such a report adds no finding)."""
+    """The agent's report; None while every GPU is healthy (such a report adds no finding), unless devheal marked
+    the node degraded: its clean reports are what lift the mark (``DegradationRecovered``)."""
     delay = sim.costs.agent_detect_s
     bad = visible_faults(sim, state, delay)
-    if not bad:
+    if not bad and DEGRADED_MARK not in state.marks:
         return None
     devices = []
     for g in range(sim.config.fleet.gpus_per_node):

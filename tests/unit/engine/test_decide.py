@@ -7,7 +7,7 @@ import pytest
 from devheal.engine.decide import Settings, decide
 from devheal.engine.findings import detect
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
-from devheal.model.plan import Plan
+from devheal.model.plan import FindingKind, Plan
 from devheal.model.policy import ActionKind, Policy
 
 from .builders import NOW, device, gpu_id, node, node_failed, pod, pod_failed, policy, view, workload
@@ -124,3 +124,37 @@ def test_no_findings_no_plan() -> None:
 
 def test_a_node_finding_on_an_unknown_node_is_ignored() -> None:
     assert decide(view([]), [node_failed("gone")], [policy()], [], NOW) == Plan()
+
+
+def exiting_pod(cls: WorkloadClass, health: DeviceHealth = DeviceHealth.HEALTHY) -> Pod:
+    owner = workload("w", cls)
+    return pod("p", "n1", owner=owner, devices=[device(gpu_id("n1", 0), health)])
+
+
+@pytest.mark.parametrize(
+    ("cls", "actions", "replaced"),
+    [
+        (WorkloadClass.GANG, {"gang": "RestartGang"}, ActionKind.RESTART_GANG),
+        (WorkloadClass.INFERENCE, {}, ActionKind.DESCHEDULE),
+    ],
+)
+def test_a_gpu_only_its_exit_code_accuses_gets_its_node_steered_away_from_first(
+    cls: WorkloadClass, actions: dict[str, str], replaced: ActionKind
+) -> None:
+    # The device plugin sees nothing wrong: without the taint the replacement could get the same GPU again.
+    p = exiting_pod(cls)
+    finding = pod_failed(p, kind=FindingKind.DEVICE_ERROR_EXIT)
+    plan = decide(view([node("n1")], [p]), [finding], [policy(actions=actions)], [], NOW)
+    assert [a.kind for a in plan.actions] == [ActionKind.TAINT_DEGRADED, replaced]
+    assert plan.actions[0].target == "n1" and "PreferNoSchedule" in plan.actions[0].reason
+
+
+@pytest.mark.parametrize(
+    ("health", "actions"),
+    [(DeviceHealth.UNHEALTHY, {"gang": "RestartGang"}), (DeviceHealth.HEALTHY, {"gang": "Notify"})],
+)
+def test_no_steering_for_a_failed_gpu_or_a_rank_left_in_place(health: DeviceHealth, actions: dict[str, str]) -> None:
+    p = exiting_pod(WorkloadClass.GANG, health)
+    finding = pod_failed(p, kind=FindingKind.DEVICE_ERROR_EXIT)
+    plan = decide(view([node("n1")], [p]), [finding], [policy(actions=actions)], [], NOW)
+    assert ActionKind.TAINT_DEGRADED not in [a.kind for a in plan.actions]

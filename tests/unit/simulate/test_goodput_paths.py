@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from devheal.model.policy import RECOMMENDED_POLICY
+from devheal.model.policy import RECOMMENDED_POLICY, ActionKind
 from devheal.simulate.config import (
     CHECKPOINTING,
     RESULT_VALIDATION_EXIT_CODE,
@@ -72,9 +72,14 @@ def test_a_slow_rank_is_found_from_step_times_and_replaced() -> None:
     strategy = EngineStrategy(policy("p", stragglers={"action": "ReplaceNow"}))
     sim = Simulation(config, trace_of(config, [], slow), strategy)
     result = sim.run()
-    # Replaced at once, and its node kept off new pods (devheal's PreferNoSchedule degraded taint).
-    assert result.engine["decisions"] == {"devheal:RestartGang": 1, "devheal:TaintDegraded": 1}
-    assert 3 not in sim.units[0].members and "degraded" in sim.nodes[3].marks and not sim.nodes[3].in_pool
+    # Replaced at once, and its node kept off new pods (devheal's PreferNoSchedule degraded taint) until its agent
+    # has reported it clean for leaveAfter (the agent sees no slowness): then it is back in the pool.
+    decisions = result.engine["decisions"]
+    assert decisions == {"devheal:RestartGang": 1, "devheal:TaintDegraded": 1, "devheal:LiftDegraded": 1}
+    [taint] = [r for r in strategy.records.values() if r.action is ActionKind.TAINT_DEGRADED]
+    [lift] = [r for r in strategy.records.values() if r.action is ActionKind.LIFT_DEGRADED]
+    assert lift.started - taint.started == pytest.approx(1800, abs=60)
+    assert 3 not in sim.units[0].members and not sim.nodes[3].marks and sim.nodes[3].in_pool
     assert result.training_loss_by_cause[STRAGGLER_SWAP_CAUSE]["restart"] > 0
     # Slowed for minutes, not the day people take to find it.
     people = run(config, [], PodWatcher(), slow)
