@@ -25,7 +25,7 @@ from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.events import Event, EventKind
 from devheal.simulate.failures import Signal
 from devheal.simulate.fleet import Unit
-from devheal.simulate.simulation import Strategy
+from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Strategy
 
 
 class KubernetesDefault(Strategy):
@@ -79,7 +79,7 @@ class IdealBound(Strategy):
         sim = self.sim
         for node in [n for n in sorted(sim.slow_nodes) if sim.nodes[n].unit == unit.uid]:
             sim.start_repair(node, "repair", None)  # first: the released node must not go straight back to work
-            sim.release(node, recreate=False, why="ideal:swap-slow-node")
+            sim.release(node, recreate=False, why="ideal:swap-slow-node", cause=STRAGGLER_SWAP_CAUSE)
 
     def on_fault(self, fault: int) -> None:
         sim = self.sim

@@ -7,7 +7,7 @@ import pytest
 
 from devheal.simulate.config import build_preset
 from devheal.simulate.failures import HOUR, generate_trace
-from devheal.simulate.simulation import Simulation
+from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Simulation
 from devheal.simulate.strategies import IdealBound, lineup
 
 from .builders import fault, run, small_config
@@ -43,6 +43,7 @@ def test_slow_nodes_are_taken_out_at_the_start() -> None:
     result = run(config, [], IdealBound(), slow={1: 1.5})
     assert result.remediations == {"ideal:swap-slow-node": 1}
     assert result.loss_gpu_hours["stragglers"] == pytest.approx(0.0)
+    assert set(result.training_loss_by_cause) == {"checkpoints", STRAGGLER_SWAP_CAUSE}  # the one restart at the start
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
