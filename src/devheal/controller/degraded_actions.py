@@ -16,8 +16,8 @@ from devheal.controller.actuator import Outcome, Steps
 from devheal.controller.node_actions import NodeActuator, owned, set_owned
 from devheal.kube.client import Obj
 from devheal.model.cluster import LIFTS_ANNOTATION, parse_generation
-from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY
-from devheal.model.plan import Action, Phase, RemediationReason
+from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY, SUSPECT_MARK
+from devheal.model.plan import SUSPECT_FINDINGS, Action, Phase, RemediationReason
 from devheal.model.policy import ActionKind
 
 EFFECTS = {ActionKind.TAINT_DEGRADED: "PreferNoSchedule", ActionKind.FENCE_DEGRADED: "NoSchedule"}
@@ -32,11 +32,16 @@ class TaintDegraded(NodeActuator):
 
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         effect = EFFECTS[action.kind]
+        # Steering from what the agent cannot see: marked so its clean reports do not lift it.
+        marks = {DEGRADED_MARK, SUSPECT_MARK} if action.finding.kind in SUSPECT_FINDINGS else {DEGRADED_MARK}
 
         def change(node: Obj) -> bool:
             taints = node.setdefault("spec", {}).setdefault("taints", [])
             mine = DEGRADED_MARK in owned(node)
             if any(t.get("key") == DEGRADED_TAINT_KEY and t.get("effect") == effect for t in taints):
+                if mine and not marks <= owned(node):
+                    set_owned(node, owned(node) | marks)
+                    return True
                 return False  # there already (ours, or someone else's: then not ours to mark)
             if not mine and any(_ours(t) for t in taints):
                 return False  # someone else's degraded taint: left as it is, unmarked
@@ -45,7 +50,7 @@ class TaintDegraded(NodeActuator):
             kept = [t for t in taints if not (mine and _ours(t))]
             kept.append({"key": DEGRADED_TAINT_KEY, "value": "true", "effect": effect})
             node["spec"]["taints"] = kept
-            set_owned(node, owned(node) | {DEGRADED_MARK})
+            set_owned(node, owned(node) | marks)
             return True
 
         changed = await self.update_node(action.target, change)
@@ -64,7 +69,7 @@ class LiftDegraded(NodeActuator):
                 return False
             spec = node.setdefault("spec", {})
             spec["taints"] = [t for t in spec.get("taints") or [] if not _ours(t)]
-            set_owned(node, marks - {DEGRADED_MARK})
+            set_owned(node, marks - DEGRADED_MARKS)
             annotations = node["metadata"]["annotations"]
             annotations[LIFTS_ANNOTATION] = str((parse_generation(annotations.get(LIFTS_ANNOTATION)) or 0) + 1)
             return True

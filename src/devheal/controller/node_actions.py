@@ -26,7 +26,7 @@ from devheal.controller.eviction import eviction
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.cluster import LIFTS_ANNOTATION, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION, parse_generation
-from devheal.model.degradation_policy import DEGRADED_MARK
+from devheal.model.degradation_policy import DEGRADED_MARKS
 from devheal.model.plan import Action, Phase, RemediationReason
 
 OWNED_TAINT_EFFECT = "NoSchedule"
@@ -118,7 +118,7 @@ class Lift(NodeActuator):
         def change(node: Obj) -> bool:
             lifted.clear()  # a write that lost a race is made again from the node read anew
             marks = owned(node)
-            if not marks - {DEGRADED_MARK}:
+            if not marks - DEGRADED_MARKS:
                 return False
             spec = node.setdefault("spec", {})
             if "taint" in marks:
@@ -128,7 +128,7 @@ class Lift(NodeActuator):
             if "cordon" in marks:
                 spec["unschedulable"] = False
                 lifted.append("cordon")
-            set_owned(node, marks & {DEGRADED_MARK})  # the degraded taint has its own lift (degraded_actions)
+            set_owned(node, marks & DEGRADED_MARKS)  # the degraded taint has its own lift (degraded_actions)
             # The node's next fault is a new episode (a new record name): numbered on the node, in this write.
             annotations = node["metadata"]["annotations"]
             annotations[LIFTS_ANNOTATION] = str((parse_generation(annotations.get(LIFTS_ANNOTATION)) or 0) + 1)

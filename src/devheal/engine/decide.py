@@ -28,7 +28,7 @@ from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
 from devheal.model.cluster import ClusterView
-from devheal.model.degradation_policy import DEGRADED_MARK
+from devheal.model.degradation_policy import DEGRADED_MARKS
 from devheal.model.plan import (
     ACTIVE_PHASES,
     POD_FINDINGS,
@@ -94,7 +94,7 @@ def _nodes_out(view: ClusterView, in_flight: Sequence[InFlight]) -> set[str]:
     """Nodes out of service: marked by devheal, or under an active node-taking remediation."""
     taking = {r.node for r in in_flight if r.target_kind == TargetKind.NODE and r.active and r.action in NODE_TAKING}
     # devheal's degraded taint (``degraded``) leaves a node in service: it counts against no budget.
-    return {n.name for n in view.nodes.values() if n.owned - {DEGRADED_MARK} or n.name in taking}
+    return {n.name for n in view.nodes.values() if n.owned - DEGRADED_MARKS or n.name in taking}
 
 
 FLAP_WINDOW = 24 * 3600.0

@@ -42,7 +42,9 @@ from devheal.engine.xids import needs_repair
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice, WorkloadClass
 from devheal.model.degradation_policy import (
     DEGRADED_MARK,
+    DEGRADED_MARKS,
     DEGRADED_TAINT_KEY,
+    SUSPECT_MARK,
     DegradationRules,
     DegradedGang,
     DegradedWorkload,
@@ -145,8 +147,8 @@ class DegradationTracker:
         for name in [n for n in self.clean_since if n not in view.nodes or DEGRADED_MARK not in view.nodes[n].owned]:
             del self.clean_since[name]
         for node in view.nodes.values():
-            if DEGRADED_MARK not in node.owned:
-                continue
+            if DEGRADED_MARK not in node.owned or SUSPECT_MARK in node.owned:
+                continue  # a suspect node's clean device reports prove nothing: a person lifts its mark
             policy = policy_for_node(policies, node)
             report = view.reports.get(node.name)
             if policy is None or report is None or report.stale(now, view.report_max_age):
@@ -245,7 +247,7 @@ def _node_actions(f: Finding, view: ClusterView, policy: Policy, now: float) -> 
     if f.kind is FindingKind.DEGRADATION_RECOVERED:
         if now - f.since < rules.leave_after or DEGRADED_MARK not in node.owned:
             return []
-        if node.owned - {DEGRADED_MARK}:
+        if node.owned - DEGRADED_MARKS:
             return []  # a failure episode is open on the node: its own Lift comes first
         return [
             replace(

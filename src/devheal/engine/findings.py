@@ -25,7 +25,7 @@ from enum import StrEnum
 from devheal.engine import dra, infrastructure, node_signals, sharing
 from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice
-from devheal.model.degradation_policy import DEGRADED_MARK
+from devheal.model.degradation_policy import DEGRADED_MARKS
 from devheal.model.gpu_resources import shares_physical
 from devheal.model.plan import Finding, FindingKind
 from devheal.model.policy import Policy
@@ -340,7 +340,7 @@ class FindingTracker:
                 continue
             clean_since = self.node_clean_since.setdefault(name, now)
             # devheal's degraded taint has a recovery of its own (DegradationRecovered, devheal.engine.degradation).
-            if node.owned - {DEGRADED_MARK} and policy_for_node(policies, node) is not None:
+            if node.owned - DEGRADED_MARKS and policy_for_node(policies, node) is not None:
                 out.append(
                     Finding(
                         kind=FindingKind.NODE_RECOVERED,

@@ -37,7 +37,7 @@ from devheal.engine.degradation import has_degraded_taint
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK
-from devheal.model.plan import Action, Finding, FindingKind, TargetKind
+from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.steps import StepReport
 from devheal.model.straggler_policy import StallAction, StragglerAction, StragglerRules
@@ -295,10 +295,6 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
     )
 
 
-SUSPECT_FINDINGS = frozenset({FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE})
-"""A pod's GPU accused by its own container (an exit code, a crash loop) while nothing reports it failed."""
-
-
 def steer_away(
     finding: Finding, view: ClusterView, policy: Policy, policies: Sequence[Policy]
 ) -> tuple[Action, Policy] | None:
@@ -319,7 +315,7 @@ def steer_away(
         if not policy.stragglers.replaces:
             return None
         why = f"slow rank {finding.pod} on this node"
-    elif finding.kind in SUSPECT_FINDINGS:
+    elif finding.kind in SUSPECT_FINDINGS:  # a pod's GPU accused by its own container
         pod = view.pods.get(finding.pod)
         if pod is None or policy.actions[pod.workload.cls] is ActionKind.NOTIFY:
             return None

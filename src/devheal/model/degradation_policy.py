@@ -40,6 +40,11 @@ DEGRADED_TAINT_KEY = "devheal.io/device-degraded"
 """The taint devheal sets on a node with degraded devices (effect by severity)."""
 DEGRADED_MARK = "degraded"
 """devheal's mark (in ``devheal.io/owns``) for the degraded taint it set."""
+SUSPECT_MARK = "suspect"
+"""With ``degraded``: the taint steers pods away from what the node agent cannot see (a straggler's node, a GPU only
+its pod's exit code or crash loop accuses), so the agent's clean reports do not lift it; a person does."""
+DEGRADED_MARKS = frozenset({DEGRADED_MARK, SUSPECT_MARK})
+"""The marks of devheal's degraded taint: the node stays in service (no failure episode, no budget)."""
 REMEDIES = ("None", "RestartWorkload", "ResetGPU", "RebootNode", "ReplaceHardware")
 """The agent's remedies (``devheal.agent.classification.Remedy``), cheapest first."""
 REPAIR_REMEDY = "ReplaceHardware"

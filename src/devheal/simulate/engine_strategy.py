@@ -49,8 +49,18 @@ from devheal.model.cluster import (
     Taint,
     Workload,
 )
-from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY
-from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan, TargetKind
+from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY, SUSPECT_MARK
+from devheal.model.plan import (
+    SUSPECT_FINDINGS,
+    Action,
+    Blocked,
+    Finding,
+    FindingKind,
+    InFlight,
+    Phase,
+    Plan,
+    TargetKind,
+)
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
 from devheal.model.steps import StepReport
 from devheal.simulate.events import Event, EventKind
@@ -141,8 +151,21 @@ class EngineStrategy(Strategy):
             self._schedule(self.sim.now)
 
     def on_signal(self, event: Event) -> None:
-        self.scheduled.discard(event.time)
+        if event.target >= 0:  # a person comes to a node devheal marked suspect
+            self._person_checks(event.target)
+        else:
+            self.scheduled.discard(event.time)
         self.decision_round()
+
+    def _person_checks(self, n: int) -> None:
+        """What the agent cannot see, a person finds: the node goes for repair (which also ends a slowness) and
+        they clear devheal's ``suspect`` mark, so its degraded taint is lifted once the node reports clean."""
+        state = self.sim.nodes[n]
+        if SUSPECT_MARK not in state.marks:
+            return
+        state.marks.discard(SUSPECT_MARK)
+        if self.sim.unit_of(n) is None and not state.repairing:
+            self.sim.start_repair(n, "repair", "people:repair")
 
     def on_unit_stopped(self, unit: Unit, fault: int) -> None:
         """A gang stopped mid-run: its ranks' step reports stop advancing; the round after the stall limit
@@ -511,11 +534,14 @@ class EngineStrategy(Strategy):
         elif action.kind in (ActionKind.TAINT_DEGRADED, ActionKind.FENCE_DEGRADED):
             # PreferNoSchedule or NoSchedule: either way the scheduler finds another node for new pods here.
             state.marks.add(DEGRADED_MARK)
+            if action.finding.kind in SUSPECT_FINDINGS:  # the agent cannot see why: a person will look
+                state.marks.add(SUSPECT_MARK)
+                sim.queue.push(now + sim.costs.human_response_s, EventKind.SIGNAL, n, 0)
             self.degraded_effect[n] = "NoSchedule" if action.kind is ActionKind.FENCE_DEGRADED else "PreferNoSchedule"
             self.watch.add(n)
             sim.take_from_pool(n)
         elif action.kind is ActionKind.LIFT_DEGRADED:
-            state.marks.discard(DEGRADED_MARK)
+            state.marks -= DEGRADED_MARKS
             self.plain.pop(n, None)
             sim.node_available(n)
         elif action.kind is ActionKind.LIFT:

@@ -25,7 +25,7 @@ from devheal.model.cluster import (
     Taint,
     WorkloadClass,
 )
-from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY, DegradationRules
+from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY, SUSPECT_MARK, DegradationRules
 from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase
 from devheal.model.policy import ActionKind, Policy, PolicyError
 
@@ -324,6 +324,15 @@ def test_a_silent_agent_never_says_a_degraded_node_recovered() -> None:
     assert [f.kind for f in tracker.observe(v, [PLAIN], T0)] == [FindingKind.DEGRADATION_RECOVERED]
     assert tracker.observe(v, [PLAIN], T0 + 3600) == [], "stale: neither degraded nor recovered"
     assert tracker.clean_since == {}
+
+
+def test_clean_reports_never_lift_a_suspect_node() -> None:
+    """Marked for what the agent cannot see (a slow rank, a GPU only an exit code accuses): a person lifts it."""
+    tracker = DegradationTracker()
+    suspect = node("n1", owned=[DEGRADED_MARK, SUSPECT_MARK])
+    v = view([suspect], reports=[NodeDevicesReport("n1", (dev(0),), updated=T0)])
+    assert tracker.observe(v, [PLAIN], T0) == []
+    assert tracker.observe(v, [PLAIN], T0 + 1) == []
 
 
 @pytest.mark.parametrize(

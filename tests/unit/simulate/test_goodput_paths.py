@@ -72,14 +72,16 @@ def test_a_slow_rank_is_found_from_step_times_and_replaced() -> None:
     strategy = EngineStrategy(policy("p", stragglers={"action": "ReplaceNow"}))
     sim = Simulation(config, trace_of(config, [], slow), strategy)
     result = sim.run()
-    # Replaced at once, and its node kept off new pods (devheal's PreferNoSchedule degraded taint) until its agent
-    # has reported it clean for leaveAfter (the agent sees no slowness): then it is back in the pool.
+    # Replaced at once, and its node kept off new pods (devheal's PreferNoSchedule degraded taint, marked suspect:
+    # the agent's clean reports cannot lift it). A person comes an hour later, sends the node for repair and
+    # clears the suspect mark; the taint is lifted once the repaired node has reported clean for leaveAfter.
     decisions = result.engine["decisions"]
     assert decisions == {"devheal:RestartGang": 1, "devheal:TaintDegraded": 1, "devheal:LiftDegraded": 1}
     [taint] = [r for r in strategy.records.values() if r.action is ActionKind.TAINT_DEGRADED]
     [lift] = [r for r in strategy.records.values() if r.action is ActionKind.LIFT_DEGRADED]
-    assert lift.started - taint.started == pytest.approx(1800, abs=60)
-    assert 3 not in sim.units[0].members and not sim.nodes[3].marks and sim.nodes[3].in_pool
+    assert lift.started - taint.started == pytest.approx(3600 + 1800, abs=60)  # the person, then leaveAfter
+    assert result.remediations["people:repair"] == 1
+    assert 3 not in sim.units[0].members and not sim.nodes[3].marks and sim.nodes[3].repairing
     assert result.training_loss_by_cause[STRAGGLER_SWAP_CAUSE]["restart"] > 0
     # Slowed for minutes, not the day people take to find it.
     people = run(config, [], PodWatcher(), slow)

@@ -70,6 +70,28 @@ async def test_the_failure_lift_keeps_the_degraded_taint(api: MemApi, kube: Kube
     assert (OWNED_TAINT_KEY, "NoSchedule") not in taints(api)
 
 
+@pytest.mark.parametrize("finding", [FindingKind.STRAGGLER, FindingKind.DEVICE_ERROR_EXIT])
+async def test_steering_from_what_the_agent_cannot_see_is_marked_suspect_and_lifted_with_it(
+    api: MemApi, kube: KubeClient, finding: FindingKind
+) -> None:
+    target = node(api)
+    acting = actuators(kube)
+    await acting.execute(node_action(ActionKind.TAINT_DEGRADED, target, finding))
+    assert taints(api) == [(DEGRADED_TAINT_KEY, "PreferNoSchedule")]
+    assert annotations(api)[OWNERSHIP_ANNOTATION] == "degraded,suspect"
+    await acting.execute(node_action(ActionKind.LIFT_DEGRADED, target, FindingKind.DEGRADATION_RECOVERED))
+    assert taints(api) == [] and OWNERSHIP_ANNOTATION not in annotations(api)
+
+
+async def test_a_suspect_finding_on_a_node_devheal_already_tainted_adds_the_mark(api: MemApi, kube: KubeClient) -> None:
+    target = node(api)
+    acting = actuators(kube)
+    await acting.execute(node_action(ActionKind.TAINT_DEGRADED, target, FindingKind.DEVICE_DEGRADED))
+    await acting.execute(node_action(ActionKind.TAINT_DEGRADED, target, FindingKind.STRAGGLER))
+    assert taints(api) == [(DEGRADED_TAINT_KEY, "PreferNoSchedule")]
+    assert annotations(api)[OWNERSHIP_ANNOTATION] == "degraded,suspect"
+
+
 async def test_a_reports_reasons_are_projected_with_their_label_health_and_remedy() -> None:
     status = {
         "updatedAt": "2026-01-01T00:00:00Z",
