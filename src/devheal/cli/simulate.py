@@ -269,7 +269,8 @@ def simulate(
     """Compare remediation strategies on a simulated GPU fleet: goodput, GPU-hours lost, recovery times.
 
     Strategies: kubernetes-default, node-health-controller, pod-watcher, devheal-default (devheal's engine
-    with its default policy) and one per --policy file. All replay the same failures."""
+    with its recommended policy), one per --policy file, and with --bound ideal-bound (every fault remediated
+    the moment it lands: what no strategy can beat). All replay the same failures."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
