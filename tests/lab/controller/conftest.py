@@ -26,6 +26,7 @@ from devheal.lab.cluster import Lab
 from devheal.lab.workloads import wait_until
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
+from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
 
 POLICIES = api_path(GROUP_VERSION, "remediationpolicies")
 REMEDIATIONS = api_path(GROUP_VERSION, "remediations")
@@ -126,7 +127,10 @@ class ControllerHarness:
             )
             if not dirty:
                 continue
-            node["spec"]["taints"] = [t for t in taints if t["key"] != OWNED_TAINT_KEY]
+            # devheal's taints: the failure taint, and the degraded one where devheal marked it (a later test's
+            # scheduler would otherwise still steer away from the node).
+            ours = {OWNED_TAINT_KEY} | ({DEGRADED_TAINT_KEY} if "degraded" in owned.split(",") else set())
+            node["spec"]["taints"] = [t for t in taints if t["key"] not in ours]
             if "cordon" in owned or meta["name"] in self.labelled:
                 node["spec"]["unschedulable"] = False
             (meta.get("annotations") or {}).pop(OWNERSHIP_ANNOTATION, None)
