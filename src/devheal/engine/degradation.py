@@ -144,11 +144,14 @@ class DegradationTracker:
         self, view: ClusterView, policies: Sequence[Policy], found: Sequence[Finding], now: float
     ) -> list[Finding]:
         out = []
-        for name in [n for n in self.clean_since if n not in view.nodes or DEGRADED_MARK not in view.nodes[n].owned]:
-            del self.clean_since[name]
+        lifted_by_reports = {n for n, node in view.nodes.items() if DEGRADED_MARK in node.owned} - {
+            n for n, node in view.nodes.items() if SUSPECT_MARK in node.owned
+        }
+        for name in [n for n in self.clean_since if n not in lifted_by_reports]:
+            del self.clean_since[name]  # a suspect node's clean time counts from when a person cleared the mark
         for node in view.nodes.values():
-            if DEGRADED_MARK not in node.owned or SUSPECT_MARK in node.owned:
-                continue  # a suspect node's clean device reports prove nothing: a person lifts its mark
+            if node.name not in lifted_by_reports:
+                continue  # not marked; or suspect: its clean device reports prove nothing, a person clears it
             policy = policy_for_node(policies, node)
             report = view.reports.get(node.name)
             if policy is None or report is None or report.stale(now, view.report_max_age):

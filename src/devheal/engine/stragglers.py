@@ -301,10 +301,10 @@ def steer_away(
     """A rank to replace whose node should not get its replacement: a straggler's, or a pod's whose GPU only its
     exit code or crash loop accuses (the device plugin would hand the same GPU out again). Devheal's degraded
     taint (``TaintDegraded``, ``PreferNoSchedule``) on the node, so the scheduler sends the replacement
-    elsewhere; lifted as a degraded node's is (``engine.degradation``: once its agent reports it clean for
-    ``degradation.leaveAfter``). ``policy`` decided about the rank; the taint is the node's policy's decision
-    (returned with it). None where the node already has the taint, no policy selects it, or nothing is to be
-    replaced."""
+    elsewhere, marked ``suspect`` by the actuator (``SUSPECT_FINDINGS``): the agent's clean reports do not lift
+    it until a person clears that mark (``engine.degradation``). ``policy`` decided about the rank; the taint
+    is the node's policy's decision (returned with it). None where the node already has the taint, no policy
+    selects it, or nothing is to be replaced."""
     node = view.nodes.get(finding.node)
     if node is None:
         return None

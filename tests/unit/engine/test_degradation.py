@@ -335,6 +335,17 @@ def test_clean_reports_never_lift_a_suspect_node() -> None:
     assert tracker.observe(v, [PLAIN], T0 + 1) == []
 
 
+def test_a_suspect_nodes_clean_time_counts_from_when_a_person_cleared_the_mark() -> None:
+    tracker = DegradationTracker()
+    report = NodeDevicesReport("n1", (dev(0),), updated=T0)
+    degraded = view([node("n1", owned=[DEGRADED_MARK])], reports=[report])
+    assert [f.since for f in tracker.observe(degraded, [PLAIN], T0)] == [T0]
+    suspect = view([node("n1", owned=[DEGRADED_MARK, SUSPECT_MARK])], reports=[report])
+    assert tracker.observe(suspect, [PLAIN], T0 + 10) == []
+    cleared = view([node("n1", owned=[DEGRADED_MARK])], reports=[replace(report, updated=T0 + 5000)])
+    assert [f.since for f in tracker.observe(cleared, [PLAIN], T0 + 5000)] == [T0 + 5000]
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
