@@ -214,9 +214,11 @@ async def restart_a_placed_gang_as(
     pods = await pods_of(kube, namespace, "app=placed")
     placed = [(p["metadata"]["uid"], p["spec"].get("nodeName")) for p in pods]
     output = controller.output()
-    assert any(node == home and uid != first["metadata"]["uid"] for uid, node in placed), (
-        f"replacement not back on {home}: {placed}\n{output[-4000:]}"
-    )
+    if not any(node == home and uid != first["metadata"]["uid"] for uid, node in placed):
+        obj = await kube.get(api_path("v1", "nodes", name=home))
+        state = (obj["spec"].get("unschedulable"), obj["spec"].get("taints"), obj["status"].get("allocatable"))
+        on_home = [(p["metadata"]["name"], p["spec"].get("nodeName")) for p in await pods_of(kube, namespace, "")]
+        raise AssertionError(f"replacement not back on {home}: {placed}; {home}: {state}; {on_home}\n{output[-4000:]}")
     assert "Forbidden" not in output and "403" not in output, output[-3000:]
 
 
