@@ -8,7 +8,7 @@ from typing import Any
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import get_path
-from devheal.lab.workloads import gpu_job, gpu_pod, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import gpu_job, gpu_pod, node_gpus, pod_devices, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness
@@ -163,6 +163,9 @@ async def placed_gang(kube: KubeClient, namespace: str) -> tuple[dict, str]:
     """Create the gang (a running controller releases it) and fill its node: one GPU is left there
     after a fault, and its CPUs are nearly all taken, so the scheduler's own scoring (least
     allocated CPU and memory) would send a replacement to the other node. (rank, its node)."""
+    for node in PLACED_NODES:  # every GPU back from earlier tests' faults: the arithmetic below counts on 8
+        whole = f"{node} with every GPU allocatable"
+        await wait_until(lambda n=node: node_gpus(kube, n), lambda g: g[0] == g[1] > 0, timeout=60, what=whole)
     await kube.create(api_path("apps/v1", "statefulsets", namespace=namespace), placed_statefulset())
     first = await wait_until(
         lambda: placed_rank(kube, namespace), lambda p: p is not None, timeout=30, what="the rank released and running"
