@@ -105,7 +105,8 @@ async def test_a_drain_waits_for_the_disruption_budget_and_leaves_daemonset_pods
             timeout=40,
         )
         assert actions(records)["Drain"] == ("Succeeded", "Drained")
-        assert await external(kube, NODE) is not None
+        # The record is written before its external object is created: wait for the object.
+        await wait_until(lambda: external(kube, NODE), lambda o: o is not None, timeout=15, what="the remediation")
         left = await running("app=agent")
         assert [p["metadata"]["uid"] for p in left] == [agent["metadata"]["uid"]], "the DaemonSet's pod stays"
         assert not any(p["metadata"]["uid"] == served["metadata"]["uid"] for p in await running("app=serve"))

@@ -36,6 +36,7 @@ from ..test_manifests import PLURALS
 from .conftest import ControllerHarness
 from .test_gang_restart import restart_a_placed_gang_as
 from .test_node_remediation import GROUP, GV, install_fake_remediator
+from .test_remediation_ownership import external as external_of
 
 SYSTEM = chart.NAMESPACE
 ACCOUNT = "devheal-controller"
@@ -325,8 +326,11 @@ async def test_a_template_kind_the_chart_does_not_grant_fails_forbidden_with_an_
     assert (
         "not allowed to read remediation template FakeRemediationTemplate default/reboot" in first["status"]["message"]
     )
-    obj = await kube.get(api_path(GV, "fakeremediations", namespace="default", name=NODE))
-    assert obj["spec"] == {"strategy": "Reboot"}
+    # The record is written before its external object is created: wait for the object.
+    obj = await wait_until(
+        lambda: external_of(kube, NODE), lambda o: o is not None, timeout=15, what="the second step's object"
+    )
+    assert obj is not None and obj["spec"] == {"strategy": "Reboot"}
 
     async def warnings() -> list[dict[str, Any]]:
         items, _ = await kube.list_all(
