@@ -111,7 +111,7 @@ class Fleet:
     def record_blocked(self, item: Blocked) -> None:
         self._record(replace(InFlight.of(item.action, Phase.BLOCKED, self.now), finished=self.now))
 
-    def hold(self, record: InFlight, why: str) -> None:
+    def hold(self, record: InFlight, why: str, rail: object = None) -> None:
         raise AssertionError(f"nothing is paused here: {why}")
 
     def report_overdue(self, item: Overdue) -> None:
