@@ -101,6 +101,7 @@ class AgentMetrics:
         """Remove the series of ``node``'s devices other than ``uuids``: devices no longer present."""
         for key in [k for k in self._devices if k[0] == node and k[1] not in uuids]:
             c = self._devices.pop(key)
+            series: list[tuple[Gauge | Counter, tuple[str, ...]]]
             series = [(self.health, (*c.labels, state)) for state in c.health]
             series += [(self.clock_reasons, (*c.labels, name)) for name in c.reasons]
             series += [(self.xids, (*c.labels, str(code))) for code in c.xids_seen]
