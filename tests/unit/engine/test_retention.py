@@ -4,6 +4,7 @@ budget counts). And the policy's ``spec.records``."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -14,7 +15,19 @@ from devheal.model.cluster import DeviceHealth, WorkloadClass
 from devheal.model.plan import InFlight, InFlightRecords, Phase, TargetKind
 from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy, PolicyError, Retention
 
-from .builders import device, gpu_id, in_flight, node, node_failed, pod, pod_failed, policy, view, workload
+from .builders import (
+    device,
+    gpu_id,
+    in_flight,
+    node,
+    node_failed,
+    node_recovered,
+    pod,
+    pod_failed,
+    policy,
+    view,
+    workload,
+)
 
 DAY = 86_400.0
 NOW = 100 * DAY
@@ -256,3 +269,73 @@ def test_records_of_a_gone_policy_are_capped_in_all_by_the_default() -> None:
         for i in range(Retention().max_ended + 2)
     ]
     assert names(expired(records, [policy()], NOW, 100)) == ["notify-00000", "notify-00001"]
+
+
+KINDS = [ActionKind.RESTART_GANG, ActionKind.DESCHEDULE, ActionKind.FAIL_POD, ActionKind.NOTIFY, ActionKind.LIFT]
+PHASES = [Phase.SUCCEEDED, Phase.FAILED, Phase.BLOCKED, Phase.SKIPPED, Phase.DRY_RUN]
+
+
+def random_records(rng: random.Random, now: float) -> list[InFlight]:
+    """Ended records of a gang, an inference workload's pods and two nodes, at any age within two days."""
+    made = []
+    for i in range(rng.randrange(1, 60)):
+        kind = rng.choice(KINDS)
+        started = now - rng.choice([rng.uniform(0, 7200), rng.uniform(0, 2 * DAY)])
+        phase = rng.choice(PHASES)
+        if kind is ActionKind.LIFT:
+            target_kind, target, wl = TargetKind.NODE, rng.choice(["n1", "n2"]), ""
+        elif kind is ActionKind.RESTART_GANG:
+            target_kind, target, wl = TargetKind.GANG, GANG.key, GANG.key
+        else:
+            target_kind, target, wl = TargetKind.POD, f"default/serve-{rng.randrange(5)}", SERVE.key
+        made.append(
+            InFlight(
+                f"r{i}",
+                kind,
+                target_kind,
+                target,
+                "n1",
+                phase,
+                started,
+                wl if phase is not Phase.BLOCKED else "",
+                dry_run=phase is Phase.DRY_RUN,
+                policy="p",
+                finished=started + rng.uniform(0, 60),
+            )
+        )
+    return made
+
+
+GANG = workload("train", WorkloadClass.GANG)
+SERVE = workload("serve", WorkloadClass.INFERENCE)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_deleting_what_retention_chooses_never_changes_a_decision(seed: int) -> None:
+    """Whatever the records and the retention, the plan over the records left is the plan over all of them."""
+    rng = random.Random(seed)
+    now = NOW + rng.uniform(0, DAY)
+    ps = [
+        policy(
+            actions={"gang": "RestartGang"},
+            node={"taint": True, "holdDown": 60},
+            budgets={
+                "gangRestartsPerHour": rng.randrange(1, 4),
+                "workloadDisruptionInterval": rng.choice([0, 60, 7200]),
+                "maxUnhealthyNodes": "100%",
+            },
+            records={
+                "ttlAfterFinished": rng.choice(["1m", "1h", "168h"]),
+                "maxEndedPerTarget": rng.randrange(1, 4),
+                "maxEnded": rng.randrange(1, 20),
+            },
+        )
+    ]
+    bad = [device(gpu_id("n1", 0), DeviceHealth.UNHEALTHY)]
+    pods = [pod("train-1", "n1", owner=GANG, devices=bad), pod("serve-1", "n1", owner=SERVE, devices=bad)]
+    v = view([node("n1"), node("n2", owned={"taint"})], pods)
+    findings = [pod_failed(p, since=now - 30) for p in pods] + [node_recovered("n2", since=now - 7200)]
+    records = random_records(rng, now)
+    gone = {r.name for r in expired(records, ps, now, 1000)}
+    kept = [r for r in records if r.name not in gone]
+    assert decide(v, findings, ps, kept, now) == decide(v, findings, ps, records, now)
