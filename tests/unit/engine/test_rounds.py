@@ -436,3 +436,20 @@ def test_a_pending_record_is_declined_when_dry_run_was_turned_on() -> None:
     assert record.name not in [name for name, _ in host.started]
     [(name, why)] = host.declined
     assert name == record.name and why.endswith("it is not taken: dry-run was turned on")
+
+
+@pytest.mark.parametrize("kind", list(ActionKind))
+def test_a_record_in_progress_goes_on_after_its_finding_cleared_and_an_external_remediation_ends(
+    kind: ActionKind,
+) -> None:
+    """Steps were taken: the remediation goes on (each step checks its target first), whatever became of its
+    finding; an external node remediation whose node is healthy again ends instead."""
+    record = recorded(kind, Phase.IN_PROGRESS)
+    world = failed_again_world() if kind in RECOVERY_KINDS else healthy_world()
+    host = Host(records={record.name: record})
+    DecisionRound().run(host, world, [policy()], NOW)
+    assert host.declined == [] and host.held == []
+    if kind is ActionKind.REMEDIATE_NODE:
+        assert (host.finished, host.started) == ([record.name], [])
+    else:
+        assert (record.name, True) in host.started
