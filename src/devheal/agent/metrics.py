@@ -5,12 +5,15 @@ are NVIDIA dcgm-exporter's ``DCGM_FI_*`` series: the agent does not export them 
 two exporters of one series double-count in every sum and alert. Per-device series carry
 dcgm-exporter's labels (``gpu``, ``UUID``, ``modelName``, ``Hostname``), so they join with its
 series. Every metric is listed in docs/metrics.md (a test keeps the two in step).
-Children are looked up once per device and kept, so a poll costs a few dict lookups.
+Children are looked up once per device and kept, so a poll costs a few dict lookups; those of
+a device the node no longer has (a replaced GPU) are removed (``keep_devices``), so its last
+health is not exported for ever.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
@@ -26,6 +29,7 @@ _STATES = tuple(h.value for h in DeviceHealth)
 
 @dataclass(slots=True)
 class _DeviceChildren:
+    labels: tuple[str, ...]
     health: dict[str, Gauge]
     reasons: dict[str, Gauge]
     xids_seen: dict[int, int] = field(default_factory=dict)
@@ -86,11 +90,25 @@ class AgentMetrics:
         if children is None:
             labels = (str(info.index), info.uuid, info.model, node)
             children = _DeviceChildren(
+                labels=labels,
                 health={state: self.health.labels(*labels, state) for state in _STATES},
                 reasons={name: self.clock_reasons.labels(*labels, name) for name in CLOCK_REASON_NAMES.values()},
             )
             self._devices[key] = children
         return children
+
+    def keep_devices(self, node: str, uuids: Collection[str]) -> None:
+        """Remove the series of ``node``'s devices other than ``uuids``: devices no longer present."""
+        for key in [k for k in self._devices if k[0] == node and k[1] not in uuids]:
+            c = self._devices.pop(key)
+            series: list[tuple[Gauge | Counter, tuple[str, ...]]]
+            series = [(self.health, (*c.labels, state)) for state in c.health]
+            series += [(self.clock_reasons, (*c.labels, name)) for name in c.reasons]
+            series += [(self.xids, (*c.labels, str(code))) for code in c.xids_seen]
+            series += [(self.incidents, c.labels)] if c.incidents_seen else []
+            for metric, labels in series:
+                with contextlib.suppress(KeyError):  # never set: nothing to remove
+                    metric.remove(*labels)
 
     def observe(
         self,

@@ -275,6 +275,7 @@ class NodeAgent:
     def _update_metrics(self, metrics: AgentMetrics) -> None:
         metrics.telemetry_up.labels(self.node, self.backend.name).set(1.0 if self.telemetry.ok else 0.0)
         metrics.pod_resources_up.labels(self.node).set(1.0 if self.pods.availability.ok else 0.0)
+        metrics.keep_devices(self.node, {info.uuid for info in self.inventory})
         for info in self.inventory:
             tracker = self.trackers.get(info.uuid)
             if tracker is None:

@@ -30,6 +30,7 @@ from devheal.controller.node_remediation import NodeRemediation
 from devheal.controller.pod_actions import Deschedule, FailPod, Notify, release_gate
 from devheal.controller.records import REMEDIATIONS, Records, remediation_body
 from devheal.engine.placement import Release
+from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj
 from devheal.model.plan import Action, Blocked, EventReason, Phase, RemediationReason
 from devheal.model.policy import ActionKind
@@ -87,6 +88,29 @@ class Actuators:
     async def record_blocked(self, item: Blocked) -> None:
         """A decision not to act: recorded (once per state) so `kubectl get remediations` says why."""
         await self.records.blocked(item)
+
+    async def decline(self, action: Action, why: str) -> None:
+        """A recorded decision none of whose steps was taken, that the cluster as it is now no longer calls for
+        (``devheal.engine.rounds``): its record ends Blocked, so the same decision may be taken later, and nothing
+        is done. A record that moved on meanwhile, or is gone, is left alone."""
+        try:
+            obj = await self.client.get(f"{REMEDIATIONS}/{action.name}")
+        except errors.NotFound:
+            return
+        if (obj.get("status") or {}).get("phase") not in (None, "", Phase.PENDING.value):
+            return
+        await self.records.set_status(
+            action.name,
+            {
+                "phase": Phase.BLOCKED.value,
+                "reason": RemediationReason.NO_LONGER_WANTED,
+                "message": why,
+                "observedAt": format_time(self.clock()),
+            },
+        )
+        log.info("remediation %s not taken: %s", action.name, why)
+        metrics.ACTIONS.labels(action=action.kind.value, result="blocked").inc()
+        await self.records.event(action, EventReason.BLOCKED, f"{action.kind} not taken: {why}")
 
     async def release_gate(self, release: Release) -> None:
         """Nominate ``release.node`` (when set), then remove the pod's ``devheal.io/placement`` gate."""

@@ -246,12 +246,18 @@ class Controller:
         self._local[name] = InFlight.of(item.action, Phase.BLOCKED, self._now)
         self._submit(name, lambda: self.actuators.record_blocked(item))
 
-    def hold(self, record: InFlight, why: str) -> None:
-        """A pause or dry-run holds the record's next step: it stays in progress, its reason says why."""
+    def hold(self, record: InFlight, why: str, rail: Rail = Rail.PAUSED) -> None:
+        """A pause, dry-run or the open breaker holds the record's next step: it stays in progress, its reason says
+        why."""
         log.info("holding %s: %s", record.name, why)
         metrics.ACTIONS.labels(action=record.action.value, result="held").inc()
-        status = {"reason": Rail.PAUSED.reason, "message": why}
+        status = {"reason": rail.reason, "message": why}
         self._submit(f"hold/{record.name}", functools.partial(self.actuators.records.set_status, record.name, status))
+
+    def decline(self, record: InFlight, why: str) -> None:
+        """A recorded decision none of whose steps was taken, no longer wanted: its record ends Blocked."""
+        if record.resume is not None:
+            self._submit(record.name, functools.partial(self.actuators.decline, record.resume, why))
 
     def report_overdue(self, item: Overdue) -> None:
         """A remediation past its step timeout: a warning Event on its target (where its record says which), a

@@ -5,7 +5,10 @@ name). ``RemediateNode`` copies the template's ``spec.template.spec`` into a new
 of the template's kind without "Template", named after the node, in the template's
 namespace; whatever operator owns that kind (reboot, reprovision) does the work. The
 Remediation stays ``InProgress`` until the node shows no failed device; then ``finish``
-deletes the object and completes the record.
+deletes the object and completes the record. Before creating the object, the record names it
+(``status.remediationObject``: apiVersion, kind, namespace, name), and ``finish`` removes what
+the record names: a policy changed or deleted meanwhile leaves nothing behind. (Records written
+before that field existed fall back to the kinds of their policy's ladder.)
 
 Other remediators (a NodeHealthCheck, an administrator) create objects of the same kind
 under the same name, so devheal marks its own: the annotation ``devheal.io/remediation``
@@ -23,10 +26,11 @@ between recording and creating, an API error) is completed by the next pass.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 from devheal.controller.actuator import Outcome, Policies, StepFailed, Steps
-from devheal.controller.records import Records
+from devheal.controller.records import REMEDIATIONS, Records
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.plan import Action, Phase, RemediationReason
@@ -42,8 +46,47 @@ CREATED_STEP = "remediation-created"
 """The step a record carries once its external object exists (created, or found created by an earlier pass)."""
 
 
+RECORDED_OBJECT = "remediationObject"
+"""The record's status field naming the external object its remediation creates."""
+
+
 def _remediations_path(ref: TemplateRef, name: str | None = None) -> str:
     return api_path(ref.api_version, ref.remediation_kind.lower() + "s", namespace=ref.namespace, name=name)
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationObject:
+    """The external remediation object of one record: what its template makes, named after the node."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, ref: TemplateRef, node: str) -> RemediationObject:
+        return cls(ref.api_version, ref.remediation_kind, ref.namespace, node)
+
+    @classmethod
+    def recorded(cls, record: Obj) -> RemediationObject | None:
+        """The object the record names (``status.remediationObject``); None when it names none readable."""
+        given = (record.get("status") or {}).get(RECORDED_OBJECT)
+        if not isinstance(given, dict):
+            return None
+        fields = [given.get(k) for k in ("apiVersion", "kind", "namespace", "name")]
+        if not all(isinstance(f, str) and f for f in fields):
+            return None
+        return cls(*[str(f) for f in fields])
+
+    @property
+    def path(self) -> str:
+        return api_path(self.api_version, self.kind.lower() + "s", namespace=self.namespace, name=self.name)
+
+    def status(self) -> Obj:
+        return {"apiVersion": self.api_version, "kind": self.kind, "namespace": self.namespace, "name": self.name}
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
 
 
 def template_path(ref: TemplateRef) -> str:
@@ -115,6 +158,10 @@ class NodeRemediation:
                 f"not allowed to read {where}: {exc}", retry=False, reason=RemediationReason.FORBIDDEN
             ) from exc
         spec = ((template.get("spec") or {}).get("template") or {}).get("spec") or {}
+        made = RemediationObject.of(ref, action.target)
+        if RemediationObject.recorded(record) != made:
+            # Named in the record before it exists: whatever the policy becomes, ``finish`` knows what to remove.
+            await self.records.set_status(action.name, {RECORDED_OBJECT: made.status()})
         body = {
             "apiVersion": ref.api_version,
             "kind": ref.remediation_kind,
@@ -164,13 +211,19 @@ class NodeRemediation:
         )
 
     async def finish(self, name: str, node: str, policy_name: str) -> None:
-        """The node is healthy again: remove the external remediation object if this record created it (a
-        foreign one stays), then close the record ``name``."""
-        policy = self.policies().get(policy_name)
-        removed = "no external remediation to remove"
-        if policy is not None and policy.node.ladder:
-            # Whichever rung this record took: only an object marked with its name is removed.
-            removed = "; ".join([await self._delete_ours(s.template, name, node) for s in policy.node.ladder])
+        """The node is healthy again: remove the external remediation object the record ``name`` names if this
+        record created it (a foreign one stays), then close the record."""
+        try:
+            made = RemediationObject.recorded(await self.client.get(f"{REMEDIATIONS}/{name}"))
+        except errors.NotFound:
+            return  # the record is gone: nothing says what it created
+        if made is not None:
+            objects = [made]
+        else:  # written before records named their object: whichever rung of the policy's ladder it took
+            policy = self.policies().get(policy_name)
+            ladder = policy.node.ladder if policy is not None else ()
+            objects = list(dict.fromkeys(RemediationObject.of(s.template, node) for s in ladder))
+        removed = "; ".join([await self._delete_ours(o, name) for o in objects]) or "no external remediation to remove"
         await self.records.set_status(
             name,
             {
@@ -181,21 +234,19 @@ class NodeRemediation:
             },
         )
 
-    async def _delete_ours(self, ref: TemplateRef, name: str, node: str) -> str:
-        path = _remediations_path(ref, node)
-        what = f"{ref.remediation_kind} {ref.namespace}/{node}"
+    async def _delete_ours(self, made: RemediationObject, name: str) -> str:
         try:
-            existing = await self.client.get(path)
+            existing = await self.client.get(made.path)
         except errors.NotFound:
-            return f"{what} already gone"
+            return f"{made} already gone"
         except errors.Forbidden:
             # A rung whose kind the controller may not touch (RBAC grants only the configured templates) created
             # nothing: its step failed Forbidden. It must not keep the record from closing.
-            return f"{what} not readable (forbidden): none created"
+            return f"{made} not readable (forbidden): none created"
         if not is_ours(existing, name):
-            return f"{what} left alone (not created by this remediation)"
+            return f"{made} left alone (not created by this remediation)"
         uid = str((existing.get("metadata") or {}).get("uid") or "")
         # The uid precondition: an object recreated under the same name meanwhile (someone else's) is not deleted.
         with contextlib.suppress(errors.NotFound, errors.Conflict):
-            await self.client.delete(path, {"preconditions": {"uid": uid}} if uid else None)
-        return f"external remediation {what} removed"
+            await self.client.delete(made.path, {"preconditions": {"uid": uid}} if uid else None)
+        return f"external remediation {made} removed"

@@ -30,7 +30,6 @@ from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
 from devheal.model.cluster import ClusterView
 from devheal.model.degradation_policy import DEGRADED_MARKS
 from devheal.model.plan import (
-    ACTIVE_PHASES,
     POD_FINDINGS,
     Action,
     Blocked,
@@ -301,6 +300,46 @@ def relevance_horizon(policies: Sequence[Policy]) -> float:
     return max([3600.0, FLAP_WINDOW, Budgets().workload_disruption_interval, *intervals])
 
 
+GANG_RESTART_WINDOW = 3600.0
+"""``budgets.gangRestartsPerHour`` counts the gang restarts started within this window."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordReads:
+    """Which ended records a decision still reads beyond their name, under a set of policies (``still_read``)."""
+
+    disruption_window: float
+    """The gang restart window or the longest workload disruption interval, whichever is longer."""
+    horizon: float
+    """``relevance_horizon``."""
+
+    @classmethod
+    def of(cls, policies: Sequence[Policy]) -> RecordReads:
+        intervals = [p.budgets.workload_disruption_interval for p in policies]
+        window = max([GANG_RESTART_WINDOW, Budgets().workload_disruption_interval, *intervals])
+        return cls(window, relevance_horizon(policies))
+
+    def still_read(self, record: InFlight, now: float) -> bool:
+        """Whether a decision at ``now`` can still read ``record`` beyond its name. ``decide`` walks through no
+        other record, and retention never deletes one of these (``devheal.engine.retention``), so a budget never
+        loses a record it counts: a new reading of records in ``decide`` belongs here too.
+
+        Read are: every active record (budgets, one remediation per target); a disruption started within the
+        gang restart window or the longest workload disruption interval (``gangRestartsPerHour``, the
+        interval); a lift that succeeded within ``FLAP_WINDOW`` (``lift_hold_down``; the spare pools' nodes back
+        from repair); a node remediation's rung within the horizon (the escalation ladder)."""
+        if record.active:
+            return True
+        if record.disruptive and record.workload and now - record.started < self.disruption_window:
+            return True
+        ended = record.finished if record.finished is not None else record.started
+        if record.action is ActionKind.LIFT and record.phase is Phase.SUCCEEDED:
+            return now - ended <= FLAP_WINDOW
+        if record.action is ActionKind.REMEDIATE_NODE and record.resume is not None:
+            return now - max(record.started, ended) <= self.horizon
+        return False
+
+
 def decide(
     view: ClusterView,
     findings: Iterable[Finding],
@@ -323,10 +362,10 @@ def decide(
     else:
         by_name: dict[str, InFlight] = {}
         current: list[InFlight] = []
-        since = now - relevance_horizon(policies)
+        reads = RecordReads.of(policies)
         for r in in_flight:
             by_name[r.name] = r
-            if r.phase in ACTIVE_PHASES or r.started >= since or (r.finished is not None and r.finished >= since):
+            if reads.still_read(r, now):
                 current.append(r)
         existing, in_flight = by_name.get, current
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}

@@ -12,9 +12,15 @@ the reason each blocked decision was last recorded with, when an interrupted ste
 be tried again, the circuit breaker), pruned every round to what is still relevant.
 
 Rails hold work already in progress too: while devheal or a remediation's policy is
-paused or in dry-run, no further step of a multi-step remediation is taken (the host is
-told once per reason, and the record stays in progress); a remediation past its step
-timeout no longer holds the concurrency budget and is reported to the host once. The
+paused or in dry-run, no further step of a multi-step remediation is taken, nor a further
+step of a disruptive one while the circuit breaker is open (the host is told once per
+reason, and the record stays in progress); a remediation past its step timeout no longer
+holds the concurrency budget and is reported to the host once. A record none of whose
+steps was taken (``Pending``: its process stopped between recording the decision and its
+first step) is decided again over the cluster as it is now before it is carried on: when
+a rail stops that decision it is recorded Blocked, as a new one would be; when the
+decision would not be taken at all (its finding no longer holds, dry-run turned on, its
+policy gone) the host declines it, and nothing of it happens. The
 breaker's state is rebuilt from what the policies record whenever the round does not
 know it yet (a new process, a new leader: ``forget_breaker``), so a restart never
 closes an open breaker.
@@ -22,7 +28,7 @@ closes an open breaker.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Container, Iterable, Sequence
+from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,7 +38,7 @@ from devheal.engine.degradation import DegradationTracker
 from devheal.engine.findings import FindingTracker, detect
 from devheal.engine.stragglers import StragglerTracker
 from devheal.model.cluster import ClusterView
-from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Plan, Rail
+from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, InFlightRecords, Phase, Plan, Rail
 from devheal.model.policy import ActionKind, Policy
 
 FLEET_RAILS = frozenset({Rail.MAX_UNHEALTHY_NODES, Rail.MAX_UNHEALTHY_NODES_PER_POOL, Rail.CIRCUIT_BREAKER})
@@ -63,9 +69,15 @@ class RoundHost(Protocol):
         """Record a decision a rail stopped (called once per decision and reason)."""
         ...
 
-    def hold(self, record: InFlight, why: str) -> None:
-        """A remediation in progress whose next step a pause or dry-run holds back: it stays in progress;
-        say why (called once per remediation and reason)."""
+    def hold(self, record: InFlight, why: str, rail: Rail = Rail.PAUSED) -> None:
+        """A remediation in progress whose next step a pause or dry-run (``Rail.PAUSED``) or the open circuit
+        breaker holds back: it stays in progress; say why (called once per remediation and reason)."""
+        ...
+
+    def decline(self, record: InFlight, why: str) -> None:
+        """A recorded decision none of whose steps was taken, that a decision over the cluster as it is now
+        would not take: end its record without acting, saying why (it reads Blocked, so the same decision may
+        be taken later when it is wanted again)."""
         ...
 
     def report_overdue(self, item: Overdue) -> None:
@@ -102,10 +114,14 @@ def stopped_by_fleet_rails(plan: Plan) -> bool:
     return plan.breaker_open or any(b.rail in FLEET_RAILS for b in plan.blocked)
 
 
+def _next_step_waits(record: InFlight) -> str:
+    return f"{record.action} {record.target} stays {record.phase}, its next step waits"
+
+
 def held_because(record: InFlight, policy: Policy | None, settings: Settings) -> str:
     """Why the next step of a remediation in progress must wait ("": it may go on): a pause or a dry-run,
     controller-wide or of the remediation's policy."""
-    step = f"{record.action} {record.target} stays {record.phase}, its next step waits"
+    step = _next_step_waits(record)
     if settings.paused:
         return f"devheal is paused: {step}"
     if policy is not None and policy.paused:
@@ -115,6 +131,69 @@ def held_because(record: InFlight, policy: Policy | None, settings: Settings) ->
     if policy is not None and policy.dry_run:
         return f"policy {policy.name} is in dry-run: {step}"
     return ""
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """What a round decides over: the cluster as it is now, the rails in force."""
+
+    view: ClusterView
+    findings: Sequence[Finding]
+    policies: Sequence[Policy]
+    settings: Settings
+    breaker: Breaker
+
+
+class _Hidden(Mapping[str, InFlight]):
+    """Records by name, one of them left out."""
+
+    def __init__(self, records: InFlightRecords, hidden: str) -> None:
+        self.records, self.hidden = records, hidden
+
+    def __getitem__(self, name: str) -> InFlight:
+        found = self.records.get(name) if name != self.hidden else None
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return (r.name for r in self.records if r.name != self.hidden)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _without(in_flight: Sequence[InFlight], name: str) -> Sequence[InFlight]:
+    """The records but the one named ``name``: a decision taken again as if it had not been recorded."""
+    current = [r for r in in_flight if r.name != name]
+    if isinstance(in_flight, InFlightRecords):
+        return InFlightRecords(current, _Hidden(in_flight, name))
+    return current
+
+
+def _not_taken(record: InFlight, world: World) -> str:
+    """Why a decision over the cluster as it is now does not take ``record``'s decision again."""
+    decision = record.resume
+    assert decision is not None
+    policy = next((p for p in world.policies if p.name == record.policy), None)
+    dry_run = world.settings.dry_run or (policy is not None and policy.dry_run)
+    finding = decision.finding
+    holds = any(
+        f.kind is finding.kind and f.node == finding.node and f.pod_uid == finding.pod_uid for f in world.findings
+    )
+    if policy is None:
+        why = f"policy {record.policy} is gone"
+    elif dry_run != decision.dry_run:
+        why = "dry-run was turned on" if dry_run else "dry-run was turned off"
+    elif not holds:
+        where = finding.pod or finding.node
+        why = f"its finding no longer holds ({finding.kind} on {where} is not found now)"
+    else:
+        why = f"policy {policy.name} no longer takes it"
+    return (
+        f"{record.action} {record.target} was recorded but none of its steps taken; decided again over the "
+        f"cluster as it is now, it is not taken: {why}"
+    )
 
 
 @dataclass
@@ -169,12 +248,13 @@ class DecisionRound:
         detected = [f for f in detected if not (f.pod_uid and f.pod_uid in ignore_pods)]
         findings = self.tracker.observe(detected, view, policies, now)
         busy = host.busy()
-        self._carry_on(host, view, host.in_flight(view), findings, policies, settings, now, busy)
-        in_flight = host.in_flight(view)
         # The breaker is stepped over the view the plan is decided over: a narrower view is stricter, and
         # only the final (widest needed) view's state is kept.
         prior = self.breaker if self.breaker is not None else Breaker.restored(policies)
         breaker = step_breaker(prior, view, findings, policies, now)
+        world = World(view, findings, policies, settings, breaker)
+        self._carry_on(host, world, host.in_flight(view), now, busy)
+        in_flight = host.in_flight(view)
         plan = decide(view, findings, policies, in_flight, now, settings, breaker)
         wider_views = iter(host.wider_views())
         while stopped_by_fleet_rails(plan):
@@ -196,24 +276,22 @@ class DecisionRound:
     def _carry_on(
         self,
         host: RoundHost,
-        view: ClusterView,
+        world: World,
         in_flight: Sequence[InFlight],
-        findings: Sequence[Finding],
-        policies: Sequence[Policy],
-        settings: Settings,
         now: float,
         busy: Container[str],
     ) -> None:
         """Remediations in progress: an external node remediation ends once its node is no longer
         faulty; any step with a recorded decision (an external node remediation too, while its node
         is faulty: a pass that died before creating the object creates it) is carried on, paced.
-        While devheal or the remediation's policy is paused or in dry-run, neither happens: the host
-        is told why, once."""
-        faulty = {f.node for f in findings if f.kind is FindingKind.NODE_DEVICES_FAILED}
+        While devheal or the remediation's policy is paused or in dry-run, neither happens, nor, while
+        the circuit breaker is open, a disruptive one's next step: the host is told why, once. A record
+        no step of which was taken is decided again first (``_decide_again``)."""
+        faulty = {f.node for f in world.findings if f.kind is FindingKind.NODE_DEVICES_FAILED}
         faulty |= self.tracker.unknown  # a stale agent report never says a node is healthy again
         # Nor does a capacity gap not yet held for capacityGapAfter (a restarted controller's first rounds).
-        faulty |= {node.name for node in view.nodes.values() if node.gpu_gap > 0}
-        by_name = {p.name: p for p in policies}
+        faulty |= {node.name for node in world.view.nodes.values() if node.gpu_gap > 0}
+        by_name = {p.name: p for p in world.policies}
         active = set()
         held: dict[str, str] = {}
         for record in in_flight:
@@ -224,16 +302,23 @@ class DecisionRound:
                 if record.name in self.held_seen:
                     held[record.name] = self.held_seen[record.name]
                 continue
+            if record.phase is Phase.PENDING and record.resume is not None:
+                if now >= self.next_try.get(record.name, 0.0):
+                    self._decide_again(host, world, record, in_flight, now)
+                continue
             ends_outside = record.action is ActionKind.REMEDIATE_NODE and record.phase is Phase.IN_PROGRESS
             if not ends_outside and record.resume is None:
                 continue  # nothing this round could carry on
-            why = held_because(record, by_name.get(record.policy), settings)
+            ending = ends_outside and record.node not in faulty  # ending one is no disruption
+            why, rail = held_because(record, by_name.get(record.policy), world.settings), Rail.PAUSED
+            if not why and world.breaker.open and record.disruptive and record.resume is not None and not ending:
+                why, rail = f"{world.breaker.reason}: {_next_step_waits(record)}", Rail.CIRCUIT_BREAKER
             if why:
                 held[record.name] = why
                 if self.held_seen.get(record.name) != why:
-                    host.hold(record, why)
+                    host.hold(record, why, rail)
                 continue
-            if ends_outside and record.node not in faulty:
+            if ending:
                 host.finish(record)
                 continue
             if record.resume is not None and now >= self.next_try.get(record.name, 0.0):
@@ -242,6 +327,33 @@ class DecisionRound:
         for name in [n for n in self.next_try if n not in active]:
             del self.next_try[name]
         self.held_seen = held
+
+    def _decide_again(
+        self, host: RoundHost, world: World, record: InFlight, in_flight: Sequence[InFlight], now: float
+    ) -> None:
+        """A record none of whose steps was taken (its process stopped between recording it and its first step)
+        is decided again over the cluster as it is now, without itself, exactly as a new decision: carried on
+        when the same decision is taken, recorded Blocked when a rail stops it, declined otherwise."""
+        assert record.resume is not None
+        plan = decide(
+            world.view,
+            world.findings,
+            world.policies,
+            _without(in_flight, record.name),
+            now,
+            world.settings,
+            world.breaker,
+        )
+        if any(a.name == record.name for a in plan.actions):
+            self.next_try[record.name] = now + self._pace(record.action)
+            host.start(record.resume, resumed=True)
+            return
+        stopped = next((b for b in plan.blocked if b.action.name == record.name), None)
+        if stopped is not None:
+            self.blocked_seen[record.name] = stopped.why
+            host.record_blocked(stopped)
+            return
+        host.decline(record, _not_taken(record, world))
 
     def _report_overdue(self, host: RoundHost, late: Sequence[Overdue]) -> None:
         """Each remediation past its step timeout is reported once; ended ones are forgotten."""

@@ -154,6 +154,9 @@ class RemediationReason(StrEnum):
     ACTING = "Acting"
     IN_PROGRESS = "InProgress"
     DRY_RUN = "DryRun"
+    NO_LONGER_WANTED = "NoLongerWanted"
+    """A recorded decision none of whose steps was taken, that a decision over the cluster as it is now would not
+    take (``devheal.engine.rounds``): it ends Blocked, nothing done."""
     # Blocked: the rail that held it back (``Rail.reason``).
     PAUSED = "Paused"
     CIRCUIT_BREAKER = "CircuitBreaker"

@@ -152,10 +152,14 @@ class Retention:
     """Seconds an ended record is kept after it ended."""
     max_ended_per_target: int = 20
     """Ended records kept per target (the newest)."""
+    max_ended: int = 10_000
+    """Ended records of the policy kept in all (the newest): new targets (a loop of new pods) stay bounded."""
 
 
 MAX_ENDED_PER_TARGET = 1000
 """The most ended records per target a policy may keep (the CRD's maximum)."""
+MAX_ENDED = 1_000_000
+"""The most ended records in all a policy may keep (the CRD's maximum)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,10 +370,10 @@ def _step_timeouts(value: Any, where: str) -> tuple[tuple[ActionKind, float], ..
 
 def _retention(value: Any, where: str) -> Retention:
     spec = _mapping(value, where)
-    unknown = sorted(set(spec) - {"ttlAfterFinished", "maxEndedPerTarget"})
+    unknown = sorted(set(spec) - {"ttlAfterFinished", "maxEndedPerTarget", "maxEnded"})
     if unknown:
         raise PolicyError(
-            f"{where}: unknown field(s) {', '.join(unknown)}; expected maxEndedPerTarget, ttlAfterFinished"
+            f"{where}: unknown field(s) {', '.join(unknown)}; expected maxEnded, maxEndedPerTarget, ttlAfterFinished"
         )
     defaults = Retention()
     ttl = defaults.ttl_after_finished
@@ -382,7 +386,10 @@ def _retention(value: Any, where: str) -> Retention:
     count = _int(spec.get("maxEndedPerTarget"), f"{where}.maxEndedPerTarget", defaults.max_ended_per_target, minimum=1)
     if count > MAX_ENDED_PER_TARGET:
         raise PolicyError(f"{where}.maxEndedPerTarget: expected at most {MAX_ENDED_PER_TARGET}, got {count}")
-    return Retention(ttl_after_finished=ttl, max_ended_per_target=count)
+    total = _int(spec.get("maxEnded"), f"{where}.maxEnded", defaults.max_ended, minimum=1)
+    if total > MAX_ENDED:
+        raise PolicyError(f"{where}.maxEnded: expected at most {MAX_ENDED}, got {total}")
+    return Retention(ttl_after_finished=ttl, max_ended_per_target=count, max_ended=total)
 
 
 def _breaker_record(obj: Mapping[str, Any]) -> BreakerRecord:

@@ -59,6 +59,7 @@ from devheal.model.plan import (
     InFlight,
     Phase,
     Plan,
+    Rail,
     TargetKind,
 )
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
@@ -419,7 +420,13 @@ class EngineStrategy(Strategy):
         self.sim.remediations[f"devheal:blocked:{item.rail}"] += 1
         self._store(InFlight.of(item.action, Phase.BLOCKED, self.sim.now))
 
-    def hold(self, record: InFlight, why: str) -> None:
+    def decline(self, record: InFlight, why: str) -> None:
+        """A decision recorded but not acted on that the fleet no longer calls for: it ends Blocked (effects here
+        happen at once, so no run leaves one)."""
+        self.sim.remediations["devheal:declined"] += 1
+        self._store(replace(record, phase=Phase.BLOCKED, resume=None, finished=self.sim.now))
+
+    def hold(self, record: InFlight, why: str, rail: Rail = Rail.PAUSED) -> None:
         """A pause or dry-run holds a step in progress: counted, nothing happens (the strategy's policy is fixed,
         so a run never holds one)."""
         self.sim.remediations["devheal:held"] += 1

@@ -52,7 +52,7 @@ async def test_the_api_server_fills_the_retention_defaults_and_refuses_a_zero_tt
     try:
         every_pod = {"podSelector": {}}
         created = await kube.create(POLICIES, {**copy.deepcopy(body), "spec": {"selector": every_pod, "records": {}}})
-        assert created["spec"]["records"] == {"ttlAfterFinished": "168h", "maxEndedPerTarget": 20}
+        assert created["spec"]["records"] == {"ttlAfterFinished": "168h", "maxEndedPerTarget": 20, "maxEnded": 10000}
         for suffix, records, message in (
             ("zero", {"ttlAfterFinished": "0s"}, r"records\.ttlAfterFinished must be above 0s"),
             ("none", {"maxEndedPerTarget": 0}, "maxEndedPerTarget"),

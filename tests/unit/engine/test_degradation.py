@@ -116,7 +116,7 @@ class World:
     def record_blocked(self, item: Blocked) -> None:
         pass
 
-    def hold(self, record: InFlight, why: str) -> None:
+    def hold(self, record: InFlight, why: str, rail: object = None) -> None:
         pass
 
     def report_overdue(self, item: Overdue) -> None:

@@ -75,7 +75,7 @@ class FlappingNode:
     def record_blocked(self, item: Blocked) -> None:
         self._record(InFlight.of(item.action, Phase.BLOCKED, self.now))
 
-    def hold(self, record: InFlight, why: str) -> None:
+    def hold(self, record: InFlight, why: str, rail: object = None) -> None:
         raise AssertionError(f"nothing is paused here: {why}")
 
     def report_overdue(self, item: Overdue) -> None:

@@ -1,16 +1,33 @@
-"""Retention: which ended Remediation records go (past the policy's time-to-live, or beyond its count per
-target), oldest first and a bounded number at a time; active ones never. And the policy's ``spec.records``."""
+"""Retention: which ended Remediation records go (past the policy's time-to-live, beyond its count per target or
+in all), oldest first and a bounded number at a time; active ones never, nor ones a decision still reads (a
+budget counts). And the policy's ``spec.records``."""
 
 from __future__ import annotations
+
+import random
+from dataclasses import replace
 
 import pytest
 
 from devheal.engine.decide import decide
 from devheal.engine.retention import expired
+from devheal.model.cluster import DeviceHealth, WorkloadClass
 from devheal.model.plan import InFlight, InFlightRecords, Phase, TargetKind
-from devheal.model.policy import DEFAULT_POLICY, ActionKind, PolicyError, Retention
+from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy, PolicyError, Retention
 
-from .builders import in_flight, node, node_failed, policy, view
+from .builders import (
+    device,
+    gpu_id,
+    in_flight,
+    node,
+    node_failed,
+    node_recovered,
+    pod,
+    pod_failed,
+    policy,
+    view,
+    workload,
+)
 
 DAY = 86_400.0
 NOW = 100 * DAY
@@ -93,9 +110,10 @@ def test_a_record_without_an_end_time_counts_from_its_start() -> None:
 
 
 def test_retention_defaults_to_seven_days_and_twenty_per_target() -> None:
-    assert DEFAULT_POLICY.retention == Retention(7 * DAY, 20)
-    assert policy(records={}).retention == Retention(7 * DAY, 20)
-    assert policy(records={"ttlAfterFinished": "36h", "maxEndedPerTarget": 5}).retention == Retention(36 * 3600, 5)
+    assert DEFAULT_POLICY.retention == Retention(7 * DAY, 20, 10_000)
+    assert policy(records={}).retention == Retention(7 * DAY, 20, 10_000)
+    given = {"ttlAfterFinished": "36h", "maxEndedPerTarget": 5, "maxEnded": 50}
+    assert policy(records=given).retention == Retention(36 * 3600, 5, 50)
 
 
 @pytest.mark.parametrize(
@@ -107,6 +125,9 @@ def test_retention_defaults_to_seven_days_and_twenty_per_target() -> None:
         ({"maxEndedPerTarget": 0}, "spec.records.maxEndedPerTarget"),
         ({"maxEndedPerTarget": 1001}, "spec.records.maxEndedPerTarget"),
         ({"maxEndedPerTarget": "many"}, "spec.records.maxEndedPerTarget"),
+        ({"maxEnded": 0}, "spec.records.maxEnded"),
+        ({"maxEnded": 1_000_001}, "spec.records.maxEnded"),
+        ({"maxEnded": 2.5}, "spec.records.maxEnded"),
         ({"keep": 3}, "spec.records"),
         ("forever", "spec.records"),
     ],
@@ -124,3 +145,197 @@ def test_decide_finds_a_record_by_name_that_the_host_does_not_walk_through() -> 
     old = in_flight(taint, Phase.SUCCEEDED, started=NOW - 90 * DAY)
     assert decide(v, findings, ps, InFlightRecords([], {old.name: old}), NOW).actions == ()
     assert decide(v, findings, ps, InFlightRecords([], {}), NOW).actions == (taint,)
+
+
+# ---- budgets read only what retention keeps ---------------------------------------------------------------
+
+
+def restart_rounds(ps: list[Policy], *, minutes: int, blocked_between: int = 0) -> list[float]:
+    """A gang whose rank fails again every minute (each restart raises its generation, so each failure is a new
+    decision); after each round retention runs and what it chooses is deleted. Returns when it restarted."""
+    gang = workload("train", WorkloadClass.GANG)
+    records: dict[str, InFlight] = {}
+    restarts: list[float] = []
+    for minute in range(minutes):
+        now = NOW + 60.0 * minute + 1
+        rank = replace(
+            pod("rank-1", "n1", owner=gang, devices=[device(gpu_id("n1", 0), DeviceHealth.UNHEALTHY)]),
+            restart_generation=len(restarts),
+        )
+        plan = decide(view([node("n1")], [rank]), [pod_failed(rank)], ps, list(records.values()), now)
+        for action in plan.actions:
+            ended = Phase.SUCCEEDED
+            record = replace(in_flight(action, ended, started=now), finished=now + 5, policy=action.policy)
+            records[record.name] = record
+            if action.kind is ActionKind.RESTART_GANG:
+                restarts.append(now)
+        for item in plan.blocked:
+            records[item.action.name] = InFlight.of(item.action, Phase.BLOCKED, now)
+        for i in range(blocked_between):  # other decisions about the gang a rail stopped (recorded Blocked)
+            other = InFlight(
+                f"blocked-{minute}-{i}",
+                ActionKind.RESTART_GANG,
+                TargetKind.GANG,
+                gang.key,
+                "n1",
+                Phase.BLOCKED,
+                now,
+                policy="p",
+                finished=now,
+            )
+            records[other.name] = other
+        for gone in expired(records.values(), ps, now + 30, 1000):
+            del records[gone.name]
+    return restarts
+
+
+def test_one_record_per_target_does_not_let_a_gang_restart_beyond_its_hourly_budget() -> None:
+    ps = [policy(actions={"gang": "RestartGang"}, budgets={"gangRestartsPerHour": 3}, records={"maxEndedPerTarget": 1})]
+    assert len(restart_rounds(ps, minutes=10)) == 3
+
+
+def test_blocked_records_of_a_gang_do_not_push_its_restarts_out_of_the_count() -> None:
+    ps = [policy(actions={"gang": "RestartGang"}, budgets={"gangRestartsPerHour": 3})]
+    assert len(restart_rounds(ps, minutes=20, blocked_between=6)) == 3
+
+
+def test_a_record_a_decision_reads_outlives_its_time_to_live_and_its_count_then_goes() -> None:
+    ps = [policy(records={"ttlAfterFinished": "1m", "maxEndedPerTarget": 1, "maxEnded": 1})]
+    lift = InFlight(
+        "lift",
+        ActionKind.LIFT,
+        TargetKind.NODE,
+        "n1",
+        "n1",
+        Phase.SUCCEEDED,
+        NOW - 7200,
+        policy="p",
+        finished=NOW - 7200,
+    )
+    blocked = InFlight(
+        "blocked", ActionKind.TAINT, TargetKind.NODE, "n1", "n1", Phase.BLOCKED, NOW - 10, policy="p", finished=NOW - 10
+    )
+    evicted = InFlight(
+        "evict",
+        ActionKind.DESCHEDULE,
+        TargetKind.POD,
+        "default/a",
+        "n1",
+        Phase.SUCCEEDED,
+        NOW - 600,
+        workload="default/Deployment/a",
+        policy="p",
+        finished=NOW - 590,
+    )
+    records = [lift, blocked, evicted]
+    assert names(expired(records, ps, NOW, 100)) == []  # within the flap window, the hour: read by decisions
+    day = NOW + DAY
+    assert names(expired(records, ps, day, 100)) == ["lift", "evict", "blocked"]
+
+
+def test_beyond_its_count_in_all_the_oldest_records_of_a_policy_go_whatever_their_target() -> None:
+    ps = [policy(records={"maxEnded": 3}), policy("other")]
+    pods = [
+        InFlight(
+            f"notify-{i}",
+            ActionKind.NOTIFY,
+            TargetKind.POD,
+            f"default/p{i}",
+            "n1",
+            Phase.SUCCEEDED,
+            NOW - 100 + i,
+            policy="p",
+            finished=NOW - 100 + i,
+        )
+        for i in range(6)
+    ]
+    others = [replace(r, name=f"other-{r.name}", policy="other") for r in pods]
+    assert names(expired([*pods, *others], ps, NOW, 100)) == ["notify-0", "notify-1", "notify-2"]
+
+
+def test_records_of_a_gone_policy_are_capped_in_all_by_the_default() -> None:
+    records = [
+        InFlight(
+            f"notify-{i:05d}",
+            ActionKind.NOTIFY,
+            TargetKind.POD,
+            f"default/p{i}",
+            "n1",
+            Phase.SUCCEEDED,
+            NOW - 20_000 + i,
+            policy="gone",
+            finished=NOW - 20_000 + i,
+        )
+        for i in range(Retention().max_ended + 2)
+    ]
+    assert names(expired(records, [policy()], NOW, 100)) == ["notify-00000", "notify-00001"]
+
+
+KINDS = [ActionKind.RESTART_GANG, ActionKind.DESCHEDULE, ActionKind.FAIL_POD, ActionKind.NOTIFY, ActionKind.LIFT]
+PHASES = [Phase.SUCCEEDED, Phase.FAILED, Phase.BLOCKED, Phase.SKIPPED, Phase.DRY_RUN]
+
+
+def random_records(rng: random.Random, now: float) -> list[InFlight]:
+    """Ended records of a gang, an inference workload's pods and two nodes, at any age within two days."""
+    made = []
+    for i in range(rng.randrange(1, 60)):
+        kind = rng.choice(KINDS)
+        started = now - rng.choice([rng.uniform(0, 7200), rng.uniform(0, 2 * DAY)])
+        phase = rng.choice(PHASES)
+        if kind is ActionKind.LIFT:
+            target_kind, target, wl = TargetKind.NODE, rng.choice(["n1", "n2"]), ""
+        elif kind is ActionKind.RESTART_GANG:
+            target_kind, target, wl = TargetKind.GANG, GANG.key, GANG.key
+        else:
+            target_kind, target, wl = TargetKind.POD, f"default/serve-{rng.randrange(5)}", SERVE.key
+        made.append(
+            InFlight(
+                f"r{i}",
+                kind,
+                target_kind,
+                target,
+                "n1",
+                phase,
+                started,
+                wl if phase is not Phase.BLOCKED else "",
+                dry_run=phase is Phase.DRY_RUN,
+                policy="p",
+                finished=started + rng.uniform(0, 60),
+            )
+        )
+    return made
+
+
+GANG = workload("train", WorkloadClass.GANG)
+SERVE = workload("serve", WorkloadClass.INFERENCE)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_deleting_what_retention_chooses_never_changes_a_decision(seed: int) -> None:
+    """Whatever the records and the retention, the plan over the records left is the plan over all of them."""
+    rng = random.Random(seed)
+    now = NOW + rng.uniform(0, DAY)
+    ps = [
+        policy(
+            actions={"gang": "RestartGang"},
+            node={"taint": True, "holdDown": 60},
+            budgets={
+                "gangRestartsPerHour": rng.randrange(1, 4),
+                "workloadDisruptionInterval": rng.choice([0, 60, 7200]),
+                "maxUnhealthyNodes": "100%",
+            },
+            records={
+                "ttlAfterFinished": rng.choice(["1m", "1h", "168h"]),
+                "maxEndedPerTarget": rng.randrange(1, 4),
+                "maxEnded": rng.randrange(1, 20),
+            },
+        )
+    ]
+    bad = [device(gpu_id("n1", 0), DeviceHealth.UNHEALTHY)]
+    pods = [pod("train-1", "n1", owner=GANG, devices=bad), pod("serve-1", "n1", owner=SERVE, devices=bad)]
+    v = view([node("n1"), node("n2", owned={"taint"})], pods)
+    findings = [pod_failed(p, since=now - 30) for p in pods] + [node_recovered("n2", since=now - 7200)]
+    records = random_records(rng, now)
+    gone = {r.name for r in expired(records, ps, now, 1000)}
+    kept = [r for r in records if r.name not in gone]
+    assert decide(v, findings, ps, kept, now) == decide(v, findings, ps, records, now)

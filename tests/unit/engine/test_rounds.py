@@ -12,8 +12,8 @@ import pytest
 from devheal.engine.decide import Overdue, Settings
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.model.cluster import ClusterView, DeviceHealth, WorkloadClass
-from devheal.model.plan import Action, Blocked, InFlight, Phase, TargetKind
-from devheal.model.policy import ActionKind
+from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Rail, TargetKind
+from devheal.model.policy import DISRUPTIVE, ActionKind, BreakerRecord, Policy
 
 from .builders import (
     NOW,
@@ -41,6 +41,8 @@ class Host:
     finished: list[str] = field(default_factory=list)
     blocked: list[Blocked] = field(default_factory=list)
     held: list[tuple[str, str]] = field(default_factory=list)
+    rails: list[Rail] = field(default_factory=list)
+    declined: list[tuple[str, str]] = field(default_factory=list)
     overdue: list[Overdue] = field(default_factory=list)
     wider: list[ClusterView] = field(default_factory=list)
     pulled: int = 0
@@ -69,9 +71,16 @@ class Host:
 
     def record_blocked(self, item: Blocked) -> None:
         self.blocked.append(item)
+        if item.action.name in self.records:  # a recorded decision decided again: its record now reads Blocked
+            self.records[item.action.name] = InFlight.of(item.action, Phase.BLOCKED, NOW)
 
-    def hold(self, record: InFlight, why: str) -> None:
+    def hold(self, record: InFlight, why: str, rail: Rail = Rail.PAUSED) -> None:
         self.held.append((record.name, why))
+        self.rails.append(rail)
+
+    def decline(self, record: InFlight, why: str) -> None:
+        self.declined.append((record.name, why))
+        self.records[record.name] = replace(record, phase=Phase.BLOCKED, resume=None, finished=NOW)
 
     def report_overdue(self, item: Overdue) -> None:
         self.overdue.append(item)
@@ -291,3 +300,156 @@ def test_a_remediation_past_its_step_timeout_is_reported_once_and_frees_the_budg
     host.records[stuck.name] = replace(stuck, phase=Phase.FAILED)
     rounds.run(host, v, p, NOW + 103)
     assert rounds.overdue_seen == set()  # ended: forgotten
+
+
+# ---- kill points: a record resumed by a new process re-checks the world first --------------------------------
+# Every action kind, in both active states, with the world changed between the kill and the restart. A record
+# none of whose steps was taken (Pending) is decided again as a new decision would be; one in progress goes on
+# (its steps check their target) but takes no further disruptive step while the breaker is open or a pause holds.
+
+RECOVERY_KINDS = frozenset({ActionKind.LIFT, ActionKind.LIFT_DEGRADED, ActionKind.UNTAINT_DEVICE})
+"""Kinds whose finding is a recovery: the world changes by the target failing again."""
+POD_KINDS = frozenset(
+    {ActionKind.DESCHEDULE, ActionKind.FAIL_POD, ActionKind.NOTIFY, ActionKind.DELETE_POD, ActionKind.FORCE_DELETE_POD}
+)
+
+
+def recorded(kind: ActionKind, phase: Phase) -> InFlight:
+    """The record a process that died left of a decision of ``kind`` about node n1 (or its pod serve-1)."""
+    if kind in POD_KINDS:
+        finding = Finding(FindingKind.DEVICE_FAILED, "n1", "pod-status", "XID 79", NOW - 60, "default/serve-1", "uid-1")
+        target_kind, target, wl = TargetKind.POD, "default/serve-1", INFERENCE
+    elif kind is ActionKind.RESTART_GANG:
+        finding = Finding(FindingKind.DEVICE_FAILED, "n1", "pod-status", "XID 79", NOW - 60, "default/train-1", "uid-2")
+        target_kind, target, wl = TargetKind.GANG, GANG.key, GANG
+    else:
+        found = FindingKind.NODE_RECOVERED if kind in RECOVERY_KINDS else FindingKind.NODE_DEVICES_FAILED
+        finding = Finding(found, "n1", "nodedevices", "test", NOW - 3600)
+        device = kind in (ActionKind.TAINT_DEVICE, ActionKind.UNTAINT_DEVICE)
+        target_kind, target, wl = (
+            (TargetKind.DEVICE, "gpu.example.com/n1/gpu-0", None) if device else (TargetKind.NODE, "n1", None)
+        )
+    action = Action(kind, target_kind, target, "n1", finding, "p", workload=wl, reason="decided before the kill")
+    return InFlight.of(action, phase, NOW - 30)
+
+
+def healthy_world() -> ClusterView:
+    return view([node("n1"), node("n2")], [pod("serve-1", "n1", owner=INFERENCE, devices=[device(gpu_id("n1", 0))])])
+
+
+def failed_again_world() -> ClusterView:
+    return view([node("n1", owned={"taint"}), node("n2")], reports=[report("n1", reported(gpu_id("n1", 0)))])
+
+
+def open_breaker(p: Policy) -> Policy:
+    return replace(p, breaker_record=BreakerRecord(open_since=NOW - 60, reason="circuit breaker open: fault storm"))
+
+
+@pytest.mark.parametrize("kind", list(ActionKind))
+def test_a_pending_record_whose_finding_no_longer_holds_is_declined_not_carried_on(kind: ActionKind) -> None:
+    """The node recovered (or, for a lift, failed again) between the kill and the restart: a new decision would
+    not be taken, so none of the record's steps is, and it ends saying why."""
+    record = recorded(kind, Phase.PENDING)
+    world = failed_again_world() if kind in RECOVERY_KINDS else healthy_world()
+    host = Host(records={record.name: record})
+    for t in range(3):
+        DecisionRound().run(host, world, [policy()], NOW + t)
+    assert record.name not in [name for name, _ in host.started]
+    [(name, why)] = host.declined
+    assert name == record.name
+    assert why.startswith(f"{kind} {record.target} was recorded but none of its steps taken")
+    assert why.endswith(
+        f"its finding no longer holds ({record.resume.finding.kind} on "
+        f"{record.resume.finding.pod or 'n1'} is not found now)"
+    )
+    assert host.records[record.name].phase is Phase.BLOCKED
+
+
+@pytest.mark.parametrize("kind", list(ActionKind))
+@pytest.mark.parametrize("phase", [Phase.PENDING, Phase.IN_PROGRESS])
+def test_a_paused_policy_stops_a_resumed_record_of_any_kind_in_any_active_state(kind: ActionKind, phase: Phase) -> None:
+    record = recorded(kind, phase)
+    host = Host(records={record.name: record})
+    world = failed_again_world() if kind in RECOVERY_KINDS else broken_inference_view()
+    DecisionRound().run(host, world, [policy(paused=True)], NOW)
+    assert record.name not in [name for name, _ in host.started]
+    if phase is Phase.IN_PROGRESS:  # it stays in progress, held
+        assert [name for name, _ in host.held] == [record.name]
+    else:  # ended: as a new decision would be, blocked (or not taken at all)
+        assert host.records[record.name].phase is Phase.BLOCKED
+        assert [b.rail for b in host.blocked if b.action.name == record.name] in ([Rail.PAUSED], [])
+
+
+@pytest.mark.parametrize("kind", list(ActionKind))
+def test_the_open_breaker_holds_the_next_step_of_a_disruptive_record_in_progress(kind: ActionKind) -> None:
+    record = recorded(kind, Phase.IN_PROGRESS)
+    host = Host(records={record.name: record})
+    rounds = DecisionRound(Pacing(gang_restart=0.0, retry=0.0))
+    for t in range(3):
+        rounds.run(host, failed_again_world(), [open_breaker(policy())], NOW + t)
+    resumed = [name for name, again in host.started if again]
+    if kind in DISRUPTIVE:
+        assert resumed == []
+        [(name, why)] = host.held  # said once
+        assert name == record.name and host.rails == [Rail.CIRCUIT_BREAKER]
+        assert why == f"circuit breaker open: fault storm: {kind} {record.target} stays InProgress, its next step waits"
+    else:
+        assert resumed[:1] == [record.name]
+        assert host.held == []
+
+
+def test_a_pending_disruption_resumed_with_the_breaker_open_is_recorded_blocked() -> None:
+    v = broken_inference_view()
+    [action] = [
+        a for a in DecisionRound().run(Host(), v, [policy()], NOW).plan.actions if a.kind is ActionKind.DESCHEDULE
+    ]
+    record = InFlight.of(action, Phase.PENDING, NOW)
+    host = Host(records={record.name: record})
+    DecisionRound().run(host, v, [open_breaker(policy())], NOW + 1)
+    assert record.name not in [name for name, _ in host.started]
+    [blocked] = [b for b in host.blocked if b.action.kind is ActionKind.DESCHEDULE]
+    assert (blocked.action.name, blocked.rail) == (record.name, Rail.CIRCUIT_BREAKER)
+    assert host.records[record.name].phase is Phase.BLOCKED
+
+
+def test_a_pending_record_the_rails_still_allow_is_carried_on_once_at_the_pace() -> None:
+    v = broken_inference_view()
+    [action] = [
+        a for a in DecisionRound().run(Host(), v, [policy()], NOW).plan.actions if a.kind is ActionKind.DESCHEDULE
+    ]
+    record = InFlight.of(action, Phase.PENDING, NOW)
+    host, rounds = Host(records={record.name: record}), DecisionRound(Pacing(retry=5.0))
+    for t in (1, 2, 3):
+        rounds.run(host, v, [policy()], NOW + t)
+    assert [s for s in host.started if s[0] == record.name] == [(record.name, True)]
+    assert (host.blocked, host.declined) == ([], [])
+
+
+def test_a_pending_record_is_declined_when_dry_run_was_turned_on() -> None:
+    v = broken_inference_view()
+    [action] = [
+        a for a in DecisionRound().run(Host(), v, [policy()], NOW).plan.actions if a.kind is ActionKind.DESCHEDULE
+    ]
+    record = InFlight.of(action, Phase.PENDING, NOW)
+    host = Host(records={record.name: record})
+    DecisionRound().run(host, v, [policy()], NOW + 1, Settings(dry_run=True))
+    assert record.name not in [name for name, _ in host.started]
+    [(name, why)] = host.declined
+    assert name == record.name and why.endswith("it is not taken: dry-run was turned on")
+
+
+@pytest.mark.parametrize("kind", list(ActionKind))
+def test_a_record_in_progress_goes_on_after_its_finding_cleared_and_an_external_remediation_ends(
+    kind: ActionKind,
+) -> None:
+    """Steps were taken: the remediation goes on (each step checks its target first), whatever became of its
+    finding; an external node remediation whose node is healthy again ends instead."""
+    record = recorded(kind, Phase.IN_PROGRESS)
+    world = failed_again_world() if kind in RECOVERY_KINDS else healthy_world()
+    host = Host(records={record.name: record})
+    DecisionRound().run(host, world, [policy()], NOW)
+    assert host.declined == [] and host.held == []
+    if kind is ActionKind.REMEDIATE_NODE:
+        assert (host.finished, host.started) == ([record.name], [])
+    else:
+        assert (record.name, True) in host.started

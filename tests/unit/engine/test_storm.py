@@ -113,7 +113,7 @@ class Fleet:
     def record_blocked(self, item: Blocked) -> None:
         self.records[item.action.name] = self._record(item.action, Phase.BLOCKED)
 
-    def hold(self, record: InFlight, why: str) -> None:
+    def hold(self, record: InFlight, why: str, rail: object = None) -> None:
         raise AssertionError("nothing is paused here")
 
     def report_overdue(self, item: Overdue) -> None:

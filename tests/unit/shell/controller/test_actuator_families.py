@@ -257,3 +257,35 @@ async def test_node_remediation_follows_its_template_and_ends_when_the_node_reco
 async def test_node_remediation_without_a_template_fails_for_good(api: MemApi, kube: KubeClient) -> None:
     outcome = await actuators(kube).execute(node_action(ActionKind.REMEDIATE_NODE, node(api)))
     assert (outcome.phase, outcome.reason) == (Phase.FAILED, "NoTemplate")
+
+
+@pytest.mark.parametrize("change", ["deleted", "other template"])
+async def test_node_remediation_removes_the_object_its_record_names_when_the_policy_changed_meanwhile(
+    api: MemApi, kube: KubeClient, change: str
+) -> None:
+    target = node(api)
+    reboot = {"apiVersion": "remediation.example.com/v1", "kind": "RebootRemediationTemplate", "namespace": "ops"}
+    policies = {"p": policy(node={"template": {**reboot, "name": "reboot"}})}
+    acting = Actuators(kube, lambda: policies, unix_clock)
+    action = node_action(ActionKind.REMEDIATE_NODE, target)
+    api.create(TEMPLATES, {"metadata": {"name": "reboot"}, "spec": {"template": {"spec": {"strategy": "soft"}}}})
+    await acting.execute(action)
+    assert record(api, action)["status"]["remediationObject"] == {
+        "apiVersion": "remediation.example.com/v1",
+        "kind": "RebootRemediation",
+        "namespace": "ops",
+        "name": "n1",
+    }
+    if change == "deleted":
+        policies.clear()
+    else:
+        other = {"apiVersion": "remediation.example.com/v1", "kind": "ReprovisionTemplate", "namespace": "ops"}
+        policies["p"] = policy(node={"template": {**other, "name": "reprovision"}})
+    await acting.finish_node_remediation(action.name, "n1", "p")
+    with pytest.raises(ApiError):
+        api.get(f"{REBOOTS}/n1")
+    status = record(api, action)["status"]
+    assert (status["phase"], status["message"]) == (
+        "Succeeded",
+        "node n1 is healthy again; external remediation RebootRemediation ops/n1 removed",
+    )

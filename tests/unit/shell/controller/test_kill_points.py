@@ -6,7 +6,10 @@ that dies right after its k-th write lands (``MemApi.cut_off``: the write is sto
 answer never comes, nothing after it lands) and a new controller process that starts from
 what the API holds. Every kill point must end with the remediation done exactly once: one
 record, done (RemediateNode: waiting for the node, its object created once), no second
-disruption.
+disruption. Then, with the world changed between the kill and the restart (the node
+recovered, the breaker opened, the policy paused), a record left Pending or InProgress
+leads to nothing a new decision in that world would not do, and says why (every action
+kind in both states: tests/unit/engine/test_rounds.py).
 """
 
 from __future__ import annotations
@@ -300,3 +303,179 @@ async def test_a_controller_killed_after_any_write_leaves_the_remediation_done_e
             await run_controller(api, tmp_path, "second", lambda: scenario.done(api))
             assert scenario.done(api), f"killed after write {k} of {total}: not done after the restart"
             scenario.once(api)
+
+
+# ---- kill points with the world changed before the restart ---------------------------------------------------
+# The first process dies right after a write that leaves its record Pending (created, no step taken) or
+# InProgress (a step taken); before the second starts, the world changes. The second does nothing a new decision
+# in the changed world would not do, and the record says why.
+
+
+def record_created(call: Any) -> bool:
+    return call.verb == "create" and "/remediations" in call.path
+
+
+def first_step_taken(call: Any) -> bool:
+    """A disruptive step: a pod deleted or evicted, a remediation object created."""
+    return (call.verb == "delete" and "/pods/" in call.path) or (
+        call.verb == "create" and ("/eviction" in call.path or "/rebootremediations" in call.path)
+    )
+
+
+def kill_point(api: MemApi, user: str, at: Callable[[Any], bool]) -> int:
+    writes = [c for c in api.calls(user=user) if c.verb in WRITES]
+    return next(i + 1 for i, c in enumerate(writes) if at(c))
+
+
+def left_pending(api: MemApi) -> bool:
+    return len(records(api)) == 1 and phase(records(api)[0]) == ""
+
+
+def left_in_progress(api: MemApi) -> bool:
+    stepped = bool(reboots(api)) or bool(deletions(api, "rank-1"))
+    return len(records(api)) == 1 and phase(records(api)[0]) == "InProgress" and stepped
+
+
+def recover(api: MemApi) -> None:
+    """The node's agent reports every GPU healthy again."""
+    report = api.get(f"{REPORTS}/n1")
+    devices = [{**d, "health": "Healthy", "reasons": []} for d in report["status"]["devices"]]
+    api.patch(f"{REPORTS}/n1/status", {"status": {"devices": devices}})
+
+
+def pause(api: MemApi) -> None:
+    api.patch(f"{POLICIES}/p", {"spec": {"paused": True}})
+
+
+def open_breaker(api: MemApi) -> None:
+    condition = {
+        "type": "CircuitBreakerOpen",
+        "status": "True",
+        "reason": "FaultStorm",
+        "message": "circuit breaker open: a fault storm",
+        "lastTransitionTime": api.get(f"{POLICIES}/p")["metadata"]["creationTimestamp"],
+    }
+    api.patch(f"{POLICIES}/p/status", {"status": {"conditions": [condition]}})
+
+
+def the_status(api: MemApi) -> Obj:
+    [record] = records(api)
+    return dict(record.get("status") or {})
+
+
+@dataclass(frozen=True)
+class Changed:
+    scenario: Scenario
+    kill_at: Callable[[Any], bool]
+    """The write the first process dies right after (as the whole run wrote it)."""
+    left: Callable[[MemApi], bool]
+    """The state that kill leaves: the record Pending, or in progress with its first step taken."""
+    change: Callable[[MemApi], None]
+    ended: Callable[[Obj], bool]
+    """The record, as the restarted controller leaves it."""
+    untouched: Callable[[MemApi], None]
+    """Asserts nothing disruptive happened after the kill."""
+
+
+def no_reboot(api: MemApi) -> None:
+    assert reboots(api) == []
+
+
+def no_eviction(api: MemApi) -> None:
+    assert deletions(api, "infer-0") == []
+
+
+def no_taint(api: MemApi) -> None:
+    assert devheal_taints(api) == []
+
+
+def gang_not_replaced(api: MemApi) -> None:
+    assert deletions(api, "rank-1") == [] and generations(api) == ["", "", ""]
+
+
+def gang_held(api: MemApi) -> None:
+    assert len(deletions(api, "rank-1")) == 1, "the step taken before the kill, not again"
+
+
+def reboot_removed(api: MemApi) -> None:
+    assert reboots(api) == ["n1"]
+    assert not [o for key, o in api.store.objects.items() if key[1] == "rebootremediations"]
+
+
+def declined(status: Obj) -> bool:
+    return status.get("phase") == "Blocked" and status.get("reason") == "NoLongerWanted"
+
+
+CHANGED = {
+    "Pending RemediateNode, node recovered": Changed(
+        REMEDIATE, record_created, left_pending, recover, declined, no_reboot
+    ),
+    "Pending Taint, node recovered": Changed(TAINT, record_created, left_pending, recover, declined, no_taint),
+    "Pending Deschedule, policy paused": Changed(
+        DESCHEDULE,
+        record_created,
+        left_pending,
+        pause,
+        lambda s: (s.get("phase"), s.get("reason")) == ("Blocked", "Paused"),
+        no_eviction,
+    ),
+    "Pending Deschedule, breaker opened": Changed(
+        DESCHEDULE,
+        record_created,
+        left_pending,
+        open_breaker,
+        lambda s: (s.get("phase"), s.get("reason")) == ("Blocked", "CircuitBreaker"),
+        no_eviction,
+    ),
+    "Pending RestartGang, breaker opened": Changed(
+        GANG,
+        record_created,
+        left_pending,
+        open_breaker,
+        lambda s: (s.get("phase"), s.get("reason")) == ("Blocked", "CircuitBreaker"),
+        gang_not_replaced,
+    ),
+    "InProgress RestartGang, breaker opened": Changed(
+        GANG,
+        first_step_taken,
+        left_in_progress,
+        open_breaker,
+        lambda s: (s.get("phase"), s.get("reason")) == ("InProgress", "CircuitBreaker"),
+        gang_held,
+    ),
+    "InProgress RemediateNode, node recovered": Changed(
+        REMEDIATE,
+        first_step_taken,
+        left_in_progress,
+        recover,
+        lambda s: (s.get("phase"), s.get("reason")) == ("Succeeded", "NodeRecovered"),
+        reboot_removed,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CHANGED.values()), ids=list(CHANGED))
+async def test_a_restarted_controller_re_checks_the_changed_world_before_a_resumed_records_next_step(
+    case: Changed, tmp_path: Path
+) -> None:
+    async with MemApi(now=wall_clock) as api:
+        case.scenario.seed(api)
+        await run_controller(api, tmp_path, "whole", lambda: case.scenario.done(api))
+        near = kill_point(api, "whole", case.kill_at)
+    # Writes of other objects (a policy's status, Events) may come in another order: the kill point is the one
+    # that leaves the state wanted.
+    for k in sorted(range(max(1, near - 3), near + 6), key=lambda k: abs(k - near)):
+        async with MemApi(now=wall_clock) as api:
+            case.scenario.seed(api)
+            api.cut_off("first", after_writes=k)
+            await run_controller(api, tmp_path, "first", lambda: False)
+            if not case.left(api):
+                continue
+            case.change(api)
+            await run_controller(api, tmp_path, "second", lambda: case.ended(the_status(api)))
+            status = the_status(api)
+            assert case.ended(status), status
+            assert status.get("message"), "the record says why"
+            case.untouched(api)
+            return
+    pytest.fail(f"no run was killed right after the write (near write {near})")
