@@ -5,6 +5,14 @@ Indexes are kept on every change: node -> pods, (node, device id) -> pod. A node
 here, because only the cache sees the transition. Any change sets ``changed``; the
 controller's loop waits on it and reads a consistent ``view()``. Each reflector runs
 supervised (``devheal.kube.supervision``): one that crashes lists afresh after a backoff.
+
+An object of any kind that cannot be read (its projection raises, whatever the exception) is never
+decided on from an older copy (``devheal.kube.informer``): a pod is kept only as what is sure of it,
+that it exists on its node (``pod_identity``: no device, no signal, so nothing is decided about it, and
+its node is not taken for empty); every other kind leaves the cache. A policy that cannot be parsed is
+left out of ``policies()``. Each unreadable version is logged once, counted in
+``devheal_unreadable_objects_total`` and queued in ``unreadable`` for the leader's Warning Event
+(``devheal.controller.bad_objects``).
 """
 
 from __future__ import annotations
@@ -16,15 +24,18 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from devheal.controller import metrics
 from devheal.controller.dra_cache import DraCache
 from devheal.controller.projections import (
+    ProjectionError,
     project_node,
     project_node_devices,
     project_pod,
     project_remediation,
 )
-from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import Reflector
+from devheal.engine.workloads import classify
+from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.kube.informer import Reflector, Unreadable
 from devheal.kube.supervision import Supervisor
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod, WorkloadClass
@@ -34,6 +45,37 @@ from devheal.model.plan import InFlight
 from devheal.model.policy import Policy, PolicyError, parse_policy
 
 log = logging.getLogger(__name__)
+
+POLICY_KIND = "RemediationPolicy"
+
+
+def pod_identity(obj: Obj) -> Pod:
+    """What is sure of a pod whose newest version cannot be read: that it exists, and where. No labels, device,
+    container or condition (none of them can be trusted), so no finding, action or gang comes of it; it still
+    occupies its node (placement and spares do not take the node for empty) and a drain still sees it."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise TypeError("metadata is not an object")  # not even its identity: the pod leaves the cache
+    spec = obj.get("spec")
+    status = obj.get("status")
+    node = spec.get("nodeName") if isinstance(spec, dict) else None
+    phase = status.get("phase") if isinstance(status, dict) else None
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return Pod(
+        namespace=namespace,
+        name=name,
+        uid=str(meta.get("uid") or ""),
+        node=node if isinstance(node, str) else "",
+        phase=phase if phase in ("Pending", "Running", "Succeeded", "Failed") else "Unknown",
+        labels={},
+        restart_policy="Always",
+        workload=classify(namespace, name, {}, None, "Always"),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+MAX_UNREPORTED = 10_000
+"""The most unreadable versions waiting for their Event: outside input is never held unbounded."""
 
 
 class ClusterCache:
@@ -53,20 +95,29 @@ class ClusterCache:
         self.troubled: set[str] = set()
         """Keys of the pods that may give an infrastructure finding (``Pod.troubled``)."""
         self.policy_errors: dict[str, str] = {}
+        self.unreadable: dict[tuple[str, str], Unreadable] = {}
+        """(kind, key) -> an unreadable version not yet reported by Event (the leader takes them)."""
+        self._policies_reported: dict[str, str] = {}
+        """Policy name -> the resourceVersion whose parse error was last reported."""
         self.nodes: Reflector[Node] = Reflector(
-            client, api_path("v1", "nodes"), functools.partial(project_node, gpu=gpu), [self._on_node]
+            client, api_path("v1", "nodes"), functools.partial(project_node, gpu=gpu), [self._on_node], kind="Node"
         )
         self.pods: Reflector[Pod] = Reflector(
-            client, api_path("v1", "pods"), functools.partial(project_pod, gpu=gpu), [self._on_pod]
+            client,
+            api_path("v1", "pods"),
+            functools.partial(project_pod, gpu=gpu),
+            [self._on_pod],
+            kind="Pod",
+            fallback=pod_identity,
         )
         self.reports: Reflector[NodeDevicesReport] = Reflector(
-            client, api_path(GROUP_VERSION, "nodedevices"), project_node_devices, [self._on_any]
+            client, api_path(GROUP_VERSION, "nodedevices"), project_node_devices, [self._on_any], kind="NodeDevices"
         )
         self.policy_objects: Reflector[dict[str, Any]] = Reflector(
-            client, api_path(GROUP_VERSION, "remediationpolicies"), lambda o: o, [self._on_any]
+            client, api_path(GROUP_VERSION, "remediationpolicies"), lambda o: o, [self._on_any], kind=POLICY_KIND
         )
         self.remediations: Reflector[InFlight] = Reflector(
-            client, api_path(GROUP_VERSION, "remediations"), project_remediation, [self._on_any]
+            client, api_path(GROUP_VERSION, "remediations"), project_remediation, [self._on_any], kind="Remediation"
         )
         self.reflectors: list[Reflector[Any]] = [
             self.nodes,
@@ -78,12 +129,22 @@ class ClusterCache:
         self.dra = DraCache(client, self.changed.set) if dra else None
         if self.dra is not None:
             self.reflectors += self.dra.reflectors
+        for reflector in self.reflectors:
+            reflector.expected = (ProjectionError,)
+            reflector.on_invalid.append(self._on_unreadable)
         self.loops = Supervisor("cache")
         """The reflectors' loops: ``loops.problems()`` names one that is down."""
 
     # ---- handlers ----------------------------------------------------------------------------
 
     def _on_any(self, key: str, old: object, new: object) -> None:
+        self.changed.set()
+
+    def _on_unreadable(self, item: Unreadable) -> None:
+        """Once per unreadable version: counted, and queued for the leader's Event (the latest version wins)."""
+        metrics.UNREADABLE_OBJECTS.labels(kind=item.kind).inc()
+        if len(self.unreadable) < MAX_UNREPORTED:
+            self.unreadable[(item.kind, item.key)] = item
         self.changed.set()
 
     def _on_node(self, key: str, old: Node | None, new: Node | None) -> None:
@@ -146,16 +207,38 @@ class ClusterCache:
         )
 
     def policies(self) -> list[Policy]:
-        """Valid policies sorted by name; invalid ones are left out and noted in ``policy_errors``."""
+        """Valid policies sorted by name; invalid ones are left out and noted in ``policy_errors`` (their Valid
+        condition says why), and each invalid version is reported once like any unreadable object."""
         parsed = []
         errors: dict[str, str] = {}
         for name, obj in sorted(self.policy_objects.store.items()):
             try:
                 parsed.append(parse_policy(obj))
-            except PolicyError as exc:
-                errors[name] = str(exc)
+            except Exception as exc:  # whatever the parser raises, this policy alone is out
+                errors[name] = str(exc) if isinstance(exc, PolicyError) else f"unexpected {type(exc).__name__}: {exc}"
+                self._policy_unreadable(name, obj, errors[name], exc)
         self.policy_errors = errors
+        self._policies_reported = {n: v for n, v in self._policies_reported.items() if n in errors}
         return parsed
+
+    def _policy_unreadable(self, name: str, obj: dict[str, Any], error: str, exc: Exception) -> None:
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        version = str(meta.get("resourceVersion") or "")
+        if self._policies_reported.get(name) == version:
+            return
+        self._policies_reported[name] = version
+        message = f"{POLICY_KIND} {name} cannot be read ({error[:1000]}); it is left out of every decision"
+        log.warning("%s (resourceVersion %s)", message, version or "?", exc_info=not isinstance(exc, PolicyError))
+        uid = str(meta.get("uid") or "")
+        self._on_unreadable(Unreadable(POLICY_KIND, name, name, "", uid, version, GROUP_VERSION, message))
+
+    def still_unreadable(self, item: Unreadable) -> bool:
+        """Whether ``item`` is still the object's current version (not fixed or deleted since)."""
+        if item.kind == POLICY_KIND:
+            return self._policies_reported.get(item.key) == item.version
+        current = next((r.invalid.get(item.key) for r in self.reflectors if r.kind == item.kind), None)
+        return current is not None and current.version == item.version
 
     def in_flight(self) -> list[InFlight]:
         return list(self.remediations.store.values())
