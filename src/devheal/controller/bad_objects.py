@@ -1,9 +1,9 @@
 """Objects the controller cannot read, told on the objects themselves.
 
 The cache leaves an unreadable object out of every decision (``devheal.controller.cache``) and has
-already logged and counted each unreadable version; the leader writes one Warning Event per version on
-the object, saying which field held what and what was expected, so ``kubectl describe`` shows why
-devheal ignores it. A version fixed or deleted before its Event is written gets none.
+already logged and counted each distinct error of an unreadable object; the leader writes one Warning
+Event per error on the object, saying which field held what and what was expected, so ``kubectl
+describe`` shows why devheal ignores it. An object fixed or deleted before its Event is written gets none.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ UNREADABLE_EVENT = "DevhealInvalidObject"
 
 
 class BadObjectReports:
-    """Turns the cache's unreadable versions into Event writes, once each."""
+    """Turns the cache's unreadable objects into Event writes, once per distinct error."""
 
     def __init__(self, events: EventRecorder) -> None:
         self.events = events
 
     def check(self, cache: ClusterCache) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
-        """(work-queue key, Event write) for each unreadable version not reported yet."""
+        """(work-queue key, Event write) for each unreadable object's error not reported yet."""
         pending, cache.unreadable = cache.unreadable, {}
         return [
             (f"unreadable/{item.kind}/{item.key}", functools.partial(self._event, item))

@@ -10,7 +10,7 @@ An object of any kind that cannot be read (its projection raises, whatever the e
 decided on from an older copy (``devheal.kube.informer``): a pod is kept only as what is sure of it,
 that it exists on its node (``pod_identity``: no device, no signal, so nothing is decided about it, and
 its node is not taken for empty); every other kind leaves the cache. A policy that cannot be parsed is
-left out of ``policies()``. Each unreadable version is logged once, counted in
+left out of ``policies()``. Each distinct error of an unreadable object is logged once, counted in
 ``devheal_unreadable_objects_total`` and queued in ``unreadable`` for the leader's Warning Event
 (``devheal.controller.bad_objects``).
 """
@@ -75,7 +75,7 @@ def pod_identity(obj: Obj) -> Pod:
 
 
 MAX_UNREPORTED = 10_000
-"""The most unreadable versions waiting for their Event: outside input is never held unbounded."""
+"""The most unreadable objects waiting for their Event: outside input is never held unbounded."""
 
 
 class ClusterCache:
@@ -96,9 +96,9 @@ class ClusterCache:
         """Keys of the pods that may give an infrastructure finding (``Pod.troubled``)."""
         self.policy_errors: dict[str, str] = {}
         self.unreadable: dict[tuple[str, str], Unreadable] = {}
-        """(kind, key) -> an unreadable version not yet reported by Event (the leader takes them)."""
+        """(kind, key) -> an unreadable object whose error is not yet reported by Event (the leader takes them)."""
         self._policies_reported: dict[str, str] = {}
-        """Policy name -> the resourceVersion whose parse error was last reported."""
+        """Policy name -> the parse error last reported for it."""
         self.nodes: Reflector[Node] = Reflector(
             client, api_path("v1", "nodes"), functools.partial(project_node, gpu=gpu), [self._on_node], kind="Node"
         )
@@ -141,7 +141,7 @@ class ClusterCache:
         self.changed.set()
 
     def _on_unreadable(self, item: Unreadable) -> None:
-        """Once per unreadable version: counted, and queued for the leader's Event (the latest version wins)."""
+        """Once per distinct error of an unreadable object: counted, and queued for the leader's Event."""
         metrics.UNREADABLE_OBJECTS.labels(kind=item.kind).inc()
         if len(self.unreadable) < MAX_UNREPORTED:
             self.unreadable[(item.kind, item.key)] = item
@@ -222,23 +222,23 @@ class ClusterCache:
         return parsed
 
     def _policy_unreadable(self, name: str, obj: dict[str, Any], error: str, exc: Exception) -> None:
+        message = f"{POLICY_KIND} {name} cannot be read ({error[:1000]}); it is left out of every decision"
+        if self._policies_reported.get(name) == message:
+            return  # once per distinct error (the Valid condition, written meanwhile, makes a new version)
+        self._policies_reported[name] = message
         meta = obj.get("metadata")
         meta = meta if isinstance(meta, dict) else {}
         version = str(meta.get("resourceVersion") or "")
-        if self._policies_reported.get(name) == version:
-            return
-        self._policies_reported[name] = version
-        message = f"{POLICY_KIND} {name} cannot be read ({error[:1000]}); it is left out of every decision"
         log.warning("%s (resourceVersion %s)", message, version or "?", exc_info=not isinstance(exc, PolicyError))
         uid = str(meta.get("uid") or "")
         self._on_unreadable(Unreadable(POLICY_KIND, name, name, "", uid, version, GROUP_VERSION, message))
 
     def still_unreadable(self, item: Unreadable) -> bool:
-        """Whether ``item`` is still the object's current version (not fixed or deleted since)."""
+        """Whether the object still cannot be read for the reason ``item`` gives (not fixed or deleted since)."""
         if item.kind == POLICY_KIND:
-            return self._policies_reported.get(item.key) == item.version
+            return self._policies_reported.get(item.key) == item.message
         current = next((r.invalid.get(item.key) for r in self.reflectors if r.kind == item.kind), None)
-        return current is not None and current.version == item.version
+        return current is not None and current.message == item.message
 
     def in_flight(self) -> list[InFlight]:
         return list(self.remediations.store.values())

@@ -286,7 +286,7 @@ class Controller:
         metrics.RECONCILES.inc()
         self._now = now
         self._policies = self.current_policies()
-        for key, work in self.bad_objects.check(self.cache):  # objects left out as unreadable, once per version
+        for key, work in self.bad_objects.check(self.cache):  # objects left out as unreadable, once per error
             self._submit(key, work)
         view = self.cache.view()
         result = self.rounds.run(

@@ -26,7 +26,8 @@ AGENT_REPORTS_REJECTED = Counter(
 )
 UNREADABLE_OBJECTS = Counter(
     "devheal_unreadable_objects_total",
-    "Versions of watched objects (and policies) that could not be read and were left out of every decision",
+    "Watched objects (and policies) that could not be read and were left out of every decision, once per distinct "
+    "error",
     ["kind"],
 )
 ROUND_FAILURES = Counter(

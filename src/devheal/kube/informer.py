@@ -11,8 +11,9 @@ uses) so the store stays small; handlers get (old, new) and only enqueue work.
 An object whose newest version cannot be projected, whatever the exception, is *unreadable*: it is
 never kept at an older copy (nothing may be decided from what the object no longer says). It leaves
 the store, or is replaced by what its ``fallback`` projection still reads of it, and is listed in
-``invalid`` until a readable version arrives or it is deleted; each version is logged once (one line)
-and handed once to the ``on_invalid`` callbacks.
+``invalid`` until a readable version arrives or it is deleted; each distinct error is logged once (one
+line) and handed once to the ``on_invalid`` callbacks while it lasts (a new version with the same error,
+a heartbeat say, is not reported again).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Unreadable:
     namespace: str
     uid: str
     version: str
-    """Its resourceVersion: each version is reported once."""
+    """Its resourceVersion."""
     api_version: str
     message: str
     """Which object, and what could not be read in it (the projection's own error, or the unexpected one)."""
@@ -88,7 +89,7 @@ class Reflector(Generic[T]):
     """What is still known of an unreadable object (its identity, say); None (or a fallback that fails too):
     the object leaves the store."""
     on_invalid: list[Callable[[Unreadable], None]] = field(default_factory=list)
-    """Called once per unreadable version."""
+    """Called once per distinct error of an unreadable object, while it lasts."""
     invalid: dict[str, Unreadable] = field(default_factory=dict)
     """The objects whose newest version could not be projected, by key."""
     resource_version: str = ""
@@ -133,14 +134,15 @@ class Reflector(Generic[T]):
         version once."""
         name, namespace, uid, version = _reference(raw)
         kind = self.kind or self.path.rsplit("/", 1)[-1]
+        expected = isinstance(exc, self.expected)
+        why = str(exc)[:1000] if expected else f"{kind} {key}: unexpected {type(exc).__name__}: {str(exc)[:500]}"
+        message = f"{why}; the {kind} is left out of every decision until a version that can be read arrives"
+        item = Unreadable(kind, key, name, namespace, uid, version, str(raw.get("apiVersion") or ""), message)
         known = self.invalid.get(key)
-        if known is None or known.version != version:
-            expected = isinstance(exc, self.expected)
-            why = str(exc)[:1000] if expected else f"{kind} {key}: unexpected {type(exc).__name__}: {str(exc)[:500]}"
-            message = f"{why}; the {kind} is left out of every decision until a version that can be read arrives"
+        self.invalid[key] = item
+        # Once per distinct error while it lasts: a heartbeat that rewrites the same bad object says nothing new.
+        if known is None or known.message != message:
             log.warning("%s (resourceVersion %s)", message, version or "?", exc_info=not expected)
-            item = Unreadable(kind, key, name, namespace, uid, version, str(raw.get("apiVersion") or ""), message)
-            self.invalid[key] = item
             for callback in self.on_invalid:
                 try:
                     callback(item)
