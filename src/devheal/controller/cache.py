@@ -7,10 +7,18 @@ controller's loop waits on it and reads a consistent ``view()``. Each reflector 
 supervised (``devheal.kube.supervision``): one that crashes lists afresh after a backoff.
 
 An object of any kind that cannot be read (its projection raises, whatever the exception) is never
-decided on from an older copy (``devheal.kube.informer``): a pod is kept only as what is sure of it,
-that it exists on its node (``pod_identity``: no device, no signal, so nothing is decided about it, and
-its node is not taken for empty); every other kind leaves the cache. A policy that cannot be parsed is
-left out of ``policies()``. Each distinct error of an unreadable object is logged once, counted in
+decided on from an older copy (``devheal.kube.informer``); what is safest differs by kind:
+
+- a pod is kept only as what is sure of it, that it exists on its node (``pod_identity``: no device,
+  no signal, so nothing is decided about it, and its node is not taken for empty);
+- a node's ``NodeDevices`` becomes a report that says nothing (``report_unknown``, stale from the
+  start): the node is neither failed nor clean, as with a silent agent, so no mark is lifted and no
+  external remediation ended on its word;
+- a node leaves the view (no finding, no action on it) and is *unknown* the same way, through such a
+  report in ``view()``;
+- a Remediation, a ResourceSlice or a DeviceTaintRule leaves the cache; a policy that cannot be parsed
+  is left out of ``policies()`` (its Valid condition says why).
+ Each distinct error of an unreadable object is logged once, counted in
 ``devheal_unreadable_objects_total`` and queued in ``unreadable`` for the leader's Warning Event
 (``devheal.controller.bad_objects``).
 """
@@ -21,6 +29,8 @@ import asyncio
 import functools
 import logging
 import time
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -78,6 +88,14 @@ MAX_UNREPORTED = 10_000
 """The most unreadable objects waiting for their Event: outside input is never held unbounded."""
 
 
+def report_unknown(obj: Obj) -> NodeDevicesReport:
+    """A ``NodeDevices`` that cannot be read: a report of its node that says nothing, stale from the start."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise TypeError("metadata.name is not a string")  # whose report it is cannot be known either
+    return NodeDevicesReport(node=meta["name"], devices=(), updated=0.0, uid=str(meta.get("uid") or ""))
+
+
 class ClusterCache:
     def __init__(
         self, client: KubeClient, clock: Any = time.time, *, dra: bool = False, gpu: GpuResources = DEFAULT_GPUS
@@ -111,7 +129,12 @@ class ClusterCache:
             fallback=pod_identity,
         )
         self.reports: Reflector[NodeDevicesReport] = Reflector(
-            client, api_path(GROUP_VERSION, "nodedevices"), project_node_devices, [self._on_any], kind="NodeDevices"
+            client,
+            api_path(GROUP_VERSION, "nodedevices"),
+            project_node_devices,
+            [self._on_any],
+            kind="NodeDevices",
+            fallback=report_unknown,
         )
         self.policy_objects: Reflector[dict[str, Any]] = Reflector(
             client, api_path(GROUP_VERSION, "remediationpolicies"), lambda o: o, [self._on_any], kind=POLICY_KIND
@@ -193,10 +216,15 @@ class ClusterCache:
     # ---- reading -----------------------------------------------------------------------------
 
     def view(self) -> ClusterView:
+        reports: Mapping[str, NodeDevicesReport] = self.reports.store
+        if self.nodes.invalid:
+            # A node that cannot be read is unknown: neither failed nor clean (``report_unknown``).
+            unknown = {key: NodeDevicesReport(node=key, devices=(), updated=0.0) for key in self.nodes.invalid}
+            reports = ChainMap(unknown, self.reports.store)
         return ClusterView(
             nodes=self.nodes.store,
             pods=self.pods.store,
-            reports=self.reports.store,
+            reports=reports,
             pods_by_node={n: frozenset(keys) for n, keys in self.pods_by_node.items() if keys},
             pod_by_device=self.pod_by_device,
             signalled=frozenset(self.signalled),

@@ -222,6 +222,8 @@ async def test_one_hostile_object_of_each_kind_is_told_and_the_rest_decided(
         assert run.rounds >= rounds + 20  # the loop goes on
         told = told_about(api, name)
         stale = dict(cache.pods.store) if kind in ("Pod", "annotation") else {}
+        view = cache.view()
+        now = controller.clock()
     assert len(evictions(api)) == 1
     assert [r["spec"]["target"]["name"] for r in records(api) if r["spec"]["action"] == "Deschedule"] == ["infer-0"]
     # Told once, on the object, saying what it is and that it is left out.
@@ -239,6 +241,13 @@ async def test_one_hostile_object_of_each_kind_is_told_and_the_rest_decided(
         [status] = [c for c in api.get(f"{POLICIES}/odd-policy")["status"]["conditions"] if c["type"] == "Valid"]
         assert (status["status"], status["reason"]) == ("False", "InvalidSpec")
         assert "unexpected Hostile" in status["message"]
+    elif kind in ("Node", "NodeDevices"):
+        # The node is neither failed nor clean, as with a silent agent: nothing lifted or ended on its word.
+        assert view.unknown("n2", now)
+        if kind == "NodeDevices":
+            assert view.reports["n2"].devices == ()  # not its older copy's
+        else:
+            assert "n2" not in view.nodes
     else:
         assert key not in reflector.store  # never its older copy
 
