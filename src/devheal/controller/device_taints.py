@@ -39,7 +39,8 @@ NOT_PUBLISHED = "DeviceNotPublished"
 async def published_on(client: KubeClient, device: DraDevice, node: str) -> bool:
     """Whether a ResourceSlice of the device's driver publishes it on ``node`` (read from the API server: a slice
     that cannot be read publishes nothing)."""
-    async for page in client.list_pages(SLICES, {"fieldSelector": f"spec.driver={device.driver}"}):
+    selector = f"spec.driver={device.driver},spec.nodeName={node}"  # both served as field selectors
+    async for page in client.list_pages(SLICES, {"fieldSelector": selector}):
         for item in page.items:
             try:
                 devices = project_resource_slice(item)
