@@ -2,8 +2,11 @@
 
 The engine ignores a pod a node's ``NodeDevices`` names for a device the cluster does not
 place with that pod (``devheal.engine.findings.report_mismatches``): one node's agent
-must not get pods on other nodes evicted. Each such claim is surfaced once while it
-lasts, not every round: a Warning Event on the ``NodeDevices`` object, a log line, and
+must not get pods on other nodes evicted. It ignores too a failed DRA device that a
+node's report or a pod's status names but that no ResourceSlice publishes on that node
+(``devheal.engine.dra.rejected_claims``): one node must not quarantine another's devices.
+Each such claim is surfaced once while it lasts, not every round: a Warning Event on the
+object that makes it (the ``NodeDevices``, or the pod), a log line, and
 ``devheal_agent_reports_rejected_total{node,reason}``. A claim that goes away and comes
 back is surfaced again.
 """
@@ -16,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from devheal.controller import metrics
 from devheal.controller.events import EventRecorder
+from devheal.engine.dra import RejectedDeviceClaim, rejected_claims
 from devheal.engine.findings import ReportMismatch, report_mismatches
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView
@@ -24,6 +28,9 @@ log = logging.getLogger("devheal.controller.agent_reports")
 
 REJECTED_EVENT = "DevhealReportRejected"
 """The Event reason on a NodeDevices object one of whose claims was ignored."""
+
+
+Rejected = ReportMismatch | RejectedDeviceClaim
 
 
 class ReportAudit:
@@ -35,7 +42,7 @@ class ReportAudit:
 
     def check(self, view: ClusterView, now: float) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
         """(work-queue key, Event write) for each rejected claim not surfaced yet; counts and logs them."""
-        current = report_mismatches(view, now)
+        current: list[Rejected] = [*report_mismatches(view, now), *rejected_claims(view, now)]
         out: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         for mismatch in current:
             if mismatch.key in self.surfaced:
@@ -46,11 +53,17 @@ class ReportAudit:
         self.surfaced = {m.key for m in current}
         return out
 
-    async def _event(self, mismatch: ReportMismatch) -> None:
-        involved = {
-            "kind": "NodeDevices",
-            "name": mismatch.node,
-            "uid": mismatch.report_uid,
-            "apiVersion": GROUP_VERSION,
-        }
+    async def _event(self, mismatch: Rejected) -> None:
+        if isinstance(mismatch, RejectedDeviceClaim) and mismatch.source_kind == "Pod":
+            namespace, _, name = mismatch.source.partition("/")
+            involved = {
+                "kind": "Pod",
+                "namespace": namespace,
+                "name": name,
+                "uid": mismatch.source_uid,
+                "apiVersion": "v1",
+            }
+        else:
+            uid = mismatch.report_uid if isinstance(mismatch, ReportMismatch) else mismatch.source_uid
+            involved = {"kind": "NodeDevices", "name": mismatch.node, "uid": uid, "apiVersion": GROUP_VERSION}
         await self.events.record(involved, REJECTED_EVENT, mismatch.message, "Warning")

@@ -5,6 +5,22 @@ Indexes are kept on every change: node -> pods, (node, device id) -> pod. A node
 here, because only the cache sees the transition. Any change sets ``changed``; the
 controller's loop waits on it and reads a consistent ``view()``. Each reflector runs
 supervised (``devheal.kube.supervision``): one that crashes lists afresh after a backoff.
+
+An object of any kind that cannot be read (its projection raises, whatever the exception) is never
+decided on from an older copy (``devheal.kube.informer``); what is safest differs by kind:
+
+- a pod is kept only as what is sure of it, that it exists on its node (``pod_identity``: no device,
+  no signal, so nothing is decided about it, and its node is not taken for empty);
+- a node's ``NodeDevices`` becomes a report that says nothing (``report_unknown``, stale from the
+  start): the node is neither failed nor clean, as with a silent agent, so no mark is lifted and no
+  external remediation ended on its word;
+- a node leaves the view (no finding, no action on it) and is *unknown* the same way, through such a
+  report in ``view()``;
+- a Remediation, a ResourceSlice or a DeviceTaintRule leaves the cache; a policy that cannot be parsed
+  is left out of ``policies()`` (its Valid condition says why).
+ Each distinct error of an unreadable object is logged once, counted in
+``devheal_unreadable_objects_total`` and queued in ``unreadable`` for the leader's Warning Event
+(``devheal.controller.bad_objects``).
 """
 
 from __future__ import annotations
@@ -13,18 +29,23 @@ import asyncio
 import functools
 import logging
 import time
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from devheal.controller import metrics
 from devheal.controller.dra_cache import DraCache
 from devheal.controller.projections import (
+    ProjectionError,
     project_node,
     project_node_devices,
     project_pod,
     project_remediation,
 )
-from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import Reflector
+from devheal.engine.workloads import classify
+from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.kube.informer import Reflector, Unreadable
 from devheal.kube.supervision import Supervisor
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod, WorkloadClass
@@ -34,6 +55,45 @@ from devheal.model.plan import InFlight
 from devheal.model.policy import Policy, PolicyError, parse_policy
 
 log = logging.getLogger(__name__)
+
+POLICY_KIND = "RemediationPolicy"
+
+
+def pod_identity(obj: Obj) -> Pod:
+    """What is sure of a pod whose newest version cannot be read: that it exists, and where. No labels, device,
+    container or condition (none of them can be trusted), so no finding, action or gang comes of it; it still
+    occupies its node (placement and spares do not take the node for empty) and a drain still sees it."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise TypeError("metadata is not an object")  # not even its identity: the pod leaves the cache
+    spec = obj.get("spec")
+    status = obj.get("status")
+    node = spec.get("nodeName") if isinstance(spec, dict) else None
+    phase = status.get("phase") if isinstance(status, dict) else None
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return Pod(
+        namespace=namespace,
+        name=name,
+        uid=str(meta.get("uid") or ""),
+        node=node if isinstance(node, str) else "",
+        phase=phase if phase in ("Pending", "Running", "Succeeded", "Failed") else "Unknown",
+        labels={},
+        restart_policy="Always",
+        workload=classify(namespace, name, {}, None, "Always"),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+MAX_UNREPORTED = 10_000
+"""The most unreadable objects waiting for their Event: outside input is never held unbounded."""
+
+
+def report_unknown(obj: Obj) -> NodeDevicesReport:
+    """A ``NodeDevices`` that cannot be read: a report of its node that says nothing, stale from the start."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise TypeError("metadata.name is not a string")  # whose report it is cannot be known either
+    return NodeDevicesReport(node=meta["name"], devices=(), updated=0.0, uid=str(meta.get("uid") or ""))
 
 
 class ClusterCache:
@@ -53,20 +113,34 @@ class ClusterCache:
         self.troubled: set[str] = set()
         """Keys of the pods that may give an infrastructure finding (``Pod.troubled``)."""
         self.policy_errors: dict[str, str] = {}
+        self.unreadable: dict[tuple[str, str], Unreadable] = {}
+        """(kind, key) -> an unreadable object whose error is not yet reported by Event (the leader takes them)."""
+        self._policies_reported: dict[str, str] = {}
+        """Policy name -> the parse error last reported for it."""
         self.nodes: Reflector[Node] = Reflector(
-            client, api_path("v1", "nodes"), functools.partial(project_node, gpu=gpu), [self._on_node]
+            client, api_path("v1", "nodes"), functools.partial(project_node, gpu=gpu), [self._on_node], kind="Node"
         )
         self.pods: Reflector[Pod] = Reflector(
-            client, api_path("v1", "pods"), functools.partial(project_pod, gpu=gpu), [self._on_pod]
+            client,
+            api_path("v1", "pods"),
+            functools.partial(project_pod, gpu=gpu),
+            [self._on_pod],
+            kind="Pod",
+            fallback=pod_identity,
         )
         self.reports: Reflector[NodeDevicesReport] = Reflector(
-            client, api_path(GROUP_VERSION, "nodedevices"), project_node_devices, [self._on_any]
+            client,
+            api_path(GROUP_VERSION, "nodedevices"),
+            project_node_devices,
+            [self._on_any],
+            kind="NodeDevices",
+            fallback=report_unknown,
         )
         self.policy_objects: Reflector[dict[str, Any]] = Reflector(
-            client, api_path(GROUP_VERSION, "remediationpolicies"), lambda o: o, [self._on_any]
+            client, api_path(GROUP_VERSION, "remediationpolicies"), lambda o: o, [self._on_any], kind=POLICY_KIND
         )
         self.remediations: Reflector[InFlight] = Reflector(
-            client, api_path(GROUP_VERSION, "remediations"), project_remediation, [self._on_any]
+            client, api_path(GROUP_VERSION, "remediations"), project_remediation, [self._on_any], kind="Remediation"
         )
         self.reflectors: list[Reflector[Any]] = [
             self.nodes,
@@ -78,12 +152,22 @@ class ClusterCache:
         self.dra = DraCache(client, self.changed.set) if dra else None
         if self.dra is not None:
             self.reflectors += self.dra.reflectors
+        for reflector in self.reflectors:
+            reflector.expected = (ProjectionError,)
+            reflector.on_invalid.append(self._on_unreadable)
         self.loops = Supervisor("cache")
         """The reflectors' loops: ``loops.problems()`` names one that is down."""
 
     # ---- handlers ----------------------------------------------------------------------------
 
     def _on_any(self, key: str, old: object, new: object) -> None:
+        self.changed.set()
+
+    def _on_unreadable(self, item: Unreadable) -> None:
+        """Once per distinct error of an unreadable object: counted, and queued for the leader's Event."""
+        metrics.UNREADABLE_OBJECTS.labels(kind=item.kind).inc()
+        if len(self.unreadable) < MAX_UNREPORTED:
+            self.unreadable[(item.kind, item.key)] = item
         self.changed.set()
 
     def _on_node(self, key: str, old: Node | None, new: Node | None) -> None:
@@ -132,10 +216,15 @@ class ClusterCache:
     # ---- reading -----------------------------------------------------------------------------
 
     def view(self) -> ClusterView:
+        reports: Mapping[str, NodeDevicesReport] = self.reports.store
+        if self.nodes.invalid:
+            # A node that cannot be read is unknown: neither failed nor clean (``report_unknown``).
+            unknown = {key: NodeDevicesReport(node=key, devices=(), updated=0.0) for key in self.nodes.invalid}
+            reports = ChainMap(unknown, self.reports.store)
         return ClusterView(
             nodes=self.nodes.store,
             pods=self.pods.store,
-            reports=self.reports.store,
+            reports=reports,
             pods_by_node={n: frozenset(keys) for n, keys in self.pods_by_node.items() if keys},
             pod_by_device=self.pod_by_device,
             signalled=frozenset(self.signalled),
@@ -146,16 +235,38 @@ class ClusterCache:
         )
 
     def policies(self) -> list[Policy]:
-        """Valid policies sorted by name; invalid ones are left out and noted in ``policy_errors``."""
+        """Valid policies sorted by name; invalid ones are left out and noted in ``policy_errors`` (their Valid
+        condition says why), and each invalid version is reported once like any unreadable object."""
         parsed = []
         errors: dict[str, str] = {}
         for name, obj in sorted(self.policy_objects.store.items()):
             try:
                 parsed.append(parse_policy(obj))
-            except PolicyError as exc:
-                errors[name] = str(exc)
+            except Exception as exc:  # whatever the parser raises, this policy alone is out
+                errors[name] = str(exc) if isinstance(exc, PolicyError) else f"unexpected {type(exc).__name__}: {exc}"
+                self._policy_unreadable(name, obj, errors[name], exc)
         self.policy_errors = errors
+        self._policies_reported = {n: v for n, v in self._policies_reported.items() if n in errors}
         return parsed
+
+    def _policy_unreadable(self, name: str, obj: dict[str, Any], error: str, exc: Exception) -> None:
+        message = f"{POLICY_KIND} {name} cannot be read ({error[:1000]}); it is left out of every decision"
+        if self._policies_reported.get(name) == message:
+            return  # once per distinct error (the Valid condition, written meanwhile, makes a new version)
+        self._policies_reported[name] = message
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        version = str(meta.get("resourceVersion") or "")
+        log.warning("%s (resourceVersion %s)", message, version or "?", exc_info=not isinstance(exc, PolicyError))
+        uid = str(meta.get("uid") or "")
+        self._on_unreadable(Unreadable(POLICY_KIND, name, name, "", uid, version, GROUP_VERSION, message))
+
+    def still_unreadable(self, item: Unreadable) -> bool:
+        """Whether the object still cannot be read for the reason ``item`` gives (not fixed or deleted since)."""
+        if item.kind == POLICY_KIND:
+            return self._policies_reported.get(item.key) == item.message
+        current = next((r.invalid.get(item.key) for r in self.reflectors if r.kind == item.kind), None)
+        return current is not None and current.message == item.message
 
     def in_flight(self) -> list[InFlight]:
         return list(self.remediations.store.values())

@@ -3,6 +3,11 @@
 Only with ``devheal controller --dra``: a cluster without ``resource.k8s.io/v1`` (or an account without the
 rights to list ResourceSlices and DeviceTaintRules) runs the controller without it. The devices of every
 slice are kept by ``driver/pool/device``, updated slice by slice as the watch delivers them.
+
+A slice or rule that cannot be read leaves the cache (``devheal.kube.informer``): an unreadable slice's
+devices are not published as far as devheal knows, so no report counts against them and none of them
+is taken as recovered; an unreadable rule of devheal's is not counted as a quarantine (a new decision
+to taint the device finds the rule there and changes nothing).
 """
 
 from __future__ import annotations
@@ -24,7 +29,11 @@ class DraCache:
         self.quarantined: dict[str, DeviceQuarantine] = {}
         """``driver/pool/device`` -> devheal's DeviceTaintRule on it."""
         self.slices: Reflector[tuple[SliceDevice, ...]] = Reflector(
-            client, api_path(RESOURCE_API, "resourceslices"), project_resource_slice, [self._on_slice]
+            client,
+            api_path(RESOURCE_API, "resourceslices"),
+            project_resource_slice,
+            [self._on_slice],
+            kind="ResourceSlice",
         )
         self.rules: Reflector[DeviceQuarantine | None] = Reflector(
             client,
@@ -32,6 +41,7 @@ class DraCache:
             project_device_taint_rule,
             [self._on_rule],
             params={"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"},
+            kind="DeviceTaintRule",
         )
         self.reflectors: list[Reflector[Any]] = [self.slices, self.rules]
 

@@ -9,6 +9,10 @@ one worker per key at a time, failures retried after a per-key backoff, and noth
 kept for a key once its work is done. Remediations left Pending/InProgress by an
 earlier run (or by a crashed leader) are carried on from their records; disruptive
 steps check their target first, so none is repeated.
+
+No object stops the loop: the cache leaves out what it cannot read (``devheal.controller.bad_objects``
+tells it on the object), and a round that still raises is logged with its traceback, counted
+(``devheal_round_failures_total``) and tried again after a backoff; /readyz fails while rounds keep failing.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 from devheal.controller import metrics
 from devheal.controller.actuators import Actuators
 from devheal.controller.agent_reports import ReportAudit
+from devheal.controller.bad_objects import BadObjectReports
 from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
 from devheal.controller.spares import Spares
@@ -39,7 +44,7 @@ from devheal.engine.retention import ended_at, expired
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.engine.spares import plan_spares, spare_finder
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.probes import Heartbeat, ProbeServer, loops_check
+from devheal.kube.probes import FailureStreak, Heartbeat, ProbeServer, loops_check
 from devheal.kube.supervision import LoopFailed, Supervisor
 from devheal.kube.workqueue import WorkQueue, run_workers
 from devheal.model.api import GROUP_VERSION
@@ -74,6 +79,11 @@ RETENTION_EVERY = 5.0
 """Seconds between two looks for ended records past their policy's retention."""
 RETENTION_PER_ROUND = 100
 """The most records one look deletes (the rest wait for the next): deletion is paced."""
+ROUND_BACKOFF_MAX = 15.0
+"""The longest wait after a failed decision round (doubling from one tick); below the liveness limit, so a round
+that keeps failing never has the process restarted in a crash loop."""
+ROUND_FAILURES_UNREADY = 3
+"""Failed rounds in a row from which /readyz fails."""
 
 
 @dataclass
@@ -148,6 +158,7 @@ class Controller:
         )
         self.spares = Spares(client)
         self.report_audit = ReportAudit(self.actuators.records.events)
+        self.bad_objects = BadObjectReports(self.actuators.records.events)
         self.actuators.gangs.slow_ranks = self.rounds.stragglers.replaceable  # replaced at a gang's next restart
         self.leading = not options.leader_elect
         self.elector = LeaderElector(
@@ -175,6 +186,8 @@ class Controller:
         """The cache and the leader election, supervised: one that crashes starts again; /readyz says so."""
         self.heartbeat = Heartbeat("decision loop", max(DECISION_LOOP_STUCK_AFTER, 10 * options.tick))
         """Beaten at every turn of the decision loop: /healthz fails while it is stale."""
+        self.round_failures = FailureStreak("decision round", ROUND_FAILURES_UNREADY)
+        """Rounds that raised, in a row: /readyz fails from ``ROUND_FAILURES_UNREADY`` on."""
 
     def _on_leadership(self, leading: bool) -> None:
         self.leading = leading
@@ -279,6 +292,8 @@ class Controller:
         metrics.RECONCILES.inc()
         self._now = now
         self._policies = self.current_policies()
+        for key, work in self.bad_objects.check(self.cache):  # objects left out as unreadable, once per error
+            self._submit(key, work)
         view = self.cache.view()
         result = self.rounds.run(
             self,
@@ -476,7 +491,10 @@ class Controller:
                     break
                 if self.leading:
                     self._start_workers()
-                    self.reconcile_once(self.clock())
+                    if not self._guarded_round():
+                        self.heartbeat.beat()
+                        await self._back_off(stop)
+                        continue
                 self.heartbeat.beat()
                 # Coalesce bursts of events into one round.
                 await asyncio.sleep(0.02)
@@ -493,6 +511,31 @@ class Controller:
             failed.cancel()
             await asyncio.gather(failed, return_exceptions=True)
 
+    def _guarded_round(self) -> bool:
+        """One decision round; False when it raised (logged with its traceback when the error is new, counted)."""
+        try:
+            self.reconcile_once(self.clock())
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            repeated = error == self.round_failures.last_error
+            self.round_failures.failed(error)
+            metrics.ROUND_FAILURES.inc()
+            if repeated:
+                log.error("decision round failed again (%d in a row): %s", self.round_failures.count, error[:500])
+            else:
+                log.exception(
+                    "decision round failed (%d in a row); trying again after a backoff", self.round_failures.count
+                )
+            return False
+        self.round_failures.succeeded()
+        return True
+
+    async def _back_off(self, stop: asyncio.Event) -> None:
+        """Wait after a failed round: a tick, doubling with each failure in a row, at most ``ROUND_BACKOFF_MAX``."""
+        delay = min(self.options.tick * 2 ** min(self.round_failures.count - 1, 10), ROUND_BACKOFF_MAX)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+
 
 def add_probes(probes: ProbeServer, controller: Controller) -> None:
     """/healthz: the decision loop goes round; /readyz: the cache synced, it and the election running."""
@@ -500,6 +543,7 @@ def add_probes(probes: ProbeServer, controller: Controller) -> None:
     probes.add_ready("cache", controller.cache.readiness)
     probes.add_ready("loops", loops_check(controller.loops))
     probes.add_ready("decision-loop", controller.heartbeat.started)
+    probes.add_ready("decision-rounds", controller.round_failures.check)
 
 
 async def serve(

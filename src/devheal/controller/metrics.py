@@ -24,3 +24,12 @@ AGENT_REPORTS_REJECTED = Counter(
     "counted once per distinct claim",
     ["node", "reason"],
 )
+UNREADABLE_OBJECTS = Counter(
+    "devheal_unreadable_objects_total",
+    "Watched objects (and policies) that could not be read and were left out of every decision, once per distinct "
+    "error",
+    ["kind"],
+)
+ROUND_FAILURES = Counter(
+    "devheal_round_failures_total", "Decision rounds that raised an unexpected error (the loop backs off and goes on)"
+)

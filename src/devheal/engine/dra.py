@@ -10,6 +10,13 @@ any of three signals:
 - a current node agent report says it is Unhealthy, by its DRA name or by the GPU UUID the driver
   publishes as the device's ``uuid`` attribute.
 
+A claim counts only for a device a ResourceSlice publishes on the claimant's own node: a node's agent
+report (``NodeDevices``) and a pod's status (written by the kubelet of the pod's node) speak for that
+node alone. A device they name that is published on another node, or not at all, is ignored and
+returned by ``rejected_claims`` for the controller to surface; so one report reaches at most the
+devices its node publishes, and a report of invented IDs quarantines nothing (its rules would never
+be lifted, no slice publishing the devices).
+
 Each failed device on a node a policy selects is a ``DRADeviceFailed`` finding; with
 ``spec.devices.taint`` the decision is ``TaintDevice``: devheal's DeviceTaintRule keeps new claims off
 that device alone (NoExecute, when the policy asks for it, evicts the pods using it too), and the
@@ -24,15 +31,57 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from devheal.model.cluster import ClusterView, DeviceHealth, Node
 from devheal.model.dra import is_claim_entry, parse_claim_entry, parse_device_id
 
-__all__ = ["DRA_FINDINGS", "agent_dra_devices", "candidates", "detect", "failed_devices", "is_claim_entry", "users"]
+__all__ = [
+    "DRA_FINDINGS",
+    "ClaimRejection",
+    "RejectedDeviceClaim",
+    "agent_dra_devices",
+    "candidates",
+    "detect",
+    "failed_devices",
+    "is_claim_entry",
+    "rejected_claims",
+    "users",
+]
 from devheal.model.plan import Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
 
 DRA_FINDINGS = frozenset({FindingKind.DRA_DEVICE_FAILED, FindingKind.DRA_DEVICE_RECOVERED})
+SHOWN_DEVICES = 5
+"""How many of a rejected claim's devices its message names (the rest are counted)."""
+
+
+class ClaimRejection(StrEnum):
+    """Why a DRA device a node's report or a pod's status names does not count as failed."""
+
+    ON_ANOTHER_NODE = "DRADeviceOnAnotherNode"
+    NOT_PUBLISHED = "DRADeviceNotPublished"
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedDeviceClaim:
+    """A node's report, or a pod's status, names failed DRA devices that its node does not publish."""
+
+    node: str
+    """The claimant's node: the report's, or the pod's."""
+    source_kind: str
+    """``NodeDevices`` or ``Pod``: the object that makes the claim."""
+    source: str
+    """Its name (a pod's ``namespace/name``)."""
+    source_uid: str
+    reason: ClaimRejection
+    devices: tuple[str, ...]
+    message: str
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """One per claimant and reason: surfaced once while it lasts, however many devices it names."""
+        return (self.node, self.source_kind, self.source, self.reason.value)
 
 
 def policy_for_node(policies: Sequence[Policy], node: Node) -> Policy | None:
@@ -73,12 +122,23 @@ def users(view: ClusterView, node: str, device_id: str) -> str:
     return f"claim {named} of pod {pod.key} ({pod.workload.kind or 'Pod'} {pod.workload.name}, {pod.workload.cls})"
 
 
+def _on_node(view: ClusterView, device_id: str, node: str) -> ClaimRejection | None:
+    """Why ``node`` may not speak for ``device_id`` (None: a ResourceSlice publishes it on that node)."""
+    published = view.dra_devices.get(device_id)
+    if published is None:
+        return ClaimRejection.NOT_PUBLISHED
+    return None if published.node == node else ClaimRejection.ON_ANOTHER_NODE
+
+
 def failed_devices(view: ClusterView, now: float) -> dict[str, _Failure]:
-    """Every DRA device failed on some signal, by ``driver/pool/device``."""
+    """Every DRA device failed on some signal, by ``driver/pool/device``; a pod's or an agent's claim counts only
+    for a device published on its own node (``rejected_claims`` lists the others)."""
     failed: dict[str, _Failure] = {}
     for pod in view.pods_with_signals():
         for d in pod.devices:
-            if d.health is DeviceHealth.UNHEALTHY and is_claim_entry(d.resource) and parse_device_id(d.device_id):
+            if _pod_claims_failure(pod.node, d.resource, d.device_id, d.health) and not _on_node(
+                view, d.device_id, pod.node
+            ):
                 failure = failed.setdefault(d.device_id, _Failure(pod.node))
                 failure.add("pod-status", f"{d.resource} of pod {pod.key} reports it Unhealthy" + _said(d.message))
     by_uuid: dict[tuple[str, str], str] = {}
@@ -96,12 +156,66 @@ def failed_devices(view: ClusterView, now: float) -> dict[str, _Failure]:
         if report.stale(now, view.report_max_age):
             continue
         for dev in report.unhealthy:
+            # By UUID: only the report's own node's devices are looked up. By DRA name: only one its node publishes.
             named = dev.device_id if parse_device_id(dev.device_id) else by_uuid.get((report.node, dev.device_id))
-            if named is None:
+            if named is None or _on_node(view, named, report.node):
                 continue
             failure = failed.setdefault(named, _Failure(report.node))
             failure.add("nodedevices", f"node agent reports {dev.device_id} Unhealthy" + _said(dev.reason), dev.since)
     return failed
+
+
+def _pod_claims_failure(node: str, resource: str, device_id: str, health: DeviceHealth) -> bool:
+    """A pod's device status entry says a DRA device of one of its claims is Unhealthy."""
+    return (
+        bool(node)
+        and health is DeviceHealth.UNHEALTHY
+        and is_claim_entry(resource)
+        and bool(parse_device_id(device_id))
+    )
+
+
+def rejected_claims(view: ClusterView, now: float) -> list[RejectedDeviceClaim]:
+    """Every claim ``failed_devices`` ignores: one per claimant (a current report, a pod) and reason, naming the
+    devices its node does not publish."""
+    found: dict[tuple[str, str, str, ClaimRejection], list[str]] = {}
+    uids: dict[tuple[str, str], str] = {}
+    for pod in view.pods_with_signals():
+        for d in pod.devices:
+            if _pod_claims_failure(pod.node, d.resource, d.device_id, d.health):
+                why = _on_node(view, d.device_id, pod.node)
+                if why is not None:
+                    found.setdefault((pod.node, "Pod", pod.key, why), []).append(d.device_id)
+                    uids[("Pod", pod.key)] = pod.uid
+    for report in view.reports.values():
+        if report.stale(now, view.report_max_age):
+            continue
+        for dev in report.unhealthy:
+            if parse_device_id(dev.device_id):
+                why = _on_node(view, dev.device_id, report.node)
+                if why is not None:
+                    found.setdefault((report.node, "NodeDevices", report.node, why), []).append(dev.device_id)
+                    uids[("NodeDevices", report.node)] = report.uid
+    out = []
+    for (node, kind, source, why), devices in sorted(found.items()):
+        unique = tuple(sorted(set(devices)))
+        shown = ", ".join(unique[:SHOWN_DEVICES]) + (
+            f" and {len(unique) - SHOWN_DEVICES} more" if len(unique) > SHOWN_DEVICES else ""
+        )
+        where = "on another node" if why is ClaimRejection.ON_ANOTHER_NODE else "by no ResourceSlice"
+        out.append(
+            RejectedDeviceClaim(
+                node=node,
+                source_kind=kind,
+                source=source,
+                source_uid=uids[(kind, source)],
+                reason=why,
+                devices=unique,
+                message=f"{kind} {source} reports DRA device(s) {shown} Unhealthy, but they are published {where}, "
+                f"not on node {node}: the claim is ignored (a node speaks only for its own devices)",
+            )
+        )
+    return out
 
 
 def _said(message: str) -> str:

@@ -55,6 +55,30 @@ class Heartbeat:
         return None if self.last is not None else f"{self.name} has not gone round yet"
 
 
+class FailureStreak:
+    """Failures in a row of something that is retried (a decision round): a readiness check fails from
+    ``limit`` of them on, and passes again at the first success."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.name = name
+        self.limit = limit
+        self.count = 0
+        self.last_error = ""
+
+    def failed(self, error: str) -> None:
+        self.count += 1
+        self.last_error = error
+
+    def succeeded(self) -> None:
+        self.count = 0
+        self.last_error = ""
+
+    def check(self) -> str | None:
+        if self.count < self.limit:
+            return None
+        return f"{self.name} failed {self.count} times in a row; last: {self.last_error[:300]}"
+
+
 def loops_check(loops: Supervisor) -> Check:
     """A readiness check: no loop of ``loops`` is down."""
 

@@ -142,3 +142,73 @@ def test_policy_devices_section() -> None:
             NOW,
         )
     ]
+
+
+# ---- a node speaks only for its own devices ------------------------------------------------------
+
+
+def two_node_view(*reports: object, pods: tuple[object, ...] = ()) -> ClusterView:
+    """n1 and n2, each publishing gpu-0..3 in its own pool (with UUIDs GPU-<node>-<i>)."""
+    published = {
+        f"{DRIVER}/{n}/gpu-{i}": SliceDevice(DraDevice(DRIVER, n, f"gpu-{i}"), n, uuid=f"GPU-{n}-{i}")
+        for n in ("n1", "n2")
+        for i in range(4)
+    }
+    v = view([node("n1", gpus=0), node("n2", gpus=0)], list(pods), list(reports))  # type: ignore[arg-type]
+    return replace(v, dra_devices=published)
+
+
+def test_a_report_naming_another_nodes_device_taints_nothing_and_is_rejected_once() -> None:
+    theirs = f"{DRIVER}/n2/gpu-1"
+    v = two_node_view(report("n1", reported(theirs), reported("GPU-n2-2")))
+    assert dra.detect(v, [policy()], NOW) == []
+    plan = decide(v, FindingTracker().observe(detect(v, [policy()], NOW), v, [policy()], NOW), [policy()], [], NOW)
+    assert not [a for a in plan.actions if a.kind is ActionKind.TAINT_DEVICE]
+    # Named by DRA name, it is a claim to surface; by another node's GPU UUID, it is not even a DRA device of n1.
+    (claim,) = dra.rejected_claims(v, NOW)
+    assert (claim.node, claim.source_kind, claim.source, claim.reason, claim.devices) == (
+        "n1",
+        "NodeDevices",
+        "n1",
+        dra.ClaimRejection.ON_ANOTHER_NODE,
+        (theirs,),
+    )
+    assert f"NodeDevices n1 reports DRA device(s) {theirs} Unhealthy, but they are published on another node" in (
+        claim.message
+    )
+    # Its own device it still quarantines.
+    mine = two_node_view(report("n1", reported(f"{DRIVER}/n1/gpu-1"), reported("GPU-n1-2")))
+    assert [f.device_ids for f in dra.detect(mine, [policy()], NOW)] == [
+        (f"{DRIVER}/n1/gpu-1",),
+        (f"{DRIVER}/n1/gpu-2",),
+    ]
+    assert dra.rejected_claims(mine, NOW) == []
+
+
+def test_a_report_of_500_invented_devices_reaches_none_and_is_one_claim() -> None:
+    invented = [reported(f"{DRIVER}/made-up/gpu-{i}", i) for i in range(500)]
+    v = two_node_view(report("n1", *invented, reported(f"{DRIVER}/n1/gpu-0")))
+    assert [f.device_ids for f in dra.detect(v, [policy()], NOW)] == [(f"{DRIVER}/n1/gpu-0",)]
+    (claim,) = dra.rejected_claims(v, NOW)
+    assert (claim.reason, len(claim.devices)) == (dra.ClaimRejection.NOT_PUBLISHED, 500)
+    assert claim.message.count(DRIVER) == dra.SHOWN_DEVICES and "and 495 more" in claim.message
+    assert "published by no ResourceSlice" in claim.message
+
+
+def test_a_pods_status_counts_only_for_a_device_published_on_the_pods_node() -> None:
+    theirs = f"{DRIVER}/n1/gpu-3"
+    held = pod("inf-b", "n2", devices=[claim_device(theirs, DeviceHealth.UNHEALTHY, "XID 79")], gpus=0)
+    v = two_node_view(pods=(held,))
+    assert dra.detect(v, [policy()], NOW) == []
+    (claim,) = dra.rejected_claims(v, NOW)
+    assert (claim.node, claim.source_kind, claim.source, claim.reason) == (
+        "n2",
+        "Pod",
+        "default/inf-b",
+        dra.ClaimRejection.ON_ANOTHER_NODE,
+    )
+    # The pod's own DeviceFailed finding (its workload's action) is not the device's: it stays.
+    assert FindingKind.DEVICE_FAILED in {f.kind for f in detect(v, [policy()], NOW)}
+    unpublished = replace(v, dra_devices={})
+    assert dra.detect(unpublished, [policy()], NOW) == []
+    assert [c.reason for c in dra.rejected_claims(unpublished, NOW)] == [dra.ClaimRejection.NOT_PUBLISHED]

@@ -124,3 +124,77 @@ async def test_the_projection_reads_the_heartbeat_and_refuses_an_unreadable_one(
         project_node_devices(obj)
     del obj["status"]["updatedAt"]
     assert project_node_devices(obj).updated is None
+
+
+# ---- DRA devices: a node speaks only for its own --------------------------------------------------
+
+SLICES = api_path("resource.k8s.io/v1", "resourceslices")
+RULES = api_path("resource.k8s.io/v1", "devicetaintrules")
+DRIVER = "gpu.devheal.io"
+
+
+def dra_slice(node: str) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpus"},
+        "spec": {
+            "driver": DRIVER,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "nodeName": node,
+            "devices": [{"name": f"gpu-{i}"} for i in range(2)],
+        },
+    }
+
+
+async def test_a_report_naming_other_nodes_dra_devices_quarantines_nothing_and_is_surfaced_once(
+    api: MemApi, kube: KubeClient
+) -> None:
+    api.create(NODES, gpu_node("n1"))
+    api.create(NODES, gpu_node("n2"))
+    api.create(POLICIES, remediation_policy(devices={"taint": True}))
+    api.create(SLICES, dra_slice("n1"))
+    api.create(SLICES, dra_slice("n2"))
+    before = rejected("n1", "DRADeviceNotPublished"), rejected("n1", "DRADeviceOnAnotherNode")
+    async with running(kube, dra=True) as run:
+        report = node_devices("n1", "", device=f"{DRIVER}/n2/gpu-1")
+        invented = [
+            {"id": f"{DRIVER}/made-up/gpu-{i}", "index": i + 1, "health": "Unhealthy", "reasons": [{"message": "?"}]}
+            for i in range(500)
+        ]
+        report["status"]["devices"] += invented
+        api.create(REPORTS, report)
+        await asyncio.sleep(60)
+        assert run.rounds >= 50
+        # Its own device it still quarantines.
+        api.patch(
+            f"{REPORTS}/n1/status",
+            {
+                "status": {
+                    "devices": [
+                        *report["status"]["devices"],
+                        {
+                            "id": f"{DRIVER}/n1/gpu-0",
+                            "index": 600,
+                            "health": "Unhealthy",
+                            "reasons": [{"message": "XID 79"}],
+                        },
+                    ]
+                }
+            },
+        )
+        await asyncio.sleep(30)
+    rules = [obj for key, obj in api.store.objects.items() if key[1] == "devicetaintrules"]
+    assert [r["spec"]["deviceSelector"]["pool"] + "/" + r["spec"]["deviceSelector"]["device"] for r in rules] == [
+        "n1/gpu-0"
+    ]
+    warnings = events(api, REJECTED_EVENT)
+    assert sorted((e["involvedObject"]["kind"], e["involvedObject"]["name"], e["count"]) for e in warnings) == [
+        ("NodeDevices", "n1", 1),
+        ("NodeDevices", "n1", 1),
+    ]
+    messages = sorted(e["message"] for e in warnings)
+    assert "and 495 more Unhealthy, but they are published by no ResourceSlice, not on node n1" in messages[0]
+    assert f"{DRIVER}/n2/gpu-1 Unhealthy, but they are published on another node, not on node n1" in messages[1]
+    after = rejected("n1", "DRADeviceNotPublished"), rejected("n1", "DRADeviceOnAnotherNode")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)

@@ -212,13 +212,17 @@ async def test_gap_since_survives_a_relist(api: MemApi, kube: KubeClient) -> Non
 
 
 async def test_a_malformed_object_is_left_out_and_the_rest_is_read(api: MemApi, kube: KubeClient) -> None:
-    bad = gpu_pod("bad", "n1")
+    bad = gpu_pod("bad", "n1", ("GPU-1",))
     bad["spec"]["containers"][0]["resources"]["limits"][GPU_RESOURCE] = "lots"
     api.create(PODS, bad)
     api.create(PODS, gpu_pod("good", "n1", ("GPU-0",)))
     async with synced(ClusterCache(kube, clock=unix_clock)) as cache:
-        assert set(cache.pods.store) == {"ml/good"}
+        # The unreadable pod is known to exist on its node, and nothing else of it: no device, no signal.
+        assert set(cache.pods.store) == {"ml/bad", "ml/good"}
+        assert (cache.pods.store["ml/bad"].node, cache.pods.store["ml/bad"].devices) == ("n1", ())
         assert cache.pod_by_device == {("n1", "GPU-0"): "ml/good"}
+        assert list(cache.pods.invalid) == ["ml/bad"]
+        assert "spec.containers[0].resources: nvidia.com/gpu" in cache.pods.invalid["ml/bad"].message
 
 
 async def test_invalid_policies_are_left_out_and_named(api: MemApi, kube: KubeClient) -> None:

@@ -239,12 +239,14 @@ def test_a_malformed_report_is_rejected_naming_the_device() -> None:
         project_node_devices(obj)
 
 
-def test_the_informer_logs_a_rejected_object_and_keeps_the_previous_copy(caplog: pytest.LogCaptureFixture) -> None:
-    pods = Reflector(cast(KubeClient, None), "/api/v1/pods", project_pod)
+def test_the_informer_logs_a_rejected_object_and_drops_the_previous_copy(caplog: pytest.LogCaptureFixture) -> None:
+    pods = Reflector(cast(KubeClient, None), "/api/v1/pods", project_pod, expected=(ProjectionError,))
     good = {"metadata": {"namespace": "ml", "name": "p"}, "spec": {}, "status": {}}
     pods._apply("ADDED", good)
     bad = {"metadata": {"namespace": "ml", "name": "p", "labels": ["a"]}}
-    with caplog.at_level(logging.ERROR, logger="devheal.kube.informer"):
+    with caplog.at_level(logging.WARNING, logger="devheal.kube.informer"):
         pods._apply("MODIFIED", bad)
     assert "pod ml/p: metadata.labels: expected an object" in caplog.text
-    assert pods.store["ml/p"] == project_pod(good)
+    # Nothing is decided from what the object no longer says: its older copy is gone.
+    assert "ml/p" not in pods.store
+    assert "ml/p" in pods.invalid

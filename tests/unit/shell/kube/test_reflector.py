@@ -315,10 +315,54 @@ async def test_a_malformed_object_or_a_failing_handler_does_not_stop_the_watch(a
         await watching(api, reflector)
         api.create(PODS, pod("a", v="1"))
         api.patch(f"{PODS}/a", {"metadata": {"labels": {"bad": "yes"}}})
+        await until(lambda: "ns/a" in reflector.invalid, "the unreadable version")
+        # Never decided on from its older copy: an unreadable version leaves the store, and is listed as such.
+        assert "ns/a" not in reflector.store
+        assert "unexpected ValueError: malformed" in reflector.invalid["ns/a"].message
         api.patch(f"{PODS}/a", {"metadata": {"labels": {"bad": None, "v": "2"}}})
         await until(lambda: reflector.store.get("ns/a") == "2", "the good copy")
-    assert changes.seen == [("add", "ns/a"), ("update", "ns/a")]
+    assert changes.seen == [("add", "ns/a"), ("delete", "ns/a"), ("add", "ns/a")]
+    assert reflector.invalid == {}
     assert reflector.resource_version == str(api.store.rv)
+
+
+async def test_an_unreadable_object_is_reported_once_per_version_and_may_keep_a_fallback(
+    api: MemApi, kube: KubeClient
+) -> None:
+    def project(obj: Obj) -> str:
+        labels = obj["metadata"].get("labels") or {}
+        if labels.get("bad"):
+            raise ValueError(f"bad is {labels['bad']}")
+        return "read"
+
+    reported: list[tuple[str, str]] = []
+    reflector: Reflector[str] = Reflector(
+        kube,
+        PODS,
+        project,
+        kind="Pod",
+        expected=(ValueError,),
+        fallback=lambda obj: "identity only",
+        on_invalid=[lambda item: reported.append((item.key, item.message))],
+    )
+    async with running(reflector):
+        await watching(api, reflector)
+        api.create(PODS, pod("a"))
+        api.patch(f"{PODS}/a", {"metadata": {"labels": {"bad": "1"}}})
+        await until(lambda: reflector.store.get("ns/a") == "identity only", "the fallback")
+        version = reflector.invalid["ns/a"].version
+        api.patch(f"{PODS}/a", {"metadata": {"labels": {"bad": "2"}}})
+        await until(lambda: reflector.invalid["ns/a"].version != version, "the second unreadable version")
+        api.gone_next_watch()  # a relist of the same versions reports nothing again
+        api.close_watches()
+        await until(lambda: reflector.relists == 2, "the relist")
+        api.delete(f"{PODS}/a")
+        await until(lambda: "ns/a" not in reflector.store, "the deletion")
+    assert [message for _, message in reported] == [
+        "bad is 1; the Pod is left out of every decision until a version that can be read arrives",
+        "bad is 2; the Pod is left out of every decision until a version that can be read arrives",
+    ]
+    assert reflector.invalid == {}
 
 
 class Raw(dict[str, Any]):
