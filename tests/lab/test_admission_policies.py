@@ -234,7 +234,9 @@ async def test_the_controller_changes_only_its_own_parts_of_a_pods_status(
     gated = gpu_pod("gated", gpus=0)
     gated["spec"]["schedulingGates"] = [{"name": PLACEMENT_GATE}]
     await kube.create(pods, gated)
-    await kube.create(pods, gpu_pod("free", gpus=0))
+    held = gpu_pod("free", gpus=0)  # held at someone else's gate: unscheduled, never devheal's to nominate
+    held["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    await kube.create(pods, held)
     status = f"{pods}/victim/status"
 
     def conditions(*items: Obj) -> Obj:
@@ -249,10 +251,13 @@ async def test_the_controller_changes_only_its_own_parts_of_a_pods_status(
         "a phase but Failed": ({"status": {"phase": "Succeeded"}}, "only fail a running or pending pod"),
         "Failed for another reason": ({"status": {"phase": "Failed", "reason": "Evicted"}}, "reason DeviceFailed"),
         "the pod's IP": ({"status": {"podIP": "10.0.0.9", "podIPs": [{"ip": "10.0.0.9"}]}}, "nominated node"),
-        "a node nominated for an ungated pod": ({"status": {"nominatedNodeName": NODE}}, "devheal.io/placement gate"),
+        "a node nominated for a pod not at devheal's gate": (
+            {"status": {"nominatedNodeName": NODE}},
+            "devheal.io/placement gate",
+        ),
     }
     for what, (body, expected) in refused.items():
-        path = f"{pods}/free/status" if "ungated" in what else status
+        path = f"{pods}/free/status" if "gate" in what else status
         message = await refusal(lambda path=path, body=body: controller.patch(path, body, content_type=STRATEGIC_PATCH))  # type: ignore[misc]
         assert expected in message, f"{what}: {message or 'let through'}"
 
