@@ -250,7 +250,7 @@ async def test_the_controller_changes_only_its_own_parts_of_a_pods_status(
     refused = {
         "a phase but Failed": ({"status": {"phase": "Succeeded"}}, "only fail a running or pending pod"),
         "Failed for another reason": ({"status": {"phase": "Failed", "reason": "Evicted"}}, "reason DeviceFailed"),
-        "the pod's IP": ({"status": {"podIP": "10.0.0.9", "podIPs": [{"ip": "10.0.0.9"}]}}, "nominated node"),
+        "its start time": ({"status": {"startTime": "2020-01-01T00:00:00Z"}}, "nominated node"),
         "a node nominated for a pod not at devheal's gate": (
             {"status": {"nominatedNodeName": NODE}},
             "devheal.io/placement gate",
