@@ -9,8 +9,9 @@ attacker holding them would send them:
   through; a node's other labels, other taints, podCIDR, a whole-node PUT, a pod's other conditions
   or containers' statuses are refused;
 - a launcher: its own pod's devheal.io/launcher-generation and devheal.io/steps, written by the
-  launcher's own code, go through; a peer's annotations or image, its own labels, image or restart
-  generation, and anything from a token bound to no pod are refused.
+  launcher's own code (and by `devheal launch` processes restarting a gang in place), go through; a
+  peer's annotations or image, its own labels, image or restart generation, and anything from a
+  token bound to no pod are refused.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ from devheal.controller.spares import Spares
 from devheal.engine.spares import SPARE_LABEL, SpareChange
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
+from devheal.kube.informer import get_path
 from devheal.lab import chart
 from devheal.lab.cluster import Lab
 from devheal.lab.helm import ensure_helm
 from devheal.lab.toolchain import ToolchainError
-from devheal.lab.workloads import gpu_pod, wait_until
+from devheal.lab.workloads import gpu_pod, pods_of, wait_until
 from devheal.launch.gang import KubeGang
 from devheal.model.cluster import (
     DEVICE_FAILED_CONDITION,
@@ -48,6 +50,7 @@ from devheal.model.plan import Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind
 from devheal.model.steps import STEPS_ANNOTATION
 
+from .launch.conftest import GangHarness
 from .launch.test_rbac import install_rbac, service_account_token, token_kubeconfig
 from .test_manifests import PLURALS
 
@@ -358,3 +361,49 @@ async def test_a_launcher_writes_only_its_own_pods_annotations(
     finally:
         await client.close()
         await unbound.close()
+
+
+async def test_launchers_holding_only_their_pods_tokens_restart_in_place_under_the_policy(
+    lab: Lab, kube: KubeClient, chart_installed: list[Obj], namespace: str, tmp_path: Path
+) -> None:
+    """The launcher process itself (devheal launch): its acknowledgements and step times go through."""
+    account = await install_rbac(kube, namespace)
+    ranks = ["rank-0", "rank-1"]
+    pods = api_path("v1", "pods", namespace=namespace)
+    created = {}
+    for name in ranks:
+        pod = gpu_pod(name, gpus=0)
+        pod["metadata"]["labels"] = {GANG_LABEL: "g1"}
+        pod["spec"]["serviceAccountName"] = account
+        created[name] = await kube.create(pods, pod)
+    gang = GangHarness(lab, kube, namespace, tmp_path)
+    try:
+        await wait_until(
+            lambda: pods_of(kube, namespace),
+            lambda items: all(get_path(p, "status", "phase") == "Running" for p in items) and len(items) == 2,
+            timeout=60,
+            what="the ranks Running",
+        )
+        kubeconfigs = {}
+        for name in ranks:
+            token = await launcher_token(kube, namespace, account, created[name])
+            kubeconfigs[name] = token_kubeconfig(lab, token, tmp_path / f"{name}.kubeconfig")
+        rank_0 = await KubeClient.connect(str(kubeconfigs["rank-0"]))
+        try:  # the policy is enforced before the launchers start: a peer's acknowledgement is refused
+            body = {"metadata": {"annotations": {LAUNCHER_GENERATION_ANNOTATION: "9"}}}
+            await enforced(dry_run(rank_0, f"{pods}/rank-1", body), "the policy to refuse a peer's annotation")
+        finally:
+            await rank_0.close()
+        for name in ranks:
+            gang.launch(name, f"--kubeconfig={kubeconfigs[name]}", "--steps-publish-interval=1")
+        await gang.wait_starts(dict.fromkeys(ranks, 1))
+        await gang.wait_acknowledged(ranks, 0)
+        for name in ranks:
+            await gang.annotate(name, 1)
+        await gang.wait_acknowledged(ranks, 1)
+        await gang.wait_starts(dict.fromkeys(ranks, 2))
+        for name in ranks:
+            output = gang.launched[name].output()
+            assert "Forbidden" not in output and "HTTP 403" not in output, output
+    finally:
+        gang.stop_all()
