@@ -71,7 +71,7 @@ class Actuators:
             ActionKind.TAINT: Taint(client),
             ActionKind.CORDON: Cordon(client),
             ActionKind.LIFT: Lift(client),
-            ActionKind.DRAIN: Drain(client),
+            ActionKind.DRAIN: Drain(client, policies),
             ActionKind.REMEDIATE_NODE: self.node_remediation,
             ActionKind.TAINT_DEVICE: TaintDevice(client, policies),
             ActionKind.UNTAINT_DEVICE: UntaintDevice(client),

@@ -32,7 +32,7 @@ CONTROLLER_NEEDS: tuple[tuple[str, str, str, str], ...] = (
     ("watch", "", "nodes", ""),
     ("create", "", "pods", "eviction"),
     ("patch", "", "pods", "status"),
-    ("update", "", "nodes", ""),
+    ("patch", "", "nodes", ""),
     ("create", "", "events", ""),
     ("patch", "", "events", ""),
     ("create", GROUP, "remediations", ""),

@@ -5,29 +5,36 @@ devheal marks what it set in the node annotation ``devheal.io/owns`` (``taint``,
 set is never lifted by devheal (nor marked as devheal's): a node already cordoned is not
 cordoned again, a ``devheal.io/device-failure:NoSchedule`` taint already there is left
 unmarked, and ``Lift`` removes only that one taint (key and effect), never another of
-the same key. Node writes are read-modify-write with optimistic concurrency (the write
-carries the ``resourceVersion`` read, a 409 reads again), so a change an administrator
-makes meanwhile is never overwritten; a change that is already there is not a step.
+the same key. Node writes are read-modify-write with optimistic concurrency: a JSON merge
+patch of only what devheal may change on a node (``spec.taints``, ``spec.unschedulable``,
+``devheal.io/`` labels and annotations; the chart's admission policy
+``devheal-controller-node-writes`` refuses anything else) that carries the
+``resourceVersion`` read, so a change an administrator makes meanwhile answers 409 and is
+never overwritten; a change that is already there is not a step.
 
-``Drain`` evicts through the Eviction API, so PodDisruptionBudgets hold it back: it skips
-mirror pods (static pods, ``kubernetes.io/config.mirror``), DaemonSets' pods and ended
-pods, retries a pod a budget refused (429) after a per-pod backoff, and stays in progress
-while any other pod is still on the node.
+``Drain`` evicts through the Eviction API, so PodDisruptionBudgets hold it back: it evicts
+only the pods its policy selects (``selector.namespaces`` and ``podSelector``: a policy
+acts only on what it selects), skips mirror pods (static pods,
+``kubernetes.io/config.mirror``), DaemonSets' pods and ended pods, retries a pod a budget
+refused (429) after a per-pod backoff, and stays in progress while any other such pod is
+still on the node.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from devheal.controller.actuator import Outcome, StepFailed, Steps
+from devheal.controller.actuator import Outcome, Policies, StepFailed, Steps
 from devheal.controller.eviction import eviction
 from devheal.kube import errors
-from devheal.kube.client import KubeClient, Obj, api_path
+from devheal.kube.client import MERGE_PATCH, KubeClient, Obj, api_path
 from devheal.model.cluster import LIFTS_ANNOTATION, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION, parse_generation
 from devheal.model.degradation_policy import DEGRADED_MARKS
 from devheal.model.plan import Action, Phase, RemediationReason
+from devheal.model.policy import Policy
 
 OWNED_TAINT_EFFECT = "NoSchedule"
 
@@ -51,6 +58,32 @@ def set_owned(node: Obj, marks: set[str]) -> None:
         annotations.pop(OWNERSHIP_ANNOTATION, None)
 
 
+def _map_patch(read: Obj, changed: Obj) -> Obj:
+    """The merge patch of one string map (labels, annotations): changed keys, and removed ones as null."""
+    patch: Obj = {k: v for k, v in changed.items() if read.get(k) != v}
+    patch.update({k: None for k in read if k not in changed})
+    return patch
+
+
+def node_patch(read: Obj, changed: Obj) -> Obj:
+    """The JSON merge patch from ``read`` to ``changed`` in what devheal writes on a node, and nothing else:
+    ``spec.taints`` (a list: replaced whole), ``spec.unschedulable``, labels and annotations (key by key).
+
+    It carries the ``resourceVersion`` read as a precondition: a node changed meanwhile answers 409."""
+    read_meta, changed_meta = read.get("metadata") or {}, changed.get("metadata") or {}
+    read_spec, changed_spec = read.get("spec") or {}, changed.get("spec") or {}
+    metadata: Obj = {"resourceVersion": read_meta.get("resourceVersion")}
+    for field in ("labels", "annotations"):
+        if entries := _map_patch(read_meta.get(field) or {}, changed_meta.get(field) or {}):
+            metadata[field] = entries
+    spec = {
+        field: changed_spec.get(field)
+        for field in ("taints", "unschedulable")
+        if changed_spec.get(field) != read_spec.get(field)
+    }
+    return {"metadata": metadata, **({"spec": spec} if spec else {})}
+
+
 class NodeActuator:
     def __init__(self, client: KubeClient) -> None:
         self.client = client
@@ -58,14 +91,17 @@ class NodeActuator:
     async def update_node(self, name: str, change: Callable[[Obj], bool]) -> bool:
         """Read-modify-write with optimistic concurrency; ``change`` edits the node, returns False for no-op.
 
-        The write carries the ``resourceVersion`` read: a node changed meanwhile (an administrator's cordon,
-        taint or label) answers 409, and the change is made again over the node read anew."""
+        Only the node's taints, ``spec.unschedulable``, labels and annotations are written (``node_patch``),
+        at the ``resourceVersion`` read: a node changed meanwhile (an administrator's cordon, taint or label)
+        answers 409, and the change is made again over the node read anew."""
+        path = api_path("v1", "nodes", name=name)
         for _ in range(5):
-            node = await self.client.get(api_path("v1", "nodes", name=name))
+            node = await self.client.get(path)
+            read = copy.deepcopy(node)
             if not change(node):
                 return False
             try:
-                await self.client.replace(api_path("v1", "nodes", name=name), node)
+                await self.client.patch(path, node_patch(read, node), content_type=MERGE_PATCH)
                 return True
             except errors.Conflict:
                 await asyncio.sleep(0.05)
@@ -167,8 +203,23 @@ def drains(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
+def selected(policy: Policy, pod: Obj) -> bool:
+    """Whether ``policy`` selects ``pod`` by namespace and labels (the node is the policy's: it drains it)."""
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "")
+    if policy.namespaces and namespace not in policy.namespaces:
+        return False
+    labels = meta.get("labels") or {}
+    return policy.pod_selector.matches({str(k): str(v) for k, v in labels.items()})
+
+
 class Drain(NodeActuator):
-    """Evict every pod of the node that ``drains``, through the Eviction API; done once none is left.
+    """Evict every pod of the node that ``drains`` and the action's policy selects, through the Eviction API;
+    done once none is left.
+
+    Only the policy's pods: a policy acts only on what it selects, so a pod of a namespace it does not name,
+    or whose labels its ``podSelector`` does not match, stays on the node (and does not hold the drain up).
+    A policy that is gone drains nothing (the step fails: nothing says what it selected).
 
     A pass asks to evict each such pod not already terminating, and succeeds only once none remains
     (evicted pods may take their grace period to go). A pod a PodDisruptionBudget holds back (429) is
@@ -177,16 +228,24 @@ class Drain(NodeActuator):
     when longer). Each eviction names the pod's UID: a pod recreated under the same name is not evicted
     by a decision about the old one."""
 
-    def __init__(self, client: KubeClient, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, client: KubeClient, policies: Policies, clock: Callable[[], float] | None = None) -> None:
         super().__init__(client)
+        self.policies = policies
         self.clock = clock or (lambda: asyncio.get_running_loop().time())
         self.refused: dict[tuple[str, str], _Refused] = {}
         """(node, pod UID) -> the budget's last refusal, for the pods of nodes being drained."""
 
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         node = action.target
+        policy = self.policies().get(action.policy)
+        if policy is None:
+            raise StepFailed(
+                f"policy {action.policy} is gone: nothing says which pods of {node} it selects; draining none",
+                retry=False,
+                reason="PolicyGone",
+            )
         items, _ = await self.client.list_all(api_path("v1", "pods"), {"fieldSelector": f"spec.nodeName={node}"})
-        pods = [p for p in items if drains(p)]
+        pods = [p for p in items if drains(p) and selected(policy, p)]
         now = self.clock()
         seen = {str((p.get("metadata") or {}).get("uid") or "") for p in pods}
         for gone in [k for k in self.refused if k[0] == node and k[1] not in seen]:

@@ -44,14 +44,26 @@ _HEADERS = {
         "# narrows it to the agent pod's own node (Kubernetes >= 1.32; leave the two policy objects out on an\n"
         "# older cluster). docs/security.md explains both.\n"
     ),
+    "launcher-admission-policy.yaml": (
+        "# devheal launcher admission policy: holds every training pod's launcher (service account devheal-launcher,\n"
+        "# any namespace; its Role is deploy/launcher-rbac.yaml) to its own pod's devheal.io/launcher-generation and\n"
+        "# devheal.io/steps annotations. Cluster-wide: apply once. docs/security.md explains it.\n"
+    ),
     "monitoring.yaml": (
         "# devheal monitoring: a ServiceMonitor (controller) and a PodMonitor (agents), the PrometheusRule with\n"
         "# devheal's alerts (these three need the Prometheus Operator's CRDs), and the Grafana dashboard as a\n"
         "# ConfigMap for Grafana's dashboard sidecar. Apply after controller.yaml and agent-daemonset.yaml.\n"
     ),
 }
-_SOURCES = {"controller": "controller.yaml", "agent": "agent-daemonset.yaml", "monitoring": "monitoring.yaml"}
+_SOURCES = {
+    "controller": "controller.yaml",
+    "agent": "agent-daemonset.yaml",
+    "launcher": "launcher-admission-policy.yaml",
+    "monitoring": "monitoring.yaml",
+}
 """templates/<folder>/ -> the file in deploy/ its objects go to."""
+_NAMESPACED = ("controller.yaml", "agent-daemonset.yaml")
+"""The files whose objects live in the release namespace: each starts with that Namespace."""
 
 
 class ChartError(RuntimeError):
@@ -115,7 +127,7 @@ def plain_manifests(rendered: str | None = None) -> dict[str, str]:
     for name, docs in groups.items():
         if not docs:
             raise ChartError(f"deploy/{name}: the default values render nothing for it")
-        if name != "monitoring.yaml":
+        if name in _NAMESPACED:
             docs = [_namespace(NAMESPACE), *docs]
         files[name] = _GENERATED + _HEADERS[name] + "---\n".join(docs)
     return files

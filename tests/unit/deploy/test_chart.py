@@ -146,7 +146,7 @@ def test_the_controller_role_grants_what_the_actions_use_and_nothing_broad() -> 
     assert pods == {"get", "list", "watch", "delete", "patch"}, "pod writes: the gang annotation and gate, and delete"
     assert ("", "pods/eviction", "create") in granted, "evictions through the eviction subresource"
     assert ("", "pods/status", "patch") in granted
-    assert {v for g, r, v in granted if r == "nodes"} == {"get", "list", "watch", "update"}
+    assert {v for g, r, v in granted if r == "nodes"} == {"get", "list", "watch", "patch"}, "patches, never PUTs"
     assert not any(r.startswith("nodedevices") and v not in ("get", "list", "watch") for _, r, v in granted)
     lease = one(docs, "Role", "devheal-controller-lease")
     assert lease["metadata"]["namespace"] == chart.NAMESPACE
@@ -244,10 +244,19 @@ def test_the_agent_gets_the_pod_resources_socket_and_nvml_and_nothing_more() -> 
 def test_admission_policies_name_the_release_service_accounts() -> None:
     docs = documents("--namespace", "gpu-ops")  # the last --namespace wins
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
-    assert set(policies) == {"devheal-agent-own-node", "devheal-controller-pod-writes"}
+    controller = ("devheal-controller-pod-writes", "devheal-controller-node-writes", "devheal-controller-pod-status")
+    assert set(policies) == {"devheal-agent-own-node", "devheal-launcher-own-pod", *controller}
     assert "system:serviceaccount:gpu-ops:devheal-agent'" in str(policies["devheal-agent-own-node"]["spec"])
-    assert "system:serviceaccount:gpu-ops:devheal-controller'" in str(policies["devheal-controller-pod-writes"]["spec"])
-    off = documents("--set", "agent.admissionPolicy.enabled=false", "--set", "controller.admissionPolicy.enabled=false")
+    for name in controller:
+        assert "system:serviceaccount:gpu-ops:devheal-controller'" in str(policies[name]["spec"])
+    off = documents(
+        "--set",
+        "agent.admissionPolicy.enabled=false",
+        "--set",
+        "controller.admissionPolicy.enabled=false",
+        "--set",
+        "launcher.admissionPolicy.enabled=false",
+    )
     assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
 
 

@@ -20,6 +20,7 @@ from devheal.model.cluster import OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
 from devheal.model.plan import Action, FindingKind, Phase
 from devheal.model.policy import ActionKind
 from devheal.model.values import label_value
+from tests.shell.fixtures import unix_clock
 from tests.shell.memapi import MemApi
 from tests.shell.store import ApiError
 from tests.shell.waiting import until
@@ -263,16 +264,19 @@ def workload_pod(
     owner: str = "ReplicaSet",
     annotations: Obj | None = None,
     finalizers: list[str] | None = None,
+    namespace: str = "ml",
+    labels: Obj | None = None,
 ) -> Obj:
     meta: Obj = {
         "name": name,
         "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner, "name": "x", "uid": "o", "controller": True}],
         "annotations": annotations or {},
+        "labels": labels or {},
     }
     if finalizers:
         meta["finalizers"] = finalizers
     return api.create(
-        PODS,
+        api_path("v1", "pods", namespace=namespace),
         {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -311,10 +315,39 @@ async def test_drain_evicts_all_but_mirror_daemonset_and_ended_pods(api: MemApi,
     }
 
 
+async def test_drain_evicts_only_the_pods_its_policy_selects(api: MemApi, kube: KubeClient) -> None:
+    target = node(api)
+    chosen = {"devheal.io/remediate": "true"}
+    workload_pod(api, "train-0", labels=chosen)
+    workload_pod(api, "notebook")  # the policy's namespace, not its podSelector
+    workload_pod(api, "train-1", namespace="other", labels=chosen)  # its podSelector, not its namespace
+    selecting = policy(selector={"namespaces": ["ml"], "podSelector": {"matchLabels": chosen}})
+    acting = actuators(kube, selecting)
+    action = node_action(ActionKind.DRAIN, target)
+    outcome = await acting.execute(action)
+    assert (outcome.phase, outcome.reason) == (Phase.IN_PROGRESS, "Terminating")
+    assert [c.path for c in api.calls("create") if c.path.endswith("/eviction")] == [f"{PODS}/train-0/eviction"]
+    outcome = await acting.execute(action)
+    assert (outcome.phase, outcome.reason) == (Phase.SUCCEEDED, "Drained"), "the pods it does not select stay"
+    assert {(key[2], key[3]) for key in api.store.objects if key[1] == "pods"} == {
+        ("ml", "notebook"),
+        ("other", "train-1"),
+    }
+
+
+async def test_a_drain_whose_policy_is_gone_evicts_nothing_and_fails(api: MemApi, kube: KubeClient) -> None:
+    target = node(api)
+    workload_pod(api, "train-0")
+    outcome = await Actuators(kube, dict, unix_clock).execute(node_action(ActionKind.DRAIN, target))
+    assert (outcome.phase, outcome.reason) == (Phase.FAILED, "PolicyGone")
+    assert "policy p is gone" in outcome.message
+    assert not evictions(api)
+
+
 async def test_drain_evicts_by_uid_and_is_not_done_while_a_pod_terminates(api: MemApi, kube: KubeClient) -> None:
     target = node(api)
     slow = workload_pod(api, "slow", finalizers=["example.com/flush"])
-    drain = Drain(kube)
+    drain = Drain(kube, lambda: {"p": policy()})
     outcome, steps = await drain.act(node_action(ActionKind.DRAIN, target), {})
     assert (outcome.phase, outcome.reason, steps) == (Phase.IN_PROGRESS, "Terminating", ["drain"])
     assert api.get(f"{PODS}/slow")["metadata"].get("deletionTimestamp")
@@ -425,10 +458,10 @@ async def test_a_lift_racing_an_administrators_change_keeps_it(api: MemApi, kube
         )
 
     # The administrator's write lands between devheal's read and its write: that write answers 409.
-    api.meanwhile(admin_changes, verb="update", path=f"{NODES}/n1")
+    api.meanwhile(admin_changes, verb="patch", path=f"{NODES}/n1")
     outcome = await acting.execute(node_action(ActionKind.LIFT, target, FindingKind.NODE_RECOVERED))
     assert outcome.message == "lifted devheal's taint and cordon from n1"
-    assert len(api.calls("update", f"{NODES}/n1")) == 4, "taint, cordon, the lift refused, the lift again"
+    assert len(api.calls("patch", f"{NODES}/n1")) == 4, "taint, cordon, the lift refused, the lift again"
     lifted = api.get(f"{NODES}/n1")
     assert taints(api) == [admin_taint]
     assert lifted["metadata"]["labels"] == {"ops": "hold"}
