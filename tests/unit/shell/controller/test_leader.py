@@ -200,8 +200,10 @@ async def test_two_candidates_taking_over_a_lapsed_lease_cannot_both_win(api: Me
     assert await asyncio.gather(a.elector.try_acquire_or_renew(), b.elector.try_acquire_or_renew()) == [False, False]
     await asyncio.sleep(20)  # unchanged for 20 s: both see it lapsed and both try to take it over
     results = await asyncio.gather(a.elector.try_acquire_or_renew(), b.elector.try_acquire_or_renew())
-    assert sorted(results) == [False, True]  # one update answered Conflict
-    assert len(api.calls("update", LEASE)) == 2
+    assert sorted(results) == [False, True]  # one update answered Conflict, or one read the winner's lease
+    # Both update when both read the lapsed lease first; a loaded loop may let one read the winner's lease
+    # instead, and that one never writes.
+    assert len(api.calls("update", LEASE)) in (1, 2)
     assert spec(api)["leaseTransitions"] == 1
     assert spec(api)["holderIdentity"] == ("a" if results[0] else "b")
 
