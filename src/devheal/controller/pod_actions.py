@@ -166,6 +166,12 @@ class Notify:
         ), []
 
 
+def _gated(pod: Obj) -> bool:
+    """Whether ``pod`` is still held at devheal's placement gate."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(isinstance(g, dict) and g.get("name") == PLACEMENT_GATE for g in gates)
+
+
 async def release_gate(client: KubeClient, release: Release) -> None:
     """Nominate ``release.node`` (when set) in the pod's status, then remove the ``devheal.io/placement`` gate.
 
@@ -176,8 +182,8 @@ async def release_gate(client: KubeClient, release: Release) -> None:
     round tries again).
     A pod that is gone or was replaced is left alone, and so is one the API server says is
     already bound (a round that saw the gate before the cache caught up with an earlier
-    release: a bound pod has no gate left). Other failures are logged, and the next round
-    releases the pod again.
+    release: a bound pod has no gate left), or whose nomination the chart's admission policy refuses because
+    its gate is gone. Other failures are logged, and the next round releases the pod again.
     """
     ns, name = split_key(release.pod)
     path = api_path("v1", "pods", namespace=ns, name=name)
@@ -194,6 +200,13 @@ async def release_gate(client: KubeClient, release: Release) -> None:
                     raise
                 log.debug("%s is already bound: nothing to release", release.pod)
                 return
+            except errors.Forbidden:
+                # The chart's admission policy allows a nomination only while the gate is on: a round that
+                # saw the gate before the cache caught up with an earlier release is refused.
+                if not _gated(await client.get(path)):
+                    log.debug("%s has no %s left: nothing to release", release.pod, PLACEMENT_GATE)
+                    return
+                raise
         body: Obj = {
             "metadata": {"uid": release.uid},
             "spec": {"schedulingGates": [{"name": PLACEMENT_GATE, "$patch": "delete"}]},

@@ -171,6 +171,31 @@ async def test_a_pod_already_bound_when_its_nomination_is_refused_is_left_as_it_
     assert not caplog.records
 
 
+async def test_a_nomination_the_admission_policy_refuses_after_the_gate_went_is_left_as_it_is(
+    api: MemApi, kube: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The chart's pod-status policy allows a nomination only while the gate is on: a round working from a
+    # cache that has not seen an earlier release is refused (403), and there is nothing left to release.
+    released = pod(api, "train-1", node="")
+    api.fail_next(403, verb="patch", path=f"{PODS}/train-1/status", message="denied by devheal-controller-pod-status")
+    with caplog.at_level(logging.WARNING):
+        await actuators(kube).release_gate(Release("ml/train-1", released["metadata"]["uid"], "n7"))
+    assert [c.path for c in api.calls("patch", f"{PODS}/train-1")] == [f"{PODS}/train-1/status"]
+    assert not caplog.records
+
+
+async def test_a_nomination_refused_while_the_gate_is_still_on_is_retried_on_the_next_round(
+    api: MemApi, kube: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    gated = pod(api, "train-1", node="")
+    api.patch(f"{PODS}/train-1", {"spec": {"schedulingGates": [{"name": "devheal.io/placement"}]}})
+    api.fail_next(403, verb="patch", path=f"{PODS}/train-1/status", message="forbidden")
+    with caplog.at_level(logging.WARNING):
+        await actuators(kube).release_gate(Release("ml/train-1", gated["metadata"]["uid"], "n7"))
+    assert api.get(f"{PODS}/train-1")["spec"]["schedulingGates"] == [{"name": "devheal.io/placement"}]
+    assert "retrying on the next round" in caplog.text
+
+
 async def test_a_nomination_refused_for_another_reason_is_retried_on_the_next_round(
     api: MemApi, kube: KubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
