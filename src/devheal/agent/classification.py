@@ -524,6 +524,15 @@ def load_classification(override: Path | None = None) -> Classification:
         except (yaml.YAMLError, ValueError) as exc:
             # ValueError: PyYAML reads a number of more than 4300 digits with int(), which refuses it.
             raise ClassificationError(f"classification override {override}: not valid YAML: {exc}") from exc
+        except RecursionError as exc:
+            # PyYAML's reader recurses once per level: a thousand nested '[' exhaust Python's stack.
+            raise ClassificationError(
+                f"classification override {override}: not valid YAML: nested deeper than it can read"
+            ) from exc
         where = f"classification override {override}"
-        table = merge_tables(table, _mapping(loaded or {}, where), where)
+        try:
+            table = merge_tables(table, _mapping(loaded or {}, where), where)
+            return parse_classification(table, where)
+        except RecursionError as exc:
+            raise ClassificationError(f"{where}: nested deeper than a classification table is") from exc
     return parse_classification(table, where)

@@ -433,6 +433,13 @@ def project_remediation(obj: Obj) -> InFlight:
     )
 
 
+def _epoch(value: str, where: str) -> int:
+    """The epoch label as ``controller.records.epoch_label`` writes it: ``5``, or ``n5`` for -5."""
+    if value.startswith("n"):
+        return -_int(value[1:], where)
+    return _int(value, where)
+
+
 def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target: str) -> Action | None:
     """Rebuild the decision a Remediation records (enough to carry it out again)."""
     where = _name(obj, "Remediation")
@@ -475,8 +482,8 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
         workload=workload,
         target_uid=str(tgt.get("uid") or ""),
         dry_run=bool(spec.get("dryRun")),
-        epoch=_int(
-            _labels(meta.get("labels"), f"{where}: metadata.labels").get("devheal.io/epoch") or 0,
+        epoch=_epoch(
+            _labels(meta.get("labels"), f"{where}: metadata.labels").get("devheal.io/epoch") or "0",
             f"{where}: metadata.labels.devheal.io/epoch",
         ),
         step=_int(
