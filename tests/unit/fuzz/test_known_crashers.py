@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from devheal.agent.classification import ClassificationError, load_classification
 from devheal.agent.runner import ClassificationSource
+from devheal.cli.app import app
 from devheal.controller.events import event_name_prefix
 from devheal.controller.projections import project_node_devices, project_pod, project_remediation
 from devheal.controller.records import remediation_body
@@ -128,6 +130,16 @@ def test_an_override_file_nested_too_deep_is_a_classification_error_naming_it(tm
     path = _deep_override(tmp_path)
     with pytest.raises(ClassificationError, match=f"^classification override {path}: not valid YAML: nested"):
         load_classification(path)
+
+
+def test_an_override_nested_too_deep_stops_the_agent_at_start_with_a_one_line_error(tmp_path: Path) -> None:
+    path = _deep_override(tmp_path)
+    result = CliRunner().invoke(app, ["agent", "--node-name", "n1", "--classification", str(path)])
+    assert result.exit_code == 2, result.output  # as any other bad option
+    expected = f"classification override {path}: not valid YAML: nested deeper than it can read"
+    # Compared without blanks: the terminal's width may wrap a long temporary path.
+    assert "".join(expected.split()) in "".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
 
 
 def test_an_override_nested_too_deep_on_reload_is_logged_and_the_table_kept(
