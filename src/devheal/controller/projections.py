@@ -62,7 +62,11 @@ class ProjectionError(ValueError):
 
 
 def _name(obj: Obj, kind: str) -> str:
-    """``kind ns/name`` for messages, whatever the metadata holds (list items carry no kind)."""
+    """``kind ns/name`` for messages, whatever the metadata holds (list items carry no kind).
+
+    Raises ``ProjectionError`` when ``obj`` is no object at all (a broken server or client's watch event)."""
+    if not isinstance(obj, dict):
+        raise ProjectionError(f"{kind}: expected an object, got {show(obj)}")
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     ns, name = meta.get("namespace"), meta.get("name")

@@ -343,3 +343,17 @@ def test_any_override_file_gives_a_table_or_a_classification_error_naming_it_in_
             load_classification(path)
         except ClassificationError as exc:
             assert str(exc).startswith(f"classification override {path}: ") and "\n" not in str(exc), exc
+
+
+@FUZZ
+@given(json_values())
+def test_every_projection_takes_a_value_that_is_no_object(value: Any) -> None:
+    for project in (
+        project_pod,
+        project_node,
+        project_node_devices,
+        project_remediation,
+        project_resource_slice,
+        project_device_taint_rule,
+    ):
+        _project(project, value)
