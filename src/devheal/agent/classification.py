@@ -510,6 +510,14 @@ def default_table() -> dict[str, Any]:
     return loaded
 
 
+def _one_line(exc: Exception) -> str:
+    """A YAML error in one line (PyYAML's own message quotes the line with a caret below it)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"{exc.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(exc).split())
+
+
 def load_classification(override: Path | None = None) -> Classification:
     """The default table, with ``override`` (a YAML or JSON file) applied when given."""
     table = default_table()
@@ -523,7 +531,16 @@ def load_classification(override: Path | None = None) -> Classification:
             raise ClassificationError(f"classification override {override}: cannot read it: {exc}") from exc
         except (yaml.YAMLError, ValueError) as exc:
             # ValueError: PyYAML reads a number of more than 4300 digits with int(), which refuses it.
-            raise ClassificationError(f"classification override {override}: not valid YAML: {exc}") from exc
+            raise ClassificationError(f"classification override {override}: not valid YAML: {_one_line(exc)}") from exc
+        except RecursionError as exc:
+            # PyYAML's reader recurses once per level: a thousand nested '[' exhaust Python's stack.
+            raise ClassificationError(
+                f"classification override {override}: not valid YAML: nested deeper than it can read"
+            ) from exc
         where = f"classification override {override}"
-        table = merge_tables(table, _mapping(loaded or {}, where), where)
+        try:
+            table = merge_tables(table, _mapping(loaded or {}, where), where)
+            return parse_classification(table, where)
+        except RecursionError as exc:
+            raise ClassificationError(f"{where}: nested deeper than a classification table is") from exc
     return parse_classification(table, where)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,20 @@ MESSAGE_LIMIT = 1000
 COMBINED = "(combined from similar events): "
 
 Key = tuple[str, ...]
+
+_NOT_NAME = re.compile(r"[^a-z0-9]+")
+_NAME_PREFIX = 40
+"""Characters of the involved object's name kept: with ``.devheal.`` under the 58 the API server keeps of a
+``generateName`` before its 5 random characters, so what it generates is the name asked for."""
+
+
+def event_name_prefix(involved_name: object) -> str:
+    """The Event's ``generateName``: the involved object's name, made a valid DNS subdomain.
+
+    The involved object may be a gang named by a label value (upper case, '_' allowed) or a name of
+    253 characters; the API server refuses an Event whose name is not a lowercase DNS subdomain."""
+    readable = _NOT_NAME.sub("-", str(involved_name or "").lower())[:_NAME_PREFIX].strip("-")
+    return f"{readable or 'object'}.devheal."
 
 
 @dataclass
@@ -199,7 +214,7 @@ class EventRecorder:
         created = await self.client.create(
             api_path("v1", "events", namespace=namespace),
             {
-                "metadata": {"generateName": f"{involved.get('name') or 'object'}.devheal.", "namespace": namespace},
+                "metadata": {"generateName": event_name_prefix(involved.get("name")), "namespace": namespace},
                 "involvedObject": involved,
                 "reason": reason,
                 "message": message,
@@ -213,4 +228,4 @@ class EventRecorder:
         series.name = str((created.get("metadata") or {}).get("name") or "")
 
 
-__all__ = ["EventRecorder"]
+__all__ = ["EventRecorder", "event_name_prefix"]

@@ -62,7 +62,11 @@ class ProjectionError(ValueError):
 
 
 def _name(obj: Obj, kind: str) -> str:
-    """``kind ns/name`` for messages, whatever the metadata holds (list items carry no kind)."""
+    """``kind ns/name`` for messages, whatever the metadata holds (list items carry no kind).
+
+    Raises ``ProjectionError`` when ``obj`` is no object at all (a broken server or client's watch event)."""
+    if not isinstance(obj, dict):
+        raise ProjectionError(f"{kind}: expected an object, got {show(obj)}")
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     ns, name = meta.get("namespace"), meta.get("name")
@@ -433,6 +437,13 @@ def project_remediation(obj: Obj) -> InFlight:
     )
 
 
+def _epoch(value: str, where: str) -> int:
+    """The epoch label as ``controller.records.epoch_label`` writes it: ``5``, or ``n5`` for -5."""
+    if value.startswith("n"):
+        return -_int(value[1:], where)
+    return _int(value, where)
+
+
 def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target: str) -> Action | None:
     """Rebuild the decision a Remediation records (enough to carry it out again)."""
     where = _name(obj, "Remediation")
@@ -475,8 +486,8 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
         workload=workload,
         target_uid=str(tgt.get("uid") or ""),
         dry_run=bool(spec.get("dryRun")),
-        epoch=_int(
-            _labels(meta.get("labels"), f"{where}: metadata.labels").get("devheal.io/epoch") or 0,
+        epoch=_epoch(
+            _labels(meta.get("labels"), f"{where}: metadata.labels").get("devheal.io/epoch") or "0",
             f"{where}: metadata.labels.devheal.io/epoch",
         ),
         step=_int(

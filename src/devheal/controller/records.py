@@ -28,7 +28,7 @@ from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.api import GROUP_VERSION
 from devheal.model.plan import DECISION_ANNOTATION, Action, Blocked, Decision, EventReason, Phase, TargetKind
 from devheal.model.times import format_time
-from devheal.model.values import label_value
+from devheal.model.values import INT64_MAX, label_value
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +37,40 @@ STEP_LABEL = "devheal.io/step"
 """A RemediateNode record's rung of the escalation ladder (absent: the first)."""
 
 
+EPOCH_LABEL = "devheal.io/epoch"
+
+
+def epoch_label(epoch: int) -> str:
+    """An action's epoch as a label value, which may not begin with '-': ``n5`` for -5 (read back by
+    ``controller.projections``). Epochs come from counts and times read within int64; one beyond is written
+    as int64's bound (at most 20 characters), so the record is still accepted."""
+    bounded = max(-INT64_MAX, min(epoch, INT64_MAX))
+    return str(bounded) if bounded >= 0 else f"n{-bounded}"
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` within the Remediation CRD's ``maxLength`` for its field: a longer value (from a report or an
+    object no API server would hold) must not make the API server refuse the whole record."""
+    return text[:limit]
+
+
 def remediation_body(action: Action, decision: Decision = Decision.ACT) -> Obj:
     """The Remediation for ``action``. ``decision`` goes into the create request itself (annotation
     ``devheal.io/decision``): the status subresource is written only afterwards, and until then the
-    record must read as what it is, never as a Pending action to carry out."""
-    target: Obj = {"kind": action.target_kind, "name": action.target, "uid": action.target_uid, "node": action.node}
+    record must read as what it is, never as a Pending action to carry out.
+
+    Whatever the action holds, the body is one the API server accepts: label values are valid label
+    values, times are formattable, strings are within the CRD's lengths (``crds/remediations.yaml``)."""
+    target: Obj = {
+        "kind": action.target_kind,
+        "name": _clip(action.target, 253),
+        "uid": _clip(action.target_uid, 64),
+        "node": _clip(action.node, 253),
+    }
     if TargetKind(action.target_kind).namespaced:
         # Pods: "ns/name"; gangs: "ns/Kind/name" (the workload key), stored as namespace + "Kind/name".
         ns, name = split_key(action.target)
-        target = {**target, "namespace": ns, "name": name}
+        target = {**target, "namespace": _clip(ns, 63), "name": _clip(name, 253)}
     body: Obj = {
         "apiVersion": GROUP_VERSION,
         "kind": "Remediation",
@@ -57,7 +82,7 @@ def remediation_body(action: Action, decision: Decision = Decision.ACT) -> Obj:
                 # Names may be 253 characters, label values 63: a long one becomes a prefix and a hash.
                 "devheal.io/node": label_value(action.node),
                 "devheal.io/policy": label_value(action.policy),
-                "devheal.io/epoch": str(action.epoch),
+                EPOCH_LABEL: epoch_label(action.epoch),
             },
             "annotations": {DECISION_ANNOTATION: decision.value},
         },
@@ -66,24 +91,24 @@ def remediation_body(action: Action, decision: Decision = Decision.ACT) -> Obj:
             "target": target,
             "finding": {
                 "kind": action.finding.kind.value,
-                "source": action.finding.source,
-                "evidence": action.finding.evidence[:1000],
-                "deviceIDs": list(action.finding.device_ids)[:64],
+                "source": _clip(action.finding.source, 63),
+                "evidence": _clip(action.finding.evidence, 1000),
+                "deviceIDs": [_clip(d, 128) for d in action.finding.device_ids[:64]],
                 "since": format_time(action.finding.since),
             },
-            "policy": action.policy,
+            "policy": _clip(action.policy, 253),
             "dryRun": action.dry_run,
         },
     }
     if action.cause:  # part of the name: kept so the decision can be rebuilt
-        body["spec"]["finding"].update({"pod": action.finding.pod, "podUID": action.cause})
+        body["spec"]["finding"].update({"pod": _clip(action.finding.pod, 317), "podUID": _clip(action.cause, 128)})
     if action.step:
         body["metadata"]["labels"][STEP_LABEL] = str(action.step)
     if action.workload is not None:
         body["spec"]["workload"] = {
-            "kind": action.workload.kind,
-            "namespace": action.workload.namespace,
-            "name": action.workload.name,
+            "kind": _clip(action.workload.kind, 63),
+            "namespace": _clip(action.workload.namespace, 63),
+            "name": _clip(action.workload.name, 253),
             "class": action.workload.cls.value,
         }
     return body
@@ -159,4 +184,4 @@ class Records:
         log.debug("deleted ended remediation %s (retention)", name)
 
 
-__all__ = ["REMEDIATIONS", "Records", "remediation_body"]
+__all__ = ["EPOCH_LABEL", "REMEDIATIONS", "Records", "epoch_label", "remediation_body"]

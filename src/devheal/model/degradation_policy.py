@@ -140,7 +140,9 @@ def parse_degradation(value: Any, where: str, error: type[E]) -> DegradationRule
     leave = _duration(spec.get("leaveAfter"), d.leave_after, f"{where}.leaveAfter", error)
     if leave < enter:
         # Hysteresis: leaving takes at least as long as entering, so a device at the edge does not flap.
-        raise error(f"{where}.leaveAfter: must be at least enterAfter ({enter:.0f}s), got {show(spec['leaveAfter'])}")
+        # leaveAfter may be the default: the message says so rather than index a field that is not there.
+        given = show(spec["leaveAfter"]) if spec.get("leaveAfter") is not None else f"the default ({leave:.0f}s)"
+        raise error(f"{where}.leaveAfter: must be at least enterAfter ({enter:.0f}s), got {given}")
     taint = spec.get("taint", d.taint)
     if not isinstance(taint, bool):
         raise error(f"{where}.taint: expected true or false, got {show(taint)}")

@@ -24,10 +24,9 @@ infinite or absurd number) is refused with the reason, and the pod counts as not
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
-from devheal.model.values import show, whole_number
+from devheal.model.values import finite, show, whole_number
 
 STEPS_ANNOTATION = "devheal.io/steps"
 MAX_ANNOTATION_LENGTH = 512
@@ -63,11 +62,13 @@ def _seconds(body: dict[str, object], key: str, low: float, high: float) -> tupl
     value = body.get(key)
     if value is None:
         return None, ""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    # finite(): an int of hundreds of digits is a JSON number too, and float() of it would raise.
+    if finite(value) is None:
         return None, f"{key}: expected a finite number or null, got {show(value)}"
-    if not low <= value <= high:
+    number = finite(value, minimum=low, maximum=high)
+    if number is None:
         return None, f"{key}: expected a number within {low:g}..{high:g}, got {show(value)}"
-    return float(value), ""
+    return number, ""
 
 
 def parse_step_report(text: object) -> tuple[StepReport | None, str]:

@@ -4,7 +4,10 @@
   (``2024-05-01T12:00:00Z``, a ``metav1.Time``), or to the microsecond with ``micro=True``
   (``2024-05-01T12:00:00.000000Z``, a ``metav1.MicroTime`` such as a Lease's ``renewTime``).
 - ``parse_time``: either form (or any RFC 3339 offset) -> seconds since the epoch; ``None``
-  for anything that is not a timestamp, so a reader can fall back to another field.
+  for anything that is not a timestamp, so a reader can fall back to another field, and for a
+  time outside ``EARLIEST``..``LATEST`` (before 1970, or one that cannot be written back).
+- ``format_time`` never raises: a time outside what RFC 3339 can write (before year 1, after
+  9999, inf, nan) is written as the nearest one it can.
 - ``parse_duration``: ``30s``, ``5m``, ``1h30m`` -> seconds, as RemediationPolicy and the
   agent's classification table write durations; at most ``MAX_DURATION`` (Go's longest
   ``time.Duration``), so a duration added to a time can always be written back.
@@ -15,13 +18,21 @@ Both read ASCII digits only: Python's parsers also take '٣' and '１２'.
 from __future__ import annotations
 
 import datetime
+import math
 import re
 from typing import Any
 
 from devheal.model.values import show
 
-_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
-_MICROSECONDS = "%Y-%m-%dT%H:%M:%S.%fZ"
+_UNIX_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+EARLIEST = 0.0
+"""1970-01-01T00:00:00Z. No clock devheal reads (the API server's, a node agent's) runs earlier, and what it
+derives from a time (a record's epoch label) must not be negative: an earlier time reads as no time."""
+LATEST = 253402300799.0
+"""9999-12-31T23:59:59Z, the last second RFC 3339 (and Go's ``time.Time`` marshalling) can write."""
+_FIRST = -62135596800.0
+"""0001-01-01T00:00:00Z, the first second RFC 3339 can write."""
 
 # ASCII digits only and full matches, exactly as the CRD's patterns (the API server's regex engine).
 _DURATION = re.compile(r"(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+(?:\.[0-9]+)?)s)?")
@@ -33,8 +44,18 @@ MAX_DURATION = (2**63 - 1) / 1e9
 
 
 def format_time(ts: float, *, micro: bool = False) -> str:
-    """Seconds since the epoch -> RFC 3339 UTC: ``...T12:00:00Z``, or ``...T12:00:00.123456Z`` if ``micro``."""
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime(_MICROSECONDS if micro else _SECONDS)
+    """Seconds since the epoch -> RFC 3339 UTC: ``...T12:00:00Z``, or ``...T12:00:00.123456Z`` if ``micro``.
+
+    Never raises: a time RFC 3339 cannot write is written as the nearest one it can (nan as the epoch)."""
+    try:
+        number = float(ts)
+    except OverflowError:  # an int too large for a float
+        number = math.inf if ts > 0 else -math.inf
+    seconds = 0.0 if math.isnan(number) else min(max(number, _FIRST), LATEST)
+    m = _UNIX_EPOCH + datetime.timedelta(seconds=seconds)
+    # Not strftime: its %Y writes year 1 as "1", which is no RFC 3339 year.
+    text = f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}"
+    return f"{text}.{m.microsecond:06d}Z" if micro else f"{text}Z"
 
 
 def parse_time(text: Any) -> float | None:
@@ -49,7 +70,11 @@ def parse_time(text: Any) -> float | None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
-    return moment.timestamp()
+    try:
+        seconds = (moment - _UNIX_EPOCH).total_seconds()
+    except OverflowError:  # year 1 with a positive offset is before year 1 in UTC
+        return None
+    return seconds if EARLIEST <= seconds <= LATEST else None
 
 
 def parse_duration(text: Any, where: str, *, error: type[ValueError] = ValueError) -> float:

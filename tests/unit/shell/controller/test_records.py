@@ -8,6 +8,7 @@ The controller runs whole (cache, rounds, work queue, actuators) on virtual time
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -126,9 +127,9 @@ async def test_a_200_character_node_and_policy_name_still_make_a_record(api: Mem
     assert all(len(v) <= LABEL_VALUE_MAX for v in labels.values())
     assert labels["devheal.io/node"].startswith("n" * 20) and labels["devheal.io/node"] != LONG
     assert (record["spec"]["target"]["name"], record["spec"]["policy"]) == (LONG, "p" * 200)
-    assert project_remediation(remediation_body(node_action(ActionKind.TAINT, LONG, "p" * 200))).resume == (
-        node_action(ActionKind.TAINT, LONG, "p" * 200)
-    )
+    # A node's uid is a UUID (the CRD keeps 64 characters of it); node_action's "uid-<name>" would be 204.
+    action = dataclasses.replace(node_action(ActionKind.TAINT, LONG, "p" * 200), target_uid="uid-long-node")
+    assert project_remediation(remediation_body(action)).resume == action
 
 
 # ---- 1. a node's episode lives on the node ------------------------------------------------------
