@@ -31,7 +31,7 @@ from devheal.controller.records import remediation_body
 from devheal.engine.decide import Overdue
 from devheal.engine.rounds import DecisionRound
 from devheal.model.cluster import GANG_LABEL, GPU_RESOURCE, ClusterView
-from devheal.model.plan import Action, Blocked, Decision, InFlight, Phase, TargetKind
+from devheal.model.plan import Action, Blocked, Decision, InFlight, Phase, Rail, TargetKind
 from devheal.model.policy import Policy, PolicyError, parse_policy
 from devheal.model.steps import STEPS_ANNOTATION
 from tests.unit.engine.builders import view
@@ -76,8 +76,11 @@ class RecordingHost:
     def record_blocked(self, item: Blocked) -> None:
         self.decisions.append((item.action, Decision.BLOCKED))
 
-    def hold(self, record: InFlight, why: str) -> None:
+    def hold(self, record: InFlight, why: str, rail: Rail = Rail.PAUSED) -> None:
         pass
+
+    def decline(self, record: InFlight, why: str) -> None:
+        self.records.pop(record.name, None)
 
     def report_overdue(self, item: Overdue) -> None:
         pass
