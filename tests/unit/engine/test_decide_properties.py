@@ -11,7 +11,7 @@ from devheal.engine.decide import decide
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.model.effects import KIND_EFFECTS, takes_node
 from devheal.model.plan import InFlight, Phase, Plan
-from devheal.model.policy import Budgets, Policy
+from devheal.model.policy import ActionKind, Budgets, Policy
 
 from .builders import NOW
 from .strategies import Scenario, scenarios
@@ -62,6 +62,18 @@ def check_node_budgets(s: Scenario, plan: Plan) -> None:
         for r in s.in_flight
         if r.active and r.target_kind == "Node" and takes_node(KIND_EFFECTS[r.action]) and r.node in s.view.nodes
     }
+    # A mark that succeeded counts until a later lift of it succeeded, shown on the node or not (yet).
+    lifts = [
+        r for r in s.in_flight if r.phase is Phase.SUCCEEDED and r.action in (ActionKind.LIFT, ActionKind.LIFT_DEGRADED)
+    ]
+    for r in s.in_flight:
+        lifted_by = ActionKind.LIFT_DEGRADED if r.action is ActionKind.FENCE_DEGRADED else ActionKind.LIFT
+        marks = r.action in (ActionKind.TAINT, ActionKind.CORDON, ActionKind.FENCE_DEGRADED)
+        unlifted = not any(
+            lift.node == r.node and lift.action is lifted_by and lift.started > r.started for lift in lifts
+        )
+        if marks and r.phase is Phase.SUCCEEDED and not r.dry_run and r.node in s.view.nodes and unlifted:
+            out.add(r.node)
     selected = [
         n
         for n in s.view.nodes.values()
