@@ -1,8 +1,9 @@
-"""The circuit breaker: a fault storm across the GPU fleet stops every disruptive action.
+"""The circuit breaker: a fault storm across the GPU fleet stops every action that evicts, restarts, or stops
+scheduling on a node or a device (``devheal.model.effects.BREAKER_EFFECTS``).
 
 A small state (``Breaker``) that the decision round carries from one round to the next
-(``step_breaker``): it opens when too many GPU nodes fault within its window, and closes
-only after a cool-down with hysteresis or an operator's reset; ``Breaker.restored``
+(``step_breaker``): it opens when too many GPU nodes fault within its window (or are still
+faulty), and closes only after a cool-down with hysteresis or an operator's reset; ``Breaker.restored``
 rebuilds it from what the policies' status records, so a restarted controller keeps it
 open. It counts GPU nodes only (``gpu_nodes``): CPU-only nodes a policy selects do not
 widen it. Pure.
@@ -60,9 +61,9 @@ def gpu_nodes(view: ClusterView, policies: Sequence[Policy]) -> list[Node]:
 class Breaker:
     """The fault-storm circuit breaker's state, carried from one round to the next (``step_breaker``).
 
-    Open, it stops every disruptive action. It opens when more than ``maxFaultyNodesPercent`` of
-    the GPU nodes (and more than one) have faulted within the window, and closes only once at most
-    ``closeAtFaultyNodesPercent`` have for ``coolDown`` (hysteresis), or when an operator gives a
+    Open, it stops every action ``BREAKER_EFFECTS`` names. It opens when more than ``maxFaultyNodesPercent``
+    of the GPU nodes (and more than one) have faulted within the window or are still faulty, and closes only
+    once at most ``closeAtFaultyNodesPercent`` are so for ``coolDown`` (hysteresis), or when an operator gives a
     policy's annotation ``devheal.io/reset-breaker`` a new value; faults seen before a reset no
     longer count."""
 
