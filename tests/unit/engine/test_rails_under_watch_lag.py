@@ -6,12 +6,14 @@ effect at once in the *true* cluster (marks and taints on nodes, ranks replaced,
 records created and, a round later, succeeded), as the controller's actuators do. The view the
 rounds decide over comes through watches: every node, pod, report and record arrives after its
 own random delay of up to a few versions, independently of the others (in order per object, out
-of order across objects), and a decision stays known locally until its record arrives, as
-``controller.loop`` keeps it. A create of a record name that exists is refused.
+of order across objects), and a decision stays known locally until its record arrives as the
+decision left it (not as the Blocked record it then acted on), as ``controller.loop`` keeps it. A
+create of a record name that exists is refused.
 
 At every instant of the true cluster: the nodes out of service stay within ``maxUnhealthyNodes``
-(and per pool); no gang restarts more than ``gangRestartsPerHour``; nothing a breaker holds is done
-while it is open; nothing at all is done while paused; only dry-run records are written in dry-run.
+(and per pool); no gang restarts more than ``gangRestartsPerHour``; no workload is disrupted twice
+within ``workloadDisruptionInterval``; nothing a breaker holds is done while it is open; nothing at
+all is done while paused; only dry-run records are written in dry-run.
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ def out_of_service(n: Node) -> bool:
     """devheal keeps new pods off it: its taint or cordon, or its degraded taint at NoSchedule."""
     fenced = any(t.key == DEGRADED_TAINT_KEY and t.effect == "NoSchedule" for t in n.taints)
     return bool(n.owned - DEGRADED_MARKS) or (DEGRADED_MARK in n.owned and fenced)
+
+
+def _older(delivered: InFlight, local: InFlight) -> bool:
+    """The watch's copy is from before the decision this process took: a Blocked record it then acted on."""
+    return delivered.phase is Phase.BLOCKED and local.phase is not Phase.BLOCKED
 
 
 @dataclass
@@ -211,9 +218,9 @@ class Cluster:
 
     def in_flight(self, v: ClusterView) -> list[InFlight]:
         delivered = {r.name: r for r in self._seen(self.records)}
-        for name in [n for n in self.local if n in delivered]:
-            del self.local[name]  # the watch's copy wins once it arrived
-        return [*delivered.values(), *(r for name, r in self.local.items() if name not in delivered)]
+        for name in [n for n in self.local if n in delivered and not _older(delivered[n], self.local[n])]:
+            del self.local[name]  # the watch's copy wins once it caught up with the decision
+        return [*(r for name, r in delivered.items() if name not in self.local), *self.local.values()]
 
     def busy(self) -> Container[str]:
         return ()
@@ -264,7 +271,7 @@ def policies(draw: st.DrawFn) -> Policy:
             "maxUnhealthyNodesPerPool": draw(st.sampled_from([1, "50%", "100%"])),
             "gangRestartsPerHour": draw(st.integers(1, 2)),
             "maxConcurrentRemediations": draw(st.integers(1, 3)),
-            "workloadDisruptionInterval": 60,
+            "workloadDisruptionInterval": draw(st.sampled_from([60, 180])),
             "circuitBreaker": {"maxFaultyNodesPercent": draw(st.sampled_from([30, 50, 100]))},
         },
         paused=draw(st.sampled_from([False] * 6 + [True])),
@@ -275,7 +282,7 @@ def policies(draw: st.DrawFn) -> Policy:
 faults = st.lists(st.tuples(st.sampled_from(NODES), st.sampled_from(FAULTS)), max_size=3)
 
 
-@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(
     the_policy=policies(),
     rounds_of_faults=st.lists(faults, min_size=4, max_size=12),
@@ -311,6 +318,13 @@ def test_the_rails_hold_in_the_true_cluster_whatever_the_watches_deliver_late(
             assert len(in_pool) <= pool_limit, f"pool {pool}: {in_pool} out of service, budget {pool_limit}"
         restarts = [t for t, a in cluster.effects if a.kind is ActionKind.RESTART_GANG and cluster.now - t < 3600]
         assert len(restarts) <= budgets.gang_restarts_per_hour, f"{len(restarts)} gang restarts within the hour"
+        disrupted: dict[str, float] = {}
+        for t, a in cluster.effects:
+            if a.disruptive and a.workload is not None:
+                last = disrupted.get(a.workload.key)
+                gap = budgets.workload_disruption_interval
+                assert last is None or t - last >= gap, f"{a.workload.key} disrupted at {last} and {t}"
+                disrupted[a.workload.key] = t
         if result.plan.breaker_open:
             held = [a for a in acted if a.stopped_by_breaker]
             assert held == [], f"{[(a.kind, a.target) for a in held]} while the breaker is open"
