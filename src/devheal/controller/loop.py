@@ -211,18 +211,23 @@ class Controller:
     # ---- the round's host ----------------------------------------------------------------------
 
     def in_flight(self, view: ClusterView) -> InFlightRecords:
-        """Recorded remediations (the watch's copies win), plus decisions whose records are on their way: the
-        active and recent ones to walk through, any of them by name."""
+        """Recorded remediations, plus decisions whose records are on their way or behind them (a local copy
+        wins until the watch catches up): the active and recent ones to walk through, any of them by name."""
         recorded = self.cache.remediations.store
         for name, local in list(self._local.items()):
-            # Once the watch has delivered a record, the local copy is no longer needed; nor is one whose
-            # work ended long ago without a record arriving (its creation failed).
-            if name in recorded or (name not in self.queue and self._now - local.started > LOCAL_RECORD_TTL):
+            # Once the watch has delivered the record as this decision made it, the local copy is no longer
+            # needed; nor is one whose work ended long ago without a record arriving (its creation failed). A
+            # Blocked record this process then acted on is not caught up: until its new status arrives, the
+            # local copy says the action is under way (it counts against the budgets and intervals).
+            caught_up = name in recorded and not (
+                recorded[name].phase is Phase.BLOCKED and local.phase is not Phase.BLOCKED
+            )
+            if caught_up or (name not in self.queue and self._now - local.started > LOCAL_RECORD_TTL):
                 del self._local[name]
         self._current.refresh(recorded, relevance_horizon(self._policies), self._now)
-        current = dict(self._local)
-        current.update(self._current.items)
-        return InFlightRecords(list(current.values()), ChainMap(recorded, self._local))
+        current = dict(self._current.items)
+        current.update(self._local)  # a local copy left is newer than the watch's
+        return InFlightRecords(list(current.values()), ChainMap(self._local, recorded))
 
     def busy(self) -> Container[str]:
         return self.queue

@@ -1,8 +1,9 @@
-"""The circuit breaker: a fault storm across the GPU fleet stops every disruptive action.
+"""The circuit breaker: a fault storm across the GPU fleet stops every action that evicts, restarts, or stops
+scheduling on a node or a device (``devheal.model.effects.BREAKER_EFFECTS``).
 
 A small state (``Breaker``) that the decision round carries from one round to the next
-(``step_breaker``): it opens when too many GPU nodes fault within its window, and closes
-only after a cool-down with hysteresis or an operator's reset; ``Breaker.restored``
+(``step_breaker``): it opens when too many GPU nodes fault within its window (or are still
+faulty), and closes only after a cool-down with hysteresis or an operator's reset; ``Breaker.restored``
 rebuilds it from what the policies' status records, so a restarted controller keeps it
 open. It counts GPU nodes only (``gpu_nodes``): CPU-only nodes a policy selects do not
 widen it. Pure.
@@ -18,8 +19,32 @@ from devheal.model.cluster import ClusterView, Node
 from devheal.model.plan import POD_FINDINGS, Finding, FindingKind
 from devheal.model.policy import RESET_BREAKER_ANNOTATION, Policy
 
-DEVICE_FAULTS = POD_FINDINGS | {FindingKind.NODE_DEVICES_FAILED}
-"""Findings that say a device of their node is at fault: the circuit breaker counts their nodes."""
+DEVICE_FAULTS = POD_FINDINGS | {
+    FindingKind.NODE_DEVICES_FAILED,
+    FindingKind.DRA_DEVICE_FAILED,
+    FindingKind.DEVICE_DEGRADED,
+    FindingKind.DEVICE_NEEDS_REPAIR,
+    FindingKind.UNKNOWN_XID,
+    FindingKind.NODE_DRIVER_FAILED,
+}
+"""Findings that say a device of their node (or its driver) is at fault, failed or degraded: the circuit breaker
+counts their nodes. Degraded devices on many nodes at once are as much a storm (a bad driver or firmware
+rollout) as failed ones."""
+NOT_DEVICE_FAULTS = frozenset(
+    {
+        FindingKind.NODE_RECOVERED,
+        FindingKind.DEGRADATION_RECOVERED,
+        FindingKind.DRA_DEVICE_RECOVERED,
+        FindingKind.STRAGGLER,
+        FindingKind.GANG_STALLED,
+        FindingKind.ADMISSION_REJECTED,
+        FindingKind.STUCK_TERMINATING,
+        FindingKind.DEVICE_PLUGIN_DOWN,
+        FindingKind.NODE_SIGNAL,
+    }
+)
+"""Findings the breaker does not count: recoveries, a workload's own behaviour (slow, hung), the kubelet's and the
+device plugin's troubles, other tools' signals mapped to Degraded or Notify. Every kind is in one of the two sets."""
 
 
 def gpu_nodes(view: ClusterView, policies: Sequence[Policy]) -> list[Node]:
@@ -36,9 +61,9 @@ def gpu_nodes(view: ClusterView, policies: Sequence[Policy]) -> list[Node]:
 class Breaker:
     """The fault-storm circuit breaker's state, carried from one round to the next (``step_breaker``).
 
-    Open, it stops every disruptive action. It opens when more than ``maxFaultyNodesPercent`` of
-    the GPU nodes (and more than one) have faulted within the window, and closes only once at most
-    ``closeAtFaultyNodesPercent`` have for ``coolDown`` (hysteresis), or when an operator gives a
+    Open, it stops every action ``BREAKER_EFFECTS`` names. It opens when more than ``maxFaultyNodesPercent``
+    of the GPU nodes (and more than one) have faulted within the window or are still faulty, and closes only
+    once at most ``closeAtFaultyNodesPercent`` are so for ``coolDown`` (hysteresis), or when an operator gives a
     policy's annotation ``devheal.io/reset-breaker`` a new value; faults seen before a reset no
     longer count."""
 
@@ -56,7 +81,8 @@ class Breaker:
     """(policy, value of its reset annotation) already acted on."""
     recent: tuple[tuple[str, float], ...] = ()
     """(node, when its latest fault began) for faults within the window, also of nodes healthy again: a node
-    that faults and recovers in waves still counts until the window has passed."""
+    that faults and recovers in waves still counts until the window has passed. A node whose fault is still
+    current counts whenever it began (``step_breaker``)."""
 
     @property
     def open(self) -> bool:
@@ -102,17 +128,22 @@ def step_breaker(
     if limit >= 100:  # no breaker
         return replace(state, open_since=None, reason="", calm_since=None) if state.open else state
     began = dict(prior.recent)
+    current: set[str] = set()
     for f in findings:
         node = view.nodes.get(f.node)
         if f.kind in DEVICE_FAULTS and node is not None and policy_for_node(policies, node) is not None:
             began[f.node] = max(began.get(f.node, f.since), f.since)
+            if state.reset_at is None or f.since > state.reset_at:
+                current.add(f.node)
     recent = {
         name: since
         for name, since in began.items()
         if now - since <= budgets.breaker_window and (state.reset_at is None or since > state.reset_at)
     }
     state = replace(state, recent=tuple(sorted(recent.items())))
-    faulty = set(recent)
+    # Faults that began within the window, and faults still current however long ago they began: a storm that
+    # persists keeps the breaker open (a reset forgets the faults seen before it, current or not).
+    faulty = set(recent) | current
     population = len({n.name for n in gpu_nodes(view, policies)} | faulty)
     close = min(budgets.breaker_close_percent, limit)
     if not state.open:

@@ -5,9 +5,12 @@ decisions, and tests check its invariants directly:
 
 - no action on a pod or node outside every policy's selector;
 - never two active remediations for one target, and no decision taken twice;
-- disruptive actions stay within the budgets (unhealthy GPU nodes cluster-wide and per
-  pool, concurrent remediations, one per workload per interval), stop while the
-  circuit breaker is open, and are only recorded in dry-run or while paused.
+- every action is only recorded in dry-run or while paused; beyond that, what an action
+  does (its effects, ``devheal.model.effects``) says which rails hold it: the circuit
+  breaker stops whatever evicts, restarts, or stops scheduling on a node or a device; the
+  unhealthy-node budgets (cluster-wide and per pool) count whatever takes a node out of
+  service; the concurrency budget and the per-workload interval count whatever stops
+  running work (evicts, restarts).
 
 Budgets in percent and the breaker count GPU nodes only (``gpu_nodes``): CPU-only nodes
 a policy selects do not widen them. The circuit breaker's state comes in from the round
@@ -27,8 +30,9 @@ from devheal.engine.breaker import Breaker, gpu_nodes, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
-from devheal.model.cluster import ClusterView
-from devheal.model.degradation_policy import DEGRADED_MARKS
+from devheal.model.cluster import ClusterView, Node
+from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
+from devheal.model.effects import Effect, disrupts, effects_of, takes_node
 from devheal.model.plan import (
     POD_FINDINGS,
     Action,
@@ -45,8 +49,8 @@ from devheal.model.plan import (
 from devheal.model.policy import ActionKind, Budgets, NodeRules, Policy, RemediationMode
 from devheal.model.times import format_time
 
-NODE_TAKING = frozenset({ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN, ActionKind.REMEDIATE_NODE})
-"""Actions that take a node out of service: they count against the unhealthy-node budgets."""
+PolicyOf = Callable[[InFlight], Policy | None]
+"""A record's policy, by its name (None: gone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +71,28 @@ class Overdue:
     why: str
 
 
+def policy_of(policies: Sequence[Policy]) -> PolicyOf:
+    """Look a record's policy up by its name."""
+    by_name = {p.name: p for p in policies}
+    return lambda r: by_name.get(r.policy)
+
+
+def _disrupts(r: InFlight, policy: PolicyOf) -> bool:
+    """Carried out (not dry-run, Blocked, Skipped) and stops running work under its policy (the worst case of
+    its kind when the policy is gone)."""
+    return r.carried_out and disrupts(r.effects(policy(r)))
+
+
 def overdue(in_flight: Iterable[InFlight], policies: Sequence[Policy], now: float) -> list[Overdue]:
     """Active disruptive remediations past the step timeout of their policy (the defaults when the policy is
     gone), oldest first."""
-    by_name = {p.name: p.budgets for p in policies}
+    policy = policy_of(policies)
     found = []
     for r in in_flight:
-        if not (r.active and r.disruptive):
+        if not (r.active and _disrupts(r, policy)):
             continue
-        timeout = by_name.get(r.policy, Budgets()).step_timeout(r.action)
+        own = policy(r)
+        timeout = (own.budgets if own is not None else Budgets()).step_timeout(r.action)
         if timeout is None or now - r.started <= timeout:
             continue
         found.append(
@@ -89,11 +106,49 @@ def overdue(in_flight: Iterable[InFlight], policies: Sequence[Policy], now: floa
     return sorted(found, key=lambda o: (o.record.started, o.record.name))
 
 
-def _nodes_out(view: ClusterView, in_flight: Sequence[InFlight]) -> set[str]:
-    """Nodes out of service: marked by devheal, or under an active node-taking remediation."""
-    taking = {r.node for r in in_flight if r.target_kind == TargetKind.NODE and r.active and r.action in NODE_TAKING}
-    # devheal's degraded taint (``degraded``) leaves a node in service: it counts against no budget.
-    return {n.name for n in view.nodes.values() if n.owned - DEGRADED_MARKS or n.name in taking}
+def _marked_out(node: Node) -> bool:
+    """devheal's marks keep new pods off the node: its taint or cordon, or its degraded taint at NoSchedule (a
+    fence). The degraded taint at PreferNoSchedule only steers: the node stays in service."""
+    if node.owned - DEGRADED_MARKS:
+        return True
+    return DEGRADED_MARK in node.owned and any(
+        t.key == DEGRADED_TAINT_KEY and t.effect in ("NoSchedule", "NoExecute") for t in node.taints
+    )
+
+
+def _lifted_by(kind: ActionKind) -> ActionKind:
+    """The action that removes the mark an action of ``kind`` leaves on its node."""
+    return ActionKind.LIFT_DEGRADED if kind is ActionKind.FENCE_DEGRADED else ActionKind.LIFT
+
+
+def nodes_out(view: ClusterView, in_flight: Sequence[InFlight], policy: PolicyOf) -> set[str]:
+    """Nodes of the view out of service, by devheal: marked (``_marked_out``); under an active remediation that
+    takes a node out; or marked by a remediation that succeeded, until a later lift of that mark succeeded.
+
+    The last is for the cache's lag: a Taint that succeeded may not show on the cached Node yet, and a node
+    counted nowhere would let the next round take another one. It stops counting at the lift that removed the
+    mark (or when the record leaves the records a round reads, a day after it ended), never earlier; when the
+    mark shows, the mark counts."""
+    out = {n.name for n in view.nodes.values() if _marked_out(n)}
+    lifts: dict[tuple[str, ActionKind], float] = {}
+    for r in in_flight:
+        lift = r.target_kind == TargetKind.NODE and Effect.REMOVES_OWN_MARK in r.effects(None)
+        if lift and r.phase is Phase.SUCCEEDED:
+            key = (r.node, r.action)
+            lifts[key] = max(lifts.get(key, r.started), r.started)
+    for r in in_flight:
+        if r.target_kind != TargetKind.NODE or r.node not in view.nodes or r.node in out:
+            continue
+        effects = r.effects(policy(r))
+        if not takes_node(effects):
+            continue
+        if r.active:
+            out.add(r.node)
+        elif r.phase is Phase.SUCCEEDED and not r.dry_run and Effect.STOPS_NODE_SCHEDULING in effects:
+            lifted = lifts.get((r.node, _lifted_by(r.action)))
+            if lifted is None or lifted <= r.started:
+                out.add(r.node)
+    return out
 
 
 FLAP_WINDOW = 24 * 3600.0
@@ -386,7 +441,8 @@ def decide(
     # Budget state from what is already in flight or already taken out; a remediation past its step
     # timeout no longer holds the concurrency budget. The node budgets count GPU nodes, and any node
     # already out (a GPU node whose device plugin is gone shows no GPU capacity).
-    out_nodes = _nodes_out(view, in_flight)
+    record_policy = policy_of(policies)
+    out_nodes = nodes_out(view, in_flight, record_policy)
     selected_nodes = gpu_nodes(view, policies)
     counted = {n.name for n in selected_nodes}
     selected_nodes += [
@@ -395,15 +451,14 @@ def decide(
         if policy_for_node(policies, view.nodes[name]) is not None
     ]
     late = {o.record.name for o in overdue(in_flight, policies, now)}
-    concurrent = sum(1 for r in in_flight if r.active and r.disruptive and r.name not in late)
+    disrupting = [r for r in in_flight if _disrupts(r, record_policy)]
+    concurrent = sum(1 for r in disrupting if r.active and r.name not in late)
     last_disruption: dict[str, float] = {}
     gang_restarts: Counter[str] = Counter(
-        r.workload
-        for r in in_flight
-        if r.action is ActionKind.RESTART_GANG and r.workload and r.disruptive and now - r.started < 3600
+        r.workload for r in disrupting if r.action is ActionKind.RESTART_GANG and r.workload and now - r.started < 3600
     )
-    for r in in_flight:
-        if r.workload and r.disruptive:
+    for r in disrupting:
+        if r.workload:
             last_disruption[r.workload] = max(last_disruption.get(r.workload, 0.0), r.started)
 
     actions: list[Action] = []
@@ -411,9 +466,10 @@ def decide(
     planned_targets: set[tuple[TargetKind, str]] = set()
     queue = deque(candidates)
     while queue:
-        candidate, policy = queue.popleft()
-        dry = settings.dry_run or policy.dry_run
-        action = replace(candidate, dry_run=dry)  # before naming it: a dry-run decision has its own name
+        candidate, own = queue.popleft()
+        dry = settings.dry_run or own.dry_run
+        # Dry-run before naming it (a dry-run decision has its own name); its effects under its policy.
+        action = replace(candidate, dry_run=dry, effects=effects_of(candidate.kind, own))
         prior = existing(action.name)
         if prior is not None and prior.phase is not Phase.BLOCKED:
             continue  # decided before (in flight, done, recorded as dry-run, or failed): never twice
@@ -422,22 +478,20 @@ def decide(
         # escalation ladder takes over from the node's earlier steps, which stay in progress).
         if target in planned_targets or (target in active_targets and not _supersedes(action, in_flight)):
             continue
-        if settings.paused or policy.paused:
+        if settings.paused or own.paused:
             blocked.append(
-                Blocked(
-                    action, "devheal is paused" if settings.paused else f"policy {policy.name} is paused", Rail.PAUSED
-                )
+                Blocked(action, "devheal is paused" if settings.paused else f"policy {own.name} is paused", Rail.PAUSED)
             )
             continue
         if dry:
             actions.append(action)
             planned_targets.add(target)
             continue
-        if action.disruptive and breaker_open:
+        if action.stopped_by_breaker and breaker_open:
             blocked.append(Blocked(action, breaker_reason, Rail.CIRCUIT_BREAKER))
             continue
-        budgets = policy.budgets
-        if action.kind in NODE_TAKING and action.node not in out_nodes:
+        budgets = own.budgets
+        if action.takes_node and action.node not in out_nodes:
             limit = budgets.max_unhealthy_nodes.of(len(selected_nodes))
             if len(out_nodes) + 1 > limit:
                 blocked.append(
@@ -500,7 +554,7 @@ def decide(
                             reason=f"gang restart budget spent: fail {finding.pod} and let {action.workload.kind} "
                             f"{action.workload.name} handle it",
                         )
-                        queue.append((fallback, policy))
+                        queue.append((fallback, own))
                     continue
                 gang_restarts[action.workload.key] = restarts + 1
             if action.workload is not None:
@@ -518,7 +572,7 @@ def decide(
                     continue
                 last_disruption[action.workload.key] = now
             concurrent += 1
-        if action.kind in NODE_TAKING:
+        if action.takes_node:
             out_nodes.add(action.node)
         actions.append(action)
         planned_targets.add(target)

@@ -44,7 +44,8 @@ SUSPECT_MARK = "suspect"
 """With ``degraded``: the taint steers pods away from what the node agent cannot see (a straggler's node, a GPU only
 its pod's exit code or crash loop accuses), so the agent's clean reports do not lift it; a person does."""
 DEGRADED_MARKS = frozenset({DEGRADED_MARK, SUSPECT_MARK})
-"""The marks of devheal's degraded taint: the node stays in service (no failure episode, no budget)."""
+"""The marks of devheal's degraded taint (no failure episode): at PreferNoSchedule the node stays in service; at
+NoSchedule (a fence) it is out, and counts against the node budgets (``engine.decide.nodes_out``)."""
 REMEDIES = ("None", "RestartWorkload", "ResetGPU", "RebootNode", "ReplaceHardware")
 """The agent's remedies (``devheal.agent.classification.Remedy``), cheapest first."""
 REPAIR_REMEDY = "ReplaceHardware"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import overload
 
 from devheal.model.cluster import Node, Pod, Workload
-from devheal.model.policy import DISRUPTIVE, ActionKind
+from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, stopped_by_breaker, takes_node
+from devheal.model.policy import ActionKind, Policy
 
 
 class FindingKind(StrEnum):
@@ -226,6 +227,9 @@ class Action:
     recovery is a new decision, and a restarted controller computes the same number."""
     step: int = 0
     """RemediateNode: the rung of the policy's escalation ladder (``NodeRules.ladder``) this decision takes."""
+    effects: frozenset[Effect] | None = field(default=None, compare=False)
+    """What it does to the cluster under its policy (``effects_of``), set by ``decide``; None: not decided yet,
+    its kind's worst case (``cluster_effects``). Derived from the kind and the policy, so not part of equality."""
 
     @classmethod
     def on_node(
@@ -246,8 +250,24 @@ class Action:
         )
 
     @property
+    def cluster_effects(self) -> frozenset[Effect]:
+        """``effects``, or (not decided yet) the kind's most disruptive effects."""
+        return self.effects if self.effects is not None else KIND_EFFECTS[self.kind]
+
+    @property
     def disruptive(self) -> bool:
-        return self.kind in DISRUPTIVE
+        """Stops running work (evicts, restarts): the concurrency budget and the workload interval apply."""
+        return disrupts(self.cluster_effects)
+
+    @property
+    def takes_node(self) -> bool:
+        """Takes its node out of service: the node budgets apply."""
+        return takes_node(self.cluster_effects)
+
+    @property
+    def stopped_by_breaker(self) -> bool:
+        """Evicts, restarts, or stops scheduling on a node or a device: an open circuit breaker holds it."""
+        return stopped_by_breaker(self.cluster_effects)
 
     @property
     def cause(self) -> str:
@@ -351,8 +371,19 @@ class InFlight:
         return self.phase in ACTIVE_PHASES
 
     @property
+    def carried_out(self) -> bool:
+        """Acted on the cluster, or may still: not a dry-run, Blocked or Skipped record."""
+        return not self.dry_run and self.phase not in (Phase.BLOCKED, Phase.SKIPPED)
+
+    def effects(self, policy: Policy | None) -> frozenset[Effect]:
+        """What it does under ``policy`` (its own, by name; None when gone: the kind's worst case)."""
+        return effects_of(self.action, policy)
+
+    @property
     def disruptive(self) -> bool:
-        return self.action in DISRUPTIVE and not self.dry_run and self.phase not in (Phase.BLOCKED, Phase.SKIPPED)
+        """Carried out and stops running work under any policy (the kind's worst case); ``decide`` reads the
+        record's effects under its policy instead (``effects``)."""
+        return self.carried_out and disrupts(KIND_EFFECTS[self.action])
 
 
 class InFlightRecords(Sequence[InFlight]):

@@ -77,10 +77,7 @@ class ActionKind(StrEnum):
 
 
 POD_ACTIONS = (ActionKind.DESCHEDULE, ActionKind.FAIL_POD, ActionKind.RESTART_GANG, ActionKind.NOTIFY)
-DISRUPTIVE = frozenset(
-    {ActionKind.DESCHEDULE, ActionKind.FAIL_POD, ActionKind.RESTART_GANG, ActionKind.DRAIN, ActionKind.REMEDIATE_NODE}
-)
-"""Actions that stop a workload or a node; budgets, dry-run and the breaker apply to them."""
+# What each kind does to the cluster, and so which rails hold it: ``devheal.model.effects``.
 
 
 class PolicyError(ValueError):

@@ -6,9 +6,10 @@ from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
-from devheal.engine.decide import NODE_TAKING, Settings, decide
+from devheal.engine.decide import Settings, decide
 from devheal.engine.findings import detect
 from devheal.model.cluster import ClusterView, ContainerState, DeviceHealth, NodeDevicesReport, Pod, WorkloadClass
+from devheal.model.effects import KIND_EFFECTS, takes_node
 from devheal.model.plan import POD_FINDINGS, Finding, InFlight, Phase
 from devheal.model.policy import (
     DEFAULT_STEP_TIMEOUTS,
@@ -218,7 +219,7 @@ def in_flight_for(
                     policy=action.policy,
                 )
             )
-    node_kinds = sorted(NODE_TAKING | {ActionKind.LIFT})
+    node_kinds = sorted({k for k in ActionKind if takes_node(KIND_EFFECTS[k])} | {ActionKind.LIFT})
     for i, name in enumerate(sorted(v.nodes)):
         if draw(rarely()):
             records.append(_record(draw, f"node-{i}", draw(st.sampled_from(node_kinds)), name, name))

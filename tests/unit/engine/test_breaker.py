@@ -13,7 +13,7 @@ from devheal.engine.decide import decide
 from devheal.engine.rounds import DecisionRound
 from devheal.model.cluster import ClusterView, DeviceHealth, WorkloadClass
 from devheal.model.plan import Finding, FindingKind
-from devheal.model.policy import RESET_BREAKER_ANNOTATION, BreakerRecord, Policy, parse_policy
+from devheal.model.policy import RESET_BREAKER_ANNOTATION, ActionKind, BreakerRecord, Policy, parse_policy
 from devheal.model.times import format_time
 
 from .builders import NOW, device, gpu_id, node, node_failed, node_recovered, pod, pod_failed, view, workload
@@ -87,20 +87,33 @@ def test_cpu_only_nodes_do_not_dilute_it() -> None:
 # ---- it stays open ------------------------------------------------------------------------------
 
 
-def test_it_stays_open_after_its_window_until_the_cool_down_has_passed() -> None:
+def test_a_storm_that_persists_keeps_it_open_past_its_window_and_the_cool_down() -> None:
     findings = storm(4, T0)  # the nodes stay broken: their findings remain, ever older
     state = step(Breaker(), findings, T0)
     assert state.open and state.open_since == T0
     opened_with = state.reason
-    # A round a minute. The faults leave the window at the first round past it (+660 s): calm from then on,
-    # it closes after the cool-down.
+    # A round a minute for four hours: the faults began long before the window, but 4 of 10 nodes are still
+    # faulty, so it stays open (it once closed 2,401 s after opening while 40 % were still failed).
+    t = T0
+    while t < T0 + 4 * 3600:
+        t += 60
+        state = step(state, findings, t)
+        assert state.open, f"closed at +{t - T0:.0f}s with 4 of 10 nodes still faulty"
+        assert state.reason == opened_with  # one reason while open: blocked decisions are not recorded again
+        assert state.calm_since is None
+
+
+def test_it_stays_open_after_the_storm_until_the_cool_down_has_passed() -> None:
+    state = step(Breaker(), storm(4, T0), T0)
+    assert state.open
+    # The nodes recover at +120 s: their faults stay counted until they leave the window (+660 s, the first
+    # round past it), calm from then on, it closes after the cool-down.
     closes = T0 + 660 + COOL_DOWN
     t = T0
     while t < closes:
         assert state.open, f"closed at +{t - T0:.0f}s"
-        assert state.reason == opened_with  # one reason while open: blocked decisions are not recorded again
         t += 60
-        state = step(state, findings, t)
+        state = step(state, storm(4, T0) if t < T0 + 120 else [], t)
     assert not state.open
     assert state.closed_at == closes
     assert not state.closed_by_reset
@@ -231,8 +244,11 @@ def test_a_restarted_round_keeps_an_open_breaker_open() -> None:
     result = DecisionRound().run(Host(), v, policies, T0 + 3600)
     assert result.breaker.open and result.breaker.open_since == T0
     assert result.plan.breaker_open
-    [blocked] = result.plan.blocked
-    assert (blocked.rail, blocked.why) == ("circuit-breaker", OPEN_STATUS["conditions"][0]["message"])
+    # The pod's eviction and its node's taint (it stops scheduling on a node): both held by the breaker.
+    assert {b.action.kind for b in result.plan.blocked} == {ActionKind.DESCHEDULE, ActionKind.TAINT}
+    assert {(b.rail, b.why) for b in result.plan.blocked} == {
+        ("circuit-breaker", OPEN_STATUS["conditions"][0]["message"])
+    }
     # A new reset value does close it.
     policies = [policy_object(status=OPEN_STATUS, reset="new")]
     result = DecisionRound().run(Host(), v, policies, T0 + 3600)
@@ -263,13 +279,16 @@ def test_a_round_carries_the_breaker_and_forgets_it_on_request() -> None:
 
 @pytest.mark.parametrize("minutes", [11, 20, 40])
 def test_through_rounds_it_is_still_open_after_its_window(minutes: int) -> None:
-    """The defect: it closed once its window had passed (the faults grew older than the window), and the storm
-    went on. Now it closes 30 minutes after that at the earliest."""
+    """The defects: it closed once its window had passed (the faults grew older than the window), and the storm
+    went on; later, it closed after the cool-down while the nodes were still broken. Now it stays open while
+    they are, and closes a cool-down after they recovered."""
     rounds, host, policies = DecisionRound(), Host(), [policy_object(node=GAP_AT_ONCE)]
     broken = broken_fleet(4, T0)  # the nodes stay broken: their findings grow older
-    for t in range(0, minutes * 60 + 1, 60):
+    for t in range(0, (minutes + 41) * 60 + 1, 60):
         result = rounds.run(host, broken, policies, T0 + t)
-    assert result.plan.breaker_open
-    for t in range(minutes * 60, (11 + 30) * 60 + 1, 60):
-        result = rounds.run(host, broken, policies, T0 + t)
-    assert not result.plan.breaker_open
+        assert result.plan.breaker_open, f"closed at +{t}s with 4 of 10 nodes broken"
+    healed = T0 + (minutes + 42) * 60
+    for t in range(0, int(COOL_DOWN), 60):
+        result = rounds.run(host, fleet(), policies, healed + t)
+        assert result.plan.breaker_open
+    assert not rounds.run(host, fleet(), policies, healed + COOL_DOWN).plan.breaker_open

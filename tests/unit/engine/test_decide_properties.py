@@ -7,10 +7,11 @@ from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 
-from devheal.engine.decide import NODE_TAKING, decide
+from devheal.engine.decide import decide
 from devheal.engine.findings import policy_for_node, policy_for_pod
+from devheal.model.effects import KIND_EFFECTS, takes_node
 from devheal.model.plan import InFlight, Phase, Plan
-from devheal.model.policy import Budgets, Policy
+from devheal.model.policy import ActionKind, Budgets, Policy
 
 from .builders import NOW
 from .strategies import Scenario, scenarios
@@ -59,8 +60,20 @@ def check_node_budgets(s: Scenario, plan: Plan) -> None:
     out |= {
         r.node
         for r in s.in_flight
-        if r.active and r.target_kind == "Node" and r.action in NODE_TAKING and r.node in s.view.nodes
+        if r.active and r.target_kind == "Node" and takes_node(KIND_EFFECTS[r.action]) and r.node in s.view.nodes
     }
+    # A mark that succeeded counts until a later lift of it succeeded, shown on the node or not (yet).
+    lifts = [
+        r for r in s.in_flight if r.phase is Phase.SUCCEEDED and r.action in (ActionKind.LIFT, ActionKind.LIFT_DEGRADED)
+    ]
+    for r in s.in_flight:
+        lifted_by = ActionKind.LIFT_DEGRADED if r.action is ActionKind.FENCE_DEGRADED else ActionKind.LIFT
+        marks = r.action in (ActionKind.TAINT, ActionKind.CORDON, ActionKind.FENCE_DEGRADED)
+        unlifted = not any(
+            lift.node == r.node and lift.action is lifted_by and lift.started > r.started for lift in lifts
+        )
+        if marks and r.phase is Phase.SUCCEEDED and not r.dry_run and r.node in s.view.nodes and unlifted:
+            out.add(r.node)
     selected = [
         n
         for n in s.view.nodes.values()
@@ -68,7 +81,7 @@ def check_node_budgets(s: Scenario, plan: Plan) -> None:
         and (n.gpu_capacity > 0 or n.name in s.view.reports or n.name in out)
     ]
     for a in plan.actions:
-        if a.kind not in NODE_TAKING or a.dry_run or a.node in out:
+        if not a.takes_node or a.dry_run or a.node in out:
             continue
         out.add(a.node)
         budgets = policies[a.policy].budgets
@@ -119,7 +132,7 @@ def check_switches(s: Scenario, plan: Plan) -> None:
     for a in plan.actions:
         assert not policies[a.policy].paused, f"{a.kind} under paused policy {a.policy}"
         assert a.dry_run == (s.settings.dry_run or policies[a.policy].dry_run), f"{a.kind} dry_run={a.dry_run}"
-        assert not (plan.breaker_open and a.disruptive and not a.dry_run), f"{a.kind} while the breaker is open"
+        assert not (plan.breaker_open and a.stopped_by_breaker and not a.dry_run), f"{a.kind} while the breaker is open"
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -97,30 +97,42 @@ def breaker_cluster(faulty: int, *, since: float = NOW - 400) -> tuple[ClusterVi
     return view(nodes, [victim]), [*findings, pod_failed(victim)]
 
 
-def test_circuit_breaker_stops_disruptive_actions_but_not_taints() -> None:
+def test_circuit_breaker_stops_disruptive_actions_and_taints() -> None:
+    # A taint stops scheduling on a node: in a storm (a bad rollout as likely as bad hardware) it waits too.
     v, findings = breaker_cluster(4)
     ps = [policy(node={"template": TEMPLATE}, budgets=NO_NODE_BUDGETS)]
     plan = decide(v, findings, ps, [], NOW)
     assert plan.breaker_open
     assert plan.breaker_reason.startswith("4 of 10 GPU nodes faulted within 600s (> 30%)")
-    assert sorted((a.kind, a.target) for a in plan.actions) == [(ActionKind.TAINT, "n2"), (ActionKind.TAINT, "n3")]
+    assert plan.actions == ()
     assert sorted((b.action.kind, b.action.target) for b in plan.blocked) == [
         (ActionKind.DESCHEDULE, "default/victim"),
         (ActionKind.REMEDIATE_NODE, "n0"),
         (ActionKind.REMEDIATE_NODE, "n1"),
+        (ActionKind.REMEDIATE_NODE, "n2"),
+        (ActionKind.REMEDIATE_NODE, "n3"),
+        (ActionKind.TAINT, "n2"),
+        (ActionKind.TAINT, "n3"),
     ]
     assert {b.rail for b in plan.blocked} == {"circuit-breaker"}
     assert {b.why for b in plan.blocked} == {plan.breaker_reason}
 
 
-def test_circuit_breaker_needs_more_than_the_percentage_within_the_window() -> None:
+def test_circuit_breaker_needs_more_than_the_percentage() -> None:
     ps = [policy(node={"template": TEMPLATE}, budgets=NO_NODE_BUDGETS)]
     at_limit, findings = breaker_cluster(3)
-    assert not decide(at_limit, findings, ps, [], NOW).breaker_open
-    old, findings = breaker_cluster(4, since=NOW - 601)
-    plan = decide(old, findings, ps, [], NOW)
+    plan = decide(at_limit, findings, ps, [], NOW)
     assert not plan.breaker_open
     assert ActionKind.REMEDIATE_NODE in [a.kind for a in plan.actions]
+
+
+def test_circuit_breaker_counts_faults_still_current_however_old() -> None:
+    # Faults that began before the window but are still there: a storm that persists, not an old one.
+    ps = [policy(node={"template": TEMPLATE}, budgets=NO_NODE_BUDGETS)]
+    old, findings = breaker_cluster(4, since=NOW - 601)
+    plan = decide(old, findings, ps, [], NOW)
+    assert plan.breaker_open
+    assert plan.actions == ()
 
 
 def test_gang_restarts_per_hour() -> None:
