@@ -32,7 +32,7 @@ from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
-from devheal.model.effects import Effect, disrupts, effects_of, takes_node
+from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, takes_node
 from devheal.model.plan import (
     POD_FINDINGS,
     Action,
@@ -382,7 +382,9 @@ class RecordReads:
         Read are: every active record (budgets, one remediation per target); a disruption started within the
         gang restart window or the longest workload disruption interval (``gangRestartsPerHour``, the
         interval); a lift that succeeded within ``FLAP_WINDOW`` (``lift_hold_down``; the spare pools' nodes back
-        from repair); a node remediation's rung within the horizon (the escalation ladder)."""
+        from repair); a node's mark that succeeded (taint, cordon, fence) and the lifts of marks, within
+        ``FLAP_WINDOW`` (``nodes_out``, while the cache has not shown the mark); a node remediation's rung within
+        the horizon (the escalation ladder)."""
         if record.active:
             return True
         if record.disruptive and record.workload and now - record.started < self.disruption_window:
@@ -390,6 +392,11 @@ class RecordReads:
         ended = record.finished if record.finished is not None else record.started
         if record.action is ActionKind.LIFT and record.phase is Phase.SUCCEEDED:
             return now - ended <= FLAP_WINDOW
+        if record.target_kind == TargetKind.NODE and record.phase is Phase.SUCCEEDED and not record.dry_run:
+            # A node's mark that succeeded, and the lift that removed it: ``nodes_out`` counts the node until then.
+            effects = KIND_EFFECTS[record.action]
+            if Effect.STOPS_NODE_SCHEDULING in effects or Effect.REMOVES_OWN_MARK in effects:
+                return now - ended <= FLAP_WINDOW
         if record.action is ActionKind.REMEDIATE_NODE and record.resume is not None:
             return now - max(record.started, ended) <= self.horizon
         return False

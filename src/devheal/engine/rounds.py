@@ -38,6 +38,7 @@ from devheal.engine.degradation import DegradationTracker
 from devheal.engine.findings import FindingTracker, detect
 from devheal.engine.stragglers import StragglerTracker
 from devheal.model.cluster import ClusterView
+from devheal.model.effects import stopped_by_breaker
 from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, InFlightRecords, Phase, Plan, Rail
 from devheal.model.policy import ActionKind, Policy
 
@@ -311,7 +312,8 @@ class DecisionRound:
                 continue  # nothing this round could carry on
             ending = ends_outside and record.node not in faulty  # ending one is no disruption
             why, rail = held_because(record, by_name.get(record.policy), world.settings), Rail.PAUSED
-            if not why and world.breaker.open and record.disruptive and record.resume is not None and not ending:
+            stopped = record.carried_out and stopped_by_breaker(record.effects(by_name.get(record.policy)))
+            if not why and world.breaker.open and stopped and record.resume is not None and not ending:
                 why, rail = f"{world.breaker.reason}: {_next_step_waits(record)}", Rail.CIRCUIT_BREAKER
             if why:
                 held[record.name] = why

@@ -39,7 +39,7 @@ from devheal.model.cluster import (
     WorkloadClass,
 )
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
-from devheal.model.plan import Action, Blocked, InFlight, Phase
+from devheal.model.plan import Action, Blocked, InFlight, Phase, Rail
 from devheal.model.policy import ActionKind, Policy
 
 from .builders import device, gpu_id, node, pod, policy, view, workload
@@ -249,8 +249,12 @@ class Cluster:
         if existing is None or existing.phase is Phase.BLOCKED:
             self._record(InFlight.of(item.action, Phase.BLOCKED, self.now))
 
-    def hold(self, record: InFlight, why: str) -> None:
+    def hold(self, record: InFlight, why: str, rail: Rail = Rail.PAUSED) -> None:
         pass
+
+    def decline(self, record: InFlight, why: str) -> None:
+        # The model's records are never Pending (each takes its effect at once): a round never declines one.
+        raise AssertionError(f"declined {record.name}: {why}")
 
     def report_overdue(self, item: Overdue) -> None:
         pass

@@ -12,7 +12,7 @@ import pytest
 from devheal.engine.decide import decide
 from devheal.engine.retention import expired
 from devheal.model.cluster import DeviceHealth, WorkloadClass
-from devheal.model.plan import InFlight, InFlightRecords, Phase, TargetKind
+from devheal.model.plan import InFlight, InFlightRecords, Phase, Rail, TargetKind
 from devheal.model.policy import DEFAULT_POLICY, ActionKind, Policy, PolicyError, Retention
 
 from .builders import (
@@ -36,9 +36,10 @@ NOW = 100 * DAY
 def record(
     name: str, phase: Phase, ended: float, *, target: str = "n1", policy_name: str = "p", finished: bool = True
 ) -> InFlight:
+    # A Notify: no decision reads an ended one beyond its name, so only the retention rules keep it.
     return InFlight(
         name,
-        ActionKind.TAINT,
+        ActionKind.NOTIFY,
         TargetKind.NODE,
         target,
         target,
@@ -271,7 +272,17 @@ def test_records_of_a_gone_policy_are_capped_in_all_by_the_default() -> None:
     assert names(expired(records, [policy()], NOW, 100)) == ["notify-00000", "notify-00001"]
 
 
-KINDS = [ActionKind.RESTART_GANG, ActionKind.DESCHEDULE, ActionKind.FAIL_POD, ActionKind.NOTIFY, ActionKind.LIFT]
+KINDS = [
+    ActionKind.RESTART_GANG,
+    ActionKind.DESCHEDULE,
+    ActionKind.FAIL_POD,
+    ActionKind.NOTIFY,
+    ActionKind.LIFT,
+    ActionKind.TAINT,
+    ActionKind.FENCE_DEGRADED,
+    ActionKind.LIFT_DEGRADED,
+]
+NODE_KINDS = {ActionKind.LIFT, ActionKind.TAINT, ActionKind.FENCE_DEGRADED, ActionKind.LIFT_DEGRADED}
 PHASES = [Phase.SUCCEEDED, Phase.FAILED, Phase.BLOCKED, Phase.SKIPPED, Phase.DRY_RUN]
 
 
@@ -282,8 +293,8 @@ def random_records(rng: random.Random, now: float) -> list[InFlight]:
         kind = rng.choice(KINDS)
         started = now - rng.choice([rng.uniform(0, 7200), rng.uniform(0, 2 * DAY)])
         phase = rng.choice(PHASES)
-        if kind is ActionKind.LIFT:
-            target_kind, target, wl = TargetKind.NODE, rng.choice(["n1", "n2"]), ""
+        if kind in NODE_KINDS:
+            target_kind, target, wl = TargetKind.NODE, rng.choice(["n1", "n2", "n3"]), ""
         elif kind is ActionKind.RESTART_GANG:
             target_kind, target, wl = TargetKind.GANG, GANG.key, GANG.key
         else:
@@ -294,7 +305,7 @@ def random_records(rng: random.Random, now: float) -> list[InFlight]:
                 kind,
                 target_kind,
                 target,
-                "n1",
+                target if target_kind is TargetKind.NODE else "n1",
                 phase,
                 started,
                 wl if phase is not Phase.BLOCKED else "",
@@ -322,7 +333,7 @@ def test_deleting_what_retention_chooses_never_changes_a_decision(seed: int) -> 
             budgets={
                 "gangRestartsPerHour": rng.randrange(1, 4),
                 "workloadDisruptionInterval": rng.choice([0, 60, 7200]),
-                "maxUnhealthyNodes": "100%",
+                "maxUnhealthyNodes": rng.choice(["100%", 2]),
             },
             records={
                 "ttlAfterFinished": rng.choice(["1m", "1h", "168h"]),
@@ -333,9 +344,37 @@ def test_deleting_what_retention_chooses_never_changes_a_decision(seed: int) -> 
     ]
     bad = [device(gpu_id("n1", 0), DeviceHealth.UNHEALTHY)]
     pods = [pod("train-1", "n1", owner=GANG, devices=bad), pod("serve-1", "n1", owner=SERVE, devices=bad)]
-    v = view([node("n1"), node("n2", owned={"taint"})], pods)
+    # n3 is out only while a Taint or fence record that succeeded says so (the cache has not shown its mark):
+    # with two nodes allowed out, whether n1 may be tainted depends on that record.
+    v = view([node("n1"), node("n2", owned={"taint"}), node("n3"), node("n4")], pods)
     findings = [pod_failed(p, since=now - 30) for p in pods] + [node_recovered("n2", since=now - 7200)]
+    findings += [node_failed("n1", since=now - 30)]
     records = random_records(rng, now)
     gone = {r.name for r in expired(records, ps, now, 1000)}
     kept = [r for r in records if r.name not in gone]
     assert decide(v, findings, ps, kept, now) == decide(v, findings, ps, records, now)
+
+
+def test_a_succeeded_taint_the_cache_has_not_shown_is_read_and_kept_for_a_day_then_goes() -> None:
+    """``nodes_out`` counts a node whose Taint succeeded until the lift: so a decision over a plain list of records
+    reads it, and retention keeps it, whatever the time-to-live and count say."""
+    ps = [
+        policy(
+            node={"taint": True},
+            budgets={"maxUnhealthyNodes": 2},
+            records={"ttlAfterFinished": "1m", "maxEndedPerTarget": 1},
+        )
+    ]
+    v = view([node("n1"), node("n2", owned={"taint"}), node("n3"), node("n4")])
+    taint_n3 = InFlight(
+        "taint-n3", ActionKind.TAINT, TargetKind.NODE, "n3", "n3", Phase.SUCCEEDED, NOW - 7200, policy="p",
+        finished=NOW - 7190,
+    )  # fmt: skip
+    plan = decide(v, [node_failed("n1")], ps, [taint_n3], NOW)
+    assert plan.actions == () and [b.rail for b in plan.blocked] == [Rail.MAX_UNHEALTHY_NODES]
+    assert expired([taint_n3], ps, NOW, 10) == []
+    later = NOW + DAY
+    assert [a.kind for a in decide(v, [node_failed("n1", since=later)], ps, [taint_n3], later).actions] == [
+        ActionKind.TAINT
+    ]
+    assert names(expired([taint_n3], ps, later, 10)) == ["taint-n3"]

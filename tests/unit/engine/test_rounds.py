@@ -12,8 +12,9 @@ import pytest
 from devheal.engine.decide import Overdue, Settings
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.model.cluster import ClusterView, DeviceHealth, WorkloadClass
+from devheal.model.effects import effects_of, stopped_by_breaker
 from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Rail, TargetKind
-from devheal.model.policy import DISRUPTIVE, ActionKind, BreakerRecord, Policy
+from devheal.model.policy import ActionKind, BreakerRecord, Policy
 
 from .builders import (
     NOW,
@@ -388,7 +389,7 @@ def test_the_open_breaker_holds_the_next_step_of_a_disruptive_record_in_progress
     for t in range(3):
         rounds.run(host, failed_again_world(), [open_breaker(policy())], NOW + t)
     resumed = [name for name, again in host.started if again]
-    if kind in DISRUPTIVE:
+    if stopped_by_breaker(effects_of(kind, policy())):  # what an open breaker stops, by its effects
         assert resumed == []
         [(name, why)] = host.held  # said once
         assert name == record.name and host.rails == [Rail.CIRCUIT_BREAKER]
