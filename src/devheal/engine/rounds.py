@@ -250,14 +250,18 @@ class DecisionRound:
         findings = self.tracker.observe(detected, view, policies, now)
         busy = host.busy()
         # The breaker is stepped over the view the plan is decided over: a narrower view is stricter, and
-        # only the final (widest needed) view's state is kept.
+        # only the final (widest needed) view's state is kept. An open one is stepped over wider views first,
+        # so work in progress is never held by a breaker that only a partial view opened.
         prior = self.breaker if self.breaker is not None else Breaker.restored(policies)
+        wider_views = iter(host.wider_views())
+        decided_over = view
         breaker = step_breaker(prior, view, findings, policies, now)
-        world = World(view, findings, policies, settings, breaker)
+        while breaker.open and (wider := next(wider_views, None)) is not None:
+            decided_over, breaker = wider, step_breaker(prior, wider, findings, policies, now)
+        world = World(decided_over, findings, policies, settings, breaker)
         self._carry_on(host, world, host.in_flight(view), now, busy)
         in_flight = host.in_flight(view)
-        plan = decide(view, findings, policies, in_flight, now, settings, breaker)
-        wider_views = iter(host.wider_views())
+        plan = decide(decided_over, findings, policies, in_flight, now, settings, breaker)
         while stopped_by_fleet_rails(plan):
             wider = next(wider_views, None)
             if wider is None:

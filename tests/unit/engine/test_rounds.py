@@ -454,3 +454,17 @@ def test_a_record_in_progress_goes_on_after_its_finding_cleared_and_an_external_
         assert (host.finished, host.started) == ([record.name], [])
     else:
         assert (record.name, True) in host.started
+
+
+def test_work_in_progress_is_held_only_by_a_breaker_the_widest_view_needed_keeps_open() -> None:
+    """A view of a few nodes (the simulator's) opens the breaker on faults a wider view puts among many healthy
+    nodes: a gang restart in progress is carried on, as the plan over the wider view would allow."""
+    record = recorded(ActionKind.RESTART_GANG, Phase.IN_PROGRESS)
+    reports = [report(n, reported(gpu_id(n, 0))) for n in ("n1", "n2")]
+    narrow = view([node("n1", owned={"taint"}), node("n2"), node("n3")], reports=reports)  # 2 of 3 faulty
+    wide = view([node("n1", owned={"taint"}), *[node(f"n{i}") for i in range(2, 12)]], reports=reports)  # 2 of 11
+    assert DecisionRound().run(Host(), narrow, [policy()], NOW).breaker.open  # the narrow view alone opens it
+    host = Host(records={record.name: record}, wider=[wide])
+    result = DecisionRound(Pacing(gang_restart=0.0)).run(host, narrow, [policy()], NOW)
+    assert not result.breaker.open
+    assert host.held == [] and [name for name, again in host.started if again] == [record.name]

@@ -162,7 +162,9 @@ def add_record(api: MemApi, name: str, phase: str, ended: float, *, node: str = 
     """A Remediation of a node as the controller writes them (created, then its status), ended (or started)
     at ``ended``."""
     finding = Finding(FindingKind.NODE_DEVICES_FAILED, node, "node-capacity", "gone", ended)
-    action = Action(ActionKind.TAINT, TargetKind.NODE, node, node, finding, policy, epoch=int(name.split("-")[-1]))
+    # A Notify: no decision reads an ended one beyond its name (a Taint that succeeded is read for a day), so
+    # only the retention rules keep it.
+    action = Action(ActionKind.NOTIFY, TargetKind.NODE, node, node, finding, policy, epoch=int(name.split("-")[-1]))
     body = remediation_body(action, Decision.BLOCKED if phase == "Blocked" else Decision.ACT)
     body["metadata"]["name"] = name
     api.create(REMEDIATIONS, body)
