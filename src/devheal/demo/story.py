@@ -372,7 +372,9 @@ class Story:
             timeout=60,
             what="node remediation requested",
         )
-        rec = next(i for i in remediate if i["spec"]["action"] == "RemediateNode")
+        rec = next(
+            i for i in remediate if i["spec"]["action"] == "RemediateNode" and i["spec"]["target"]["name"] == node
+        )
         rec = await self._wait_done(rec["metadata"]["name"], ("InProgress", "Failed", "Blocked"))
         if rec["status"]["phase"] != "InProgress":
             result.notes.append(f"node remediation {rec['status']['phase']}: {rec['status'].get('message')}")
