@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from devheal.controller import metrics
-from devheal.controller.actuator import Actuator, Outcome, Policies, StepFailed, Steps
+from devheal.controller.action_family import Actuator, Outcome, Policies, StepFailed, Steps
 from devheal.controller.cache import ClusterCache
 from devheal.controller.degraded_actions import LiftDegraded, TaintDegraded
 from devheal.controller.device_taints import TaintDevice, UntaintDevice
