@@ -31,12 +31,11 @@ from devheal.controller.spares import Spares
 from devheal.engine.spares import SPARE_LABEL, SpareChange
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
-from devheal.kube.informer import get_path
 from devheal.lab import chart
 from devheal.lab.cluster import Lab
 from devheal.lab.helm import ensure_helm
 from devheal.lab.toolchain import ToolchainError
-from devheal.lab.workloads import gpu_pod, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_pod, pods_of, wait_until
 from devheal.launch.gang import KubeGang
 from devheal.model.cluster import (
     DEVICE_FAILED_CONDITION,

@@ -7,11 +7,10 @@ import time
 import pytest
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
 from devheal.kubelet.podresources import PodResourcesClient
 from devheal.lab.cluster import Lab
 from devheal.lab.faults import FaultError
-from devheal.lab.workloads import gpu_deployment, gpu_pod, node_gpus, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_deployment, gpu_pod, node_gpus, pod_devices, pods_of, wait_until
 
 from .conftest import LAB_NODES, RecordingFaults
 

@@ -15,13 +15,12 @@ from typing import Any
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
-from devheal.kube.informer import get_path
 from devheal.lab.nodesim import (
     IMAGE_PULL_SECONDS_ANNOTATION,
     START_SECONDS_ANNOTATION,
     STOP_SECONDS_ANNOTATION,
 )
-from devheal.lab.workloads import gpu_pod, pod_devices, wait_until
+from devheal.lab.workloads import get_path, gpu_pod, pod_devices, wait_until
 from devheal.model.times import parse_time
 
 from .conftest import RecordingFaults

@@ -14,12 +14,11 @@ keyed by ``ActionKind``: pods (``pod_actions``), gangs (``gangs``), node schedul
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
 from devheal.controller import metrics
-from devheal.controller.actuator import Actuator, Outcome, Policies, StepFailed, Steps
+from devheal.controller.action_family import Actuator, Outcome, Policies, StepFailed, Steps
 from devheal.controller.cache import ClusterCache
 from devheal.controller.degraded_actions import LiftDegraded, TaintDegraded
 from devheal.controller.device_taints import TaintDevice, UntaintDevice
@@ -37,9 +36,6 @@ from devheal.model.policy import ActionKind
 from devheal.model.times import format_time
 
 log = logging.getLogger(__name__)
-
-CRASH_AFTER_INTENT = "DEVHEAL_TEST_CRASH_AFTER_INTENT"
-"""Test hook: when set, the process exits right after recording an intent (crash-resume tests)."""
 
 ENDED = frozenset({Phase.SUCCEEDED.value, Phase.FAILED.value, Phase.DRY_RUN.value, Phase.SKIPPED.value})
 
@@ -157,9 +153,6 @@ class Actuators:
                     "steps": steps,
                 },
             )
-        if os.environ.get(CRASH_AFTER_INTENT):
-            log.error("test hook %s set: exiting after recording the intent of %s", CRASH_AFTER_INTENT, action.name)
-            os._exit(70)
         try:
             outcome, new_steps = await self.families[action.kind].act(action, obj)
         except StepFailed as exc:
@@ -227,4 +220,4 @@ class Actuators:
         )
 
 
-__all__ = ["CRASH_AFTER_INTENT", "REMEDIATIONS", "Actuators", "Outcome", "StepFailed", "remediation_body"]
+__all__ = ["REMEDIATIONS", "Actuators", "Outcome", "StepFailed", "remediation_body"]

@@ -12,7 +12,7 @@ the same write, so the node's next degradation is a new episode (new record name
 
 from __future__ import annotations
 
-from devheal.controller.actuator import Outcome, Steps
+from devheal.controller.action_family import Outcome, Steps
 from devheal.controller.node_actions import NodeActuator, owned, set_owned
 from devheal.kube.client import Obj
 from devheal.model.cluster import LIFTS_ANNOTATION, parse_generation

@@ -16,7 +16,7 @@ lifted, since nothing would ever say the device is healthy again.
 
 from __future__ import annotations
 
-from devheal.controller.actuator import Outcome, Policies, StepFailed, Steps
+from devheal.controller.action_family import Outcome, Policies, StepFailed, Steps
 from devheal.controller.dra_projections import RESOURCE_API, project_resource_slice
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path

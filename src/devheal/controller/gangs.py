@@ -40,7 +40,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from devheal.controller.actuator import Outcome, Policies, StepFailed, Steps
+from devheal.controller.action_family import Outcome, Policies, StepFailed, Steps
 from devheal.controller.cache import ClusterCache
 from devheal.controller.eviction import eviction, failed_device_grace
 from devheal.controller.projections import MALFORMED_GENERATION, ProjectionError, project_pod

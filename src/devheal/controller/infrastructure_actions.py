@@ -14,7 +14,7 @@ pod that is gone or was replaced ends the action as done.
 
 from __future__ import annotations
 
-from devheal.controller.actuator import Outcome, Steps, split_key
+from devheal.controller.action_family import Outcome, Steps, split_key
 from devheal.controller.eviction import delete_options
 from devheal.controller.pod_actions import PodActuator
 from devheal.kube import errors

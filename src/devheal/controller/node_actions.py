@@ -27,7 +27,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from devheal.controller.actuator import Outcome, Policies, StepFailed, Steps
+from devheal.controller.action_family import Outcome, Policies, StepFailed, Steps
 from devheal.controller.eviction import eviction
 from devheal.kube import errors
 from devheal.kube.client import MERGE_PATCH, KubeClient, Obj, api_path

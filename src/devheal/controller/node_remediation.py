@@ -29,7 +29,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from devheal.controller.actuator import Outcome, Policies, StepFailed, Steps
+from devheal.controller.action_family import Outcome, Policies, StepFailed, Steps
 from devheal.controller.records import REMEDIATIONS, Records
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path

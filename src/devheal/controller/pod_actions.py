@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from devheal.controller.actuator import Outcome, Policies, StepFailed, Steps, split_key
+from devheal.controller.action_family import Outcome, Policies, StepFailed, Steps, split_key
 from devheal.controller.eviction import delete_options, eviction, failed_device_grace
 from devheal.engine.placement import Release
 from devheal.engine.spares import SPARE_TOLERATION

@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from devheal.controller import metrics
-from devheal.controller.actuator import split_key
+from devheal.controller.action_family import split_key
 from devheal.controller.events import EventRecorder
 from devheal.controller.projections import ProjectionError, project_remediation
 from devheal.engine.retention import ended_at

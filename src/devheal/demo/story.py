@@ -24,11 +24,18 @@ from rich.table import Table
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.kube.crds import install_crds
-from devheal.kube.informer import get_path
 from devheal.lab import toolchain
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
-from devheal.lab.workloads import gpu_deployment, gpu_job, pod_devices, pods_of, wait_policy_observed, wait_until
+from devheal.lab.workloads import (
+    get_path,
+    gpu_deployment,
+    gpu_job,
+    pod_devices,
+    pods_of,
+    wait_policy_observed,
+    wait_until,
+)
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION, OWNED_TAINT_KEY
 

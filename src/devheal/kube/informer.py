@@ -23,7 +23,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from devheal.kube import errors
 from devheal.kube.client import WATCH_IDLE_TIMEOUT, KubeClient, Obj
@@ -233,18 +233,3 @@ class Reflector(Generic[T]):
 def raw(obj: Obj) -> Obj:
     """Projection that keeps the whole object."""
     return obj
-
-
-def get_path(obj: Any, *keys: str | int, default: Any = None) -> Any:
-    """Walk nested dicts/lists; ``default`` where any step is missing or of the wrong type."""
-    cur = obj
-    for key in keys:
-        if isinstance(key, int):
-            if not isinstance(cur, list) or not -len(cur) <= key < len(cur):
-                return default
-            cur = cur[key]
-        else:
-            if not isinstance(cur, dict) or key not in cur:
-                return default
-            cur = cur[key]
-    return cur

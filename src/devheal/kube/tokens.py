@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 log = logging.getLogger(__name__)
 
@@ -89,54 +85,3 @@ class TokenFile:
         before = self.token
         self._read()
         return self.token != before
-
-
-def _load_yaml(path: Path) -> Mapping[str, Any]:
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return loaded if isinstance(loaded, Mapping) else {}
-
-
-def _named(entries: Any, name: str, field: str) -> Mapping[str, Any] | None:
-    for entry in entries if isinstance(entries, list) else []:
-        if isinstance(entry, Mapping) and entry.get("name") == name and isinstance(entry.get(field), Mapping):
-            found: Mapping[str, Any] = entry[field]
-            return found
-    return None
-
-
-def kubeconfig_paths(kubeconfig: str | None) -> list[Path]:
-    """The files a kubeconfig is read from: the given one, else ``$KUBECONFIG`` (a list), else ~/.kube/config."""
-    if kubeconfig is not None:
-        return [Path(kubeconfig).expanduser()]
-    env = os.environ.get("KUBECONFIG", "")
-    if env:
-        return [Path(p).expanduser() for p in env.split(os.pathsep) if p]
-    return [Path("~/.kube/config").expanduser()]
-
-
-def kubeconfig_token_file(paths: Sequence[Path]) -> Path | None:
-    """The current context's user's ``tokenFile`` (relative to the file naming it), None without one.
-
-    Several files merge as kubectl merges them: the first file that sets a value wins.
-    """
-    configs = [(path, _load_yaml(path)) for path in paths]
-    current = next((str(c["current-context"]) for _, c in configs if c.get("current-context")), "")
-    if not current:
-        return None
-    context = next((ctx for _, c in configs if (ctx := _named(c.get("contexts"), current, "context"))), None)
-    user_name = str((context or {}).get("user") or "")
-    if not user_name:
-        return None
-    for path, config in configs:
-        user = _named(config.get("users"), user_name, "user")
-        if user is None:
-            continue
-        token_file = user.get("tokenFile")
-        if not token_file:
-            return None
-        found = Path(str(token_file)).expanduser()
-        return found if found.is_absolute() else path.parent / found
-    return None

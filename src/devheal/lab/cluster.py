@@ -384,14 +384,23 @@ class Lab:
         }
 
     def spawn_devheal(
-        self, command: str, *args: str, log: Path | None = None, env: dict[str, str] | None = None
+        self,
+        command: str,
+        *args: str,
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+        main: Path | None = None,
     ) -> subprocess.Popen[bytes]:
         """Run ``devheal <command> --kubeconfig <this lab> ARGS`` detached, logging to ``log``
-        (default ``logs/<command>.log``). The caller owns the process."""
+        (default ``logs/<command>.log``). The caller owns the process.
+
+        ``main``: a Python script run instead of ``-m devheal`` (tests use one that installs a fault, such as a
+        crash, and then runs devheal's command line)."""
         path = log or self.log_path(command)
+        entry = [str(main)] if main is not None else ["-m", "devheal"]
         with path.open("ab") as handle:
             return subprocess.Popen(
-                [sys.executable, "-m", "devheal", command, f"--kubeconfig={self.kubeconfig}", *args],
+                [sys.executable, *entry, command, f"--kubeconfig={self.kubeconfig}", *args],
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -47,7 +47,9 @@ class AdmissionError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class XidEvent:
+class XidRecord:
+    """One XID a simulated device raised, kept in its history (what the agent's simulated backend reads)."""
+
     code: int
     at: float
     message: str
@@ -73,7 +75,7 @@ class Device:
     health: Health = Health.HEALTHY
     reason: str = ""
     slowdown: float = 1.0
-    xids: list[XidEvent] = field(default_factory=list)
+    xids: list[XidRecord] = field(default_factory=list)
     holder: Holder | None = None
 
     @property
@@ -109,12 +111,12 @@ def device_uuid(node: str, index: int) -> str:
 
 MAX_XID_HISTORY = 64
 NVML_FAILURES = ("", "init", "version-mismatch")
-"""``NodeDevices.nvml_failure`` values: none, NVML cannot initialise, driver/library version mismatch."""
+"""``SimulatedNodeGpus.nvml_failure`` values: none, NVML cannot initialise, driver/library version mismatch."""
 
 
 @dataclass(slots=True)
-class NodeDevices:
-    """One node's devices and device-plugin state."""
+class SimulatedNodeGpus:
+    """One lab node's simulated GPUs and device-plugin state (not the ``NodeDevices`` object the agent writes)."""
 
     node: str
     devices: list[Device]
@@ -129,7 +131,7 @@ class NodeDevices:
     ``version-mismatch`` (driver and library versions differ); what the simulated agent backend reports."""
 
     @classmethod
-    def create(cls, node: str, count: int, model: str) -> NodeDevices:
+    def create(cls, node: str, count: int, model: str) -> SimulatedNodeGpus:
         return cls(node, [Device(i, device_uuid(node, i), model) for i in range(count)])
 
     def device(self, index: int) -> Device:
@@ -222,7 +224,7 @@ class NodeDevices:
     def inject_xid(self, index: int, code: int, now: float) -> bool:
         dev = self.device(index)
         message = f"XID {code}: {XID_MESSAGES.get(code, 'unknown XID')}"
-        dev.xids.append(XidEvent(code, now, message))
+        dev.xids.append(XidRecord(code, now, message))
         del dev.xids[:-MAX_XID_HISTORY]
         if code in APPLICATION_XIDS:
             return False

@@ -9,7 +9,7 @@ manager or a time-slicing config would) advertises slots instead of whole GPUs:
   ``MIG-<uuid>/<gi>/0`` (the form that names the parent GPU); a failed GPU fails all its
   instances, an instance fault (``faults.instance_fault``) only that instance.
 
-Pure data like ``devices``: ``NodeDevices`` hands its allocation questions here while a node shares.
+Pure data like ``devices``: ``SimulatedNodeGpus`` hands its allocation questions here while a node shares.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from devheal.model.cluster import GPU_RESOURCE, DeviceHealth
 
 if TYPE_CHECKING:
-    from devheal.lab.devices import Holder, NodeDevices
+    from devheal.lab.devices import Holder, SimulatedNodeGpus
 
 MIG_PROFILE = re.compile(r"[0-9]+g\.[0-9]+gb")
 MAX_REPLICAS = 16
@@ -52,23 +52,23 @@ class Sharing:
     def slot_id(self, uuid: str, n: int) -> str:
         return f"MIG-{uuid}/{n + 1}/0" if self.profile else f"{uuid}::{n}"
 
-    def slot(self, nd: NodeDevices, device_id: str) -> tuple[int, int] | None:
+    def slot(self, nd: SimulatedNodeGpus, device_id: str) -> tuple[int, int] | None:
         for dev in nd.devices:
             for n in range(self.replicas):
                 if self.slot_id(dev.uuid, n) == device_id:
                     return dev.index, n
         return None
 
-    def usable(self, nd: NodeDevices, index: int, n: int) -> bool:
+    def usable(self, nd: SimulatedNodeGpus, index: int, n: int) -> bool:
         return nd.devices[index].allocatable and (index, n) not in self.faults
 
-    def capacity(self, nd: NodeDevices) -> int:
+    def capacity(self, nd: SimulatedNodeGpus) -> int:
         return len(nd.devices) * self.replicas
 
-    def allocatable(self, nd: NodeDevices) -> int:
+    def allocatable(self, nd: SimulatedNodeGpus) -> int:
         return sum(1 for d in nd.devices for n in range(self.replicas) if self.usable(nd, d.index, n))
 
-    def allocate(self, nd: NodeDevices, holder: Holder, count: int) -> tuple[str, ...] | None:
+    def allocate(self, nd: SimulatedNodeGpus, holder: Holder, count: int) -> tuple[str, ...] | None:
         """``count`` free usable slots (lowest GPU and slot first) for ``holder``; None when there are too few."""
         free = [
             (d.index, n)
@@ -82,20 +82,20 @@ class Sharing:
             self.holders[key] = holder
         return tuple(self.slot_id(nd.devices[i].uuid, n) for i, n in free[:count])
 
-    def held_by(self, nd: NodeDevices, pod_uid: str, container: str | None) -> tuple[str, ...]:
+    def held_by(self, nd: SimulatedNodeGpus, pod_uid: str, container: str | None) -> tuple[str, ...]:
         return tuple(
             self.slot_id(nd.devices[i].uuid, n)
             for (i, n), h in sorted(self.holders.items())
             if h.uid == pod_uid and (container is None or h.container == container)
         )
 
-    def release(self, nd: NodeDevices, pod_uid: str) -> tuple[str, ...]:
+    def release(self, nd: SimulatedNodeGpus, pod_uid: str) -> tuple[str, ...]:
         freed = self.held_by(nd, pod_uid, None)
         for key in [k for k, h in self.holders.items() if h.uid == pod_uid]:
             del self.holders[key]
         return freed
 
-    def health(self, nd: NodeDevices, device_id: str) -> tuple[str, str]:
+    def health(self, nd: SimulatedNodeGpus, device_id: str) -> tuple[str, str]:
         """The kubelet's view of a slot: (Healthy|Unhealthy|Unknown, message)."""
         slot = self.slot(nd, device_id)
         if slot is None:
@@ -120,7 +120,7 @@ SHARING_FAULTS = ("share", "instance-fault")
 """Fault API kinds (``nodesim.faultapi``): reconfigure a node's sharing; fail one MIG instance."""
 
 
-def sharing_fault(nd: NodeDevices, kind: str, body: dict[str, Any]) -> set[str]:
+def sharing_fault(nd: SimulatedNodeGpus, kind: str, body: dict[str, Any]) -> set[str]:
     """Apply a sharing fault to ``nd``; returns the GPU UUIDs whose pods' status changed. ValueError on bad input."""
     if kind == "share":
         replicas, profile = body.get("replicas", 1), body.get("profile", "")

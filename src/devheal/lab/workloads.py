@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.api import GROUP_VERSION
@@ -140,6 +140,21 @@ def pod_devices(pod: Obj) -> list[PodDevice]:
                     )
                 )
     return found
+
+
+def get_path(obj: Any, *keys: str | int, default: Any = None) -> Any:
+    """Walk nested dicts/lists; ``default`` where any step is missing or of the wrong type."""
+    cur = obj
+    for key in keys:
+        if isinstance(key, int):
+            if not isinstance(cur, list) or not -len(cur) <= key < len(cur):
+                return default
+            cur = cur[key]
+        else:
+            if not isinstance(cur, dict) or key not in cur:
+                return default
+            cur = cur[key]
+    return cur
 
 
 async def pods_of(kube: KubeClient, namespace: str, selector: str = "") -> list[Obj]:

@@ -64,7 +64,7 @@ from devheal.model.plan import (
 )
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
 from devheal.model.steps import StepReport
-from devheal.simulate.events import Event, EventKind
+from devheal.simulate.event_queue import Event, EventKind
 from devheal.simulate.failures import Signal
 from devheal.simulate.fleet import NodeState, Unit, UnitKind, node_name
 from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Simulation, Strategy

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from devheal.simulate.config import CostModel, SimConfig
-from devheal.simulate.events import Event, EventKind, EventQueue
+from devheal.simulate.event_queue import Event, EventKind, EventQueue
 from devheal.simulate.failures import DAY, HOUR, PERSISTENT, Fault, Signal, Trace, TraceError
 from devheal.simulate.fleet import NAMESPACES, NodeState, Unit, UnitKind, UnitState
 from devheal.simulate.results import StrategyResult, losses_by_cause, serving_availability, summarize_units

@@ -22,7 +22,7 @@ from functools import partial
 
 from devheal.model.policy import RECOMMENDED_POLICY, Policy
 from devheal.simulate.engine_strategy import EngineStrategy
-from devheal.simulate.events import Event, EventKind
+from devheal.simulate.event_queue import Event, EventKind
 from devheal.simulate.failures import Signal
 from devheal.simulate.fleet import Unit
 from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Strategy

@@ -28,15 +28,17 @@ from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
 from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
 
+from .crash_after_intent import SCRIPT as CRASH_AFTER_INTENT
+
 POLICIES = api_path(GROUP_VERSION, "remediationpolicies")
 REMEDIATIONS = api_path(GROUP_VERSION, "remediations")
 TEST_LABEL = "devheal.io/test"
 
 
 class ControllerProcess:
-    def __init__(self, lab: Lab, log: Path, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, lab: Lab, log: Path, args: list[str], env: dict[str, str], main: Path | None = None) -> None:
         self.log = log
-        self.proc = lab.spawn_devheal("controller", *args, log=log, env=env)
+        self.proc = lab.spawn_devheal("controller", *args, log=log, env=env, main=main)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -68,10 +70,18 @@ class ControllerHarness:
         self.policies: list[str] = []
         self.labelled: list[str] = []
 
-    def start(self, *args: str, env: dict[str, str] | None = None) -> ControllerProcess:
+    def start(
+        self, *args: str, env: dict[str, str] | None = None, crash_after_intent: bool = False
+    ) -> ControllerProcess:
+        """Start a controller; with ``crash_after_intent`` it exits (``crash_after_intent.EXIT_STATUS``) right
+        after recording the intent of its first action."""
         log = self.tmp / f"controller-{len(self.processes)}.log"
         proc = ControllerProcess(
-            self.lab, log, ["--no-leader-elect", *args] if "--leader-elect" not in args else list(args), env or {}
+            self.lab,
+            log,
+            ["--no-leader-elect", *args] if "--leader-elect" not in args else list(args),
+            env or {},
+            CRASH_AFTER_INTENT if crash_after_intent else None,
         )
         self.processes.append(proc)
         return proc

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from devheal.controller.actuators import CRASH_AFTER_INTENT
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
-from devheal.lab.workloads import gpu_deployment, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_deployment, pod_devices, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness
+from .crash_after_intent import EXIT_STATUS as CRASH_EXIT_STATUS
 
 
 async def test_killed_mid_remediation_resumes_without_repeating_the_eviction(
@@ -27,13 +26,13 @@ async def test_killed_mid_remediation_resumes_without_repeating_the_eviction(
 
     original = await wait_until(running, lambda ps: len(ps) == 2, timeout=30, what="2 pods")
     victim = original[0]
-    first = harness.start(env={CRASH_AFTER_INTENT: "1"})
+    first = harness.start(crash_after_intent=True)
     node = victim["spec"]["nodeName"]
     device = pod_devices(victim)[0].device_id
     faults.xid(node, faults.gpu_index(node, device), 79)
 
     await wait_until(lambda: _returncode(first), lambda rc: rc is not None, timeout=20, what="first controller dies")
-    assert first.proc.returncode == 70, first.output()
+    assert first.proc.returncode == CRASH_EXIT_STATUS, first.output()
     (record,) = await harness.remediations()
     assert record["status"]["phase"] == "InProgress" and record["status"]["attempts"] == 1
     pod = await kube.get(api_path("v1", "pods", namespace=namespace, name=victim["metadata"]["name"]))

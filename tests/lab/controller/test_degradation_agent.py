@@ -8,8 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
-from devheal.lab.workloads import gpu_deployment, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_deployment, pod_devices, pods_of, wait_until
 from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
 from tests.lab.agent import conftest as agent_fixtures
 

@@ -12,10 +12,9 @@ import pytest
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
 from devheal.lab.dra_workloads import RESOURCE_API, claim_template, dra_deployment, dra_job, fault_target
 from devheal.lab.dra_workloads import pod_claim_devices as devices_of
-from devheal.lab.workloads import pods_of, wait_until
+from devheal.lab.workloads import get_path, pods_of, wait_until
 from devheal.model.cluster import OWNED_TAINT_KEY
 from devheal.model.dra import MANAGED_BY_LABEL, parse_device_id, rule_name
 

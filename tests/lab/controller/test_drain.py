@@ -8,8 +8,7 @@ import contextlib
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
-from devheal.lab.workloads import gpu_deployment, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_deployment, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
-from devheal.lab.workloads import gpu_job, gpu_pod, node_gpus, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_job, gpu_pod, node_gpus, pod_devices, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness

@@ -20,12 +20,11 @@ import yaml
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
 from devheal.lab import chart
 from devheal.lab.cluster import Lab
 from devheal.lab.helm import ensure_helm
 from devheal.lab.toolchain import ToolchainError
-from devheal.lab.workloads import gpu_pod, wait_until
+from devheal.lab.workloads import get_path, gpu_pod, wait_until
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import OWNED_TAINT_KEY
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
-from devheal.lab.workloads import gpu_deployment, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_deployment, pod_devices, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness

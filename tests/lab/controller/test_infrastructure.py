@@ -18,9 +18,8 @@ from devheal.agent.publisher import node_devices_path
 from devheal.agent.status import NODE_CONDITION
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
-from devheal.kube.informer import get_path
 from devheal.lab.cluster import Lab
-from devheal.lab.workloads import gpu_deployment, gpu_job, gpu_pod, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_deployment, gpu_job, gpu_pod, pod_devices, pods_of, wait_until
 from devheal.model.cluster import ADMISSION_REJECTED_CONDITION, OWNED_TAINT_KEY
 
 from ..conftest import RecordingFaults

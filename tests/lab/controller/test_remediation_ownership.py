@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 
-from devheal.controller.actuators import CRASH_AFTER_INTENT
 from devheal.controller.node_remediation import REMEDIATION_MARK
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
@@ -16,6 +15,7 @@ from devheal.model.cluster import OWNED_TAINT_KEY
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness
+from .crash_after_intent import EXIT_STATUS as CRASH_EXIT_STATUS
 from .test_node_remediation import GV, install_fake_remediator
 
 REMEDIATIONS_OF_NODES = api_path(GV, "fakeremediations", namespace="default")
@@ -64,7 +64,7 @@ async def test_a_node_remediation_killed_before_its_object_was_created_is_comple
     )
     await wait_idle(kube, node)
     try:
-        first = harness.start(env={CRASH_AFTER_INTENT: "1"})
+        first = harness.start(crash_after_intent=True)
         for gpu in range(8):
             faults.xid(node, gpu, 79)
 
@@ -72,7 +72,7 @@ async def test_a_node_remediation_killed_before_its_object_was_created_is_comple
             return first.proc.poll()
 
         await wait_until(returncode, lambda rc: rc is not None, timeout=30, what="the first controller dies")
-        assert first.proc.returncode == 70, first.output()
+        assert first.proc.returncode == CRASH_EXIT_STATUS, first.output()
         (record,) = node_remediation(await harness.remediations(), node)
         assert record["status"]["phase"] == "InProgress"
         assert await external(kube, node) is None, "killed before creating the object"

@@ -13,8 +13,7 @@ from devheal.agent.publisher import node_devices_path
 from devheal.controller.agent_reports import REJECTED_EVENT
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
-from devheal.lab.workloads import gpu_deployment, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_deployment, pod_devices, pods_of, wait_until
 from devheal.model.api import GROUP_VERSION
 from devheal.model.times import format_time
 

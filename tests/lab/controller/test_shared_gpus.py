@@ -8,9 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
 from devheal.lab.faults import FaultError
-from devheal.lab.workloads import gpu_deployment, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_deployment, pod_devices, pods_of, wait_until
 from devheal.model.gpu_resources import physical_id
 
 from ..conftest import RecordingFaults

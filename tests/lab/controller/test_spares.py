@@ -10,8 +10,7 @@ from typing import Any
 from devheal.engine.spares import SPARE_LABEL, SPARE_TAINT_KEY, SPARE_TOLERATION
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
-from devheal.lab.workloads import pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, pod_devices, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness

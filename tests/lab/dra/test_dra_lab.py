@@ -4,7 +4,6 @@ simulated kubelet reports claim devices and their health, and faults work on DRA
 from __future__ import annotations
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
 from devheal.kubelet.podresources import PodResourcesClient
 from devheal.lab.cluster import Lab
 from devheal.lab.dra_workloads import (
@@ -15,7 +14,7 @@ from devheal.lab.dra_workloads import (
     fault_target,
     pod_claim_devices,
 )
-from devheal.lab.workloads import pods_of, wait_until
+from devheal.lab.workloads import get_path, pods_of, wait_until
 
 from ..conftest import DRA_NODES, RecordingFaults
 

@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.kube.informer import get_path
 from devheal.lab.cluster import Lab
-from devheal.lab.workloads import pods_of, wait_until
+from devheal.lab.workloads import get_path, pods_of, wait_until
 from devheal.launch.restarts import LAUNCHER_GENERATION_ANNOTATION, RESTART_GENERATION_ANNOTATION
 
 GANG_LABEL = "devheal.io/gang"

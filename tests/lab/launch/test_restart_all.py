@@ -22,9 +22,8 @@ import pytest
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.kube.features import detect_restart_all
-from devheal.kube.informer import get_path
 from devheal.lab.cluster import Lab
-from devheal.lab.workloads import gpu_job, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_until
 from devheal.launch.restarts import LAUNCHER_GENERATION_ANNOTATION, RESTART_GENERATION_ANNOTATION
 
 from ..conftest import RecordingFaults

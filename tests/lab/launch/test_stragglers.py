@@ -19,10 +19,9 @@ import signal
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
-from devheal.kube.informer import get_path
 from devheal.lab.cluster import Lab
 from devheal.lab.slowdown import DEVICES_ENV, POD_ENV
-from devheal.lab.workloads import gpu_job, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_until
 from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
 from devheal.model.steps import STEPS_ANNOTATION, parse_step_report
 from tests.lab.conftest import RecordingFaults

@@ -8,7 +8,7 @@ from devheal.lab.devices import (
     AdmissionError,
     Health,
     Holder,
-    NodeDevices,
+    SimulatedNodeGpus,
     device_uuid,
     kubelet_health,
     requested_gpus,
@@ -27,7 +27,7 @@ def test_device_ids_are_stable_and_distinct() -> None:
 
 
 def test_allocation_gives_distinct_healthy_devices_lowest_index_first() -> None:
-    nd = NodeDevices.create("n", 8, "H100")
+    nd = SimulatedNodeGpus.create("n", 8, "H100")
     a = nd.allocate(holder("a"), 2, now=0)
     b = nd.allocate(holder("b"), 3, now=0)
     assert a == (nd.devices[0].uuid, nd.devices[1].uuid)
@@ -37,21 +37,21 @@ def test_allocation_gives_distinct_healthy_devices_lowest_index_first() -> None:
 
 
 def test_allocation_is_idempotent_per_container() -> None:
-    nd = NodeDevices.create("n", 4, "H100")
+    nd = SimulatedNodeGpus.create("n", 4, "H100")
     first = nd.allocate(holder("a"), 2, now=0)
     assert nd.allocate(holder("a"), 2, now=0) == first
     assert len(nd.free(0)) == 2
 
 
 def test_too_few_devices_is_an_admission_error_with_kubelets_message() -> None:
-    nd = NodeDevices.create("n", 2, "H100")
+    nd = SimulatedNodeGpus.create("n", 2, "H100")
     nd.allocate(holder("a"), 2, now=0)
     with pytest.raises(AdmissionError, match=r"Requested: 1, Available: 0, which is unexpected"):
         nd.allocate(holder("b"), 1, now=0)
 
 
 def test_unhealthy_devices_are_never_allocated_and_leave_allocatable() -> None:
-    nd = NodeDevices.create("n", 2, "H100")
+    nd = SimulatedNodeGpus.create("n", 2, "H100")
     assert nd.inject_xid(0, 79, now=1.0)
     assert nd.allocatable_count(1.0) == 1
     got = nd.allocate(holder("a"), 1, now=1.0)
@@ -61,7 +61,7 @@ def test_unhealthy_devices_are_never_allocated_and_leave_allocatable() -> None:
 
 
 def test_xid_on_held_device_keeps_the_allocation() -> None:
-    nd = NodeDevices.create("n", 2, "H100")
+    nd = SimulatedNodeGpus.create("n", 2, "H100")
     (dev_id,) = nd.allocate(holder("a"), 1, now=0)
     nd.inject_xid(0, 79, now=1.0)
     dev = nd.by_uuid(dev_id)
@@ -73,7 +73,7 @@ def test_xid_on_held_device_keeps_the_allocation() -> None:
 
 @pytest.mark.parametrize("code", [13, 31, 43, 45, 68])
 def test_application_xids_are_counted_but_leave_the_device_healthy(code: int) -> None:
-    nd = NodeDevices.create("n", 1, "H100")
+    nd = SimulatedNodeGpus.create("n", 1, "H100")
     assert not nd.inject_xid(0, code, now=1.0)
     dev = nd.devices[0]
     assert dev.health is Health.HEALTHY
@@ -81,7 +81,7 @@ def test_application_xids_are_counted_but_leave_the_device_healthy(code: int) ->
 
 
 def test_degraded_device_stays_allocatable_but_reports_throttling() -> None:
-    nd = NodeDevices.create("n", 1, "H100")
+    nd = SimulatedNodeGpus.create("n", 1, "H100")
     nd.degrade(0, 1.3)
     dev = nd.devices[0]
     assert dev.health is Health.DEGRADED and dev.allocatable
@@ -91,13 +91,13 @@ def test_degraded_device_stays_allocatable_but_reports_throttling() -> None:
 
 
 def test_degrade_rejects_speedups() -> None:
-    nd = NodeDevices.create("n", 1, "H100")
+    nd = SimulatedNodeGpus.create("n", 1, "H100")
     with pytest.raises(ValueError, match=r"slowdown must be >= 1\.0"):
         nd.degrade(0, 0.5)
 
 
 def test_recover_restores_health_after_xid_and_degrade() -> None:
-    nd = NodeDevices.create("n", 2, "H100")
+    nd = SimulatedNodeGpus.create("n", 2, "H100")
     nd.inject_xid(0, 48, now=1.0)
     nd.degrade(1, 1.5)
     assert nd.recover(0) and nd.recover(1)
@@ -107,14 +107,14 @@ def test_recover_restores_health_after_xid_and_degrade() -> None:
 
 
 def test_degrading_an_unhealthy_device_keeps_it_unhealthy() -> None:
-    nd = NodeDevices.create("n", 1, "H100")
+    nd = SimulatedNodeGpus.create("n", 1, "H100")
     nd.inject_xid(0, 79, now=1.0)
     nd.degrade(0, 1.2)
     assert nd.devices[0].health is Health.UNHEALTHY
 
 
 def test_plugin_restart_drops_capacity_to_zero_until_it_returns() -> None:
-    nd = NodeDevices.create("n", 8, "H100")
+    nd = SimulatedNodeGpus.create("n", 8, "H100")
     nd.restart_plugin(now=10.0, seconds=5.0)
     assert (nd.capacity(12.0), nd.allocatable_count(12.0)) == (0, 0)
     with pytest.raises(AdmissionError):
@@ -123,7 +123,7 @@ def test_plugin_restart_drops_capacity_to_zero_until_it_returns() -> None:
 
 
 def test_release_frees_every_device_of_a_pod() -> None:
-    nd = NodeDevices.create("n", 4, "H100")
+    nd = SimulatedNodeGpus.create("n", 4, "H100")
     nd.allocate(holder("a", "c1"), 1, now=0)
     nd.allocate(holder("a", "c2"), 2, now=0)
     assert len(nd.release("a")) == 3
@@ -131,13 +131,13 @@ def test_release_frees_every_device_of_a_pod() -> None:
 
 
 def test_unknown_gpu_index_names_the_valid_range() -> None:
-    nd = NodeDevices.create("gpu-node-007", 8, "H100")
+    nd = SimulatedNodeGpus.create("gpu-node-007", 8, "H100")
     with pytest.raises(IndexError, match=r"gpu-node-007 has GPUs 0..7; there is no GPU index 8"):
         nd.inject_xid(8, 79, now=0)
 
 
 def test_xid_history_is_bounded() -> None:
-    nd = NodeDevices.create("n", 1, "H100")
+    nd = SimulatedNodeGpus.create("n", 1, "H100")
     for t in range(200):
         nd.inject_xid(0, 13, now=float(t))
     assert len(nd.devices[0].xids) == 64

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from devheal.lab.devices import AdmissionError, Holder, NodeDevices
+from devheal.lab.devices import AdmissionError, Holder, SimulatedNodeGpus
 from devheal.lab.sharing import sharing_fault
 
 NOW = 1000.0
@@ -16,7 +16,7 @@ def holder(pod: str) -> Holder:
 
 
 def test_time_slicing_replicas_share_a_gpu_and_fail_with_it() -> None:
-    nd = NodeDevices.create("n1", 2, "H100")
+    nd = SimulatedNodeGpus.create("n1", 2, "H100")
     sharing_fault(nd, "share", {"replicas": 4})
     assert (nd.capacity(NOW), nd.allocatable_count(NOW)) == (8, 8)
     ids = [nd.allocate(holder(f"p{i}"), 1, NOW)[0] for i in range(4)]
@@ -31,7 +31,7 @@ def test_time_slicing_replicas_share_a_gpu_and_fail_with_it() -> None:
 
 
 def test_a_mig_instance_fails_alone_and_recovers_with_its_gpu() -> None:
-    nd = NodeDevices.create("n1", 1, "H100")
+    nd = SimulatedNodeGpus.create("n1", 1, "H100")
     sharing_fault(nd, "share", {"replicas": 2, "profile": "3g.40gb"})
     assert nd.sharing is not None and nd.sharing.resource == "nvidia.com/mig-3g.40gb"
     a, b = nd.allocate(holder("a"), 1, NOW)[0], nd.allocate(holder("b"), 1, NOW)[0]

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from devheal.lab.devices import Holder, NodeDevices
+from devheal.lab.devices import Holder, SimulatedNodeGpus
 from devheal.lab.slowdown import DEVICES_ENV, POD_ENV, PodSlowdown, pod_slowdown
 
 
-def state(*nodes: NodeDevices) -> dict[str, object]:
+def state(*nodes: SimulatedNodeGpus) -> dict[str, object]:
     return {"updated": 0.0, "nodes": {nd.node: nd.to_json(0.0) for nd in nodes}}
 
 
 def test_the_pod_holding_a_degraded_gpu_is_slowed_by_its_factor() -> None:
-    a, b = NodeDevices.create("a", 2, "H100"), NodeDevices.create("b", 2, "H100")
+    a, b = SimulatedNodeGpus.create("a", 2, "H100"), SimulatedNodeGpus.create("b", 2, "H100")
     a.allocate(Holder("ml", "rank-0", "uid-0", "train"), 2, 0.0)
     b.allocate(Holder("ml", "rank-1", "uid-1", "train"), 1, 0.0)
     a.degrade(1, 1.3)
@@ -39,7 +39,7 @@ def test_the_file_is_followed_as_it_changes(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv(POD_ENV, "ml/rank-0")
     reader = PodSlowdown.from_env()
     assert reader.factor() == 1.0  # no file yet
-    node = NodeDevices.create("a", 1, "H100")
+    node = SimulatedNodeGpus.create("a", 1, "H100")
     node.allocate(Holder("ml", "rank-0", "uid-0", "train"), 1, 0.0)
     node.degrade(0, 1.5)
     path.write_text(json.dumps(state(node)))

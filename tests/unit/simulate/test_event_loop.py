@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from devheal.model.policy import RECOMMENDED_POLICY
 from devheal.simulate.config import SimConfig, build_preset
 from devheal.simulate.engine_strategy import EngineStrategy
-from devheal.simulate.events import Event, EventKind, EventQueue, TimeWentBack
+from devheal.simulate.event_queue import Event, EventKind, EventQueue, TimeWentBack
 from devheal.simulate.failures import LLAMA3_RATE, generate_trace
 from devheal.simulate.fleet import Loss, UnitState
 from devheal.simulate.simulation import Simulation, Strategy

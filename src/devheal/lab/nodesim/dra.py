@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
-from devheal.lab.devices import Health, NodeDevices
+from devheal.lab.devices import Health, SimulatedNodeGpus
 from devheal.lab.nodesim.pods import PodView
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
-def resource_slice(nd: NodeDevices) -> Obj:
+def resource_slice(nd: SimulatedNodeGpus) -> Obj:
     """The driver's ResourceSlice for one node: every GPU, the Unhealthy ones tainted."""
     devices = []
     for dev in nd.devices:
@@ -183,7 +183,7 @@ class DraDriver:
                     api_path(RESOURCE_API, "resourceclaimtemplates", namespace="default"), claim_template(name, count)
                 )
 
-    async def publish(self, nd: NodeDevices) -> None:
+    async def publish(self, nd: SimulatedNodeGpus) -> None:
         body = resource_slice(nd)
         await self.client.apply(
             api_path(RESOURCE_API, "resourceslices", name=body["metadata"]["name"]), body, field_manager=FIELD_MANAGER

@@ -23,7 +23,7 @@ from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.kube.informer import Reflector
 from devheal.kube.workqueue import WorkQueue
 from devheal.lab import devices as devmod
-from devheal.lab.devices import AdmissionError, Holder, NodeDevices
+from devheal.lab.devices import AdmissionError, Holder, SimulatedNodeGpus
 from devheal.lab.nodesim import dra, status
 from devheal.lab.nodesim.nodestatus import NodeStatus
 from devheal.lab.nodesim.pods import PodView, RunningPod
@@ -36,7 +36,7 @@ from devheal.model.times import format_time
 log = logging.getLogger(__name__)
 
 HUNG_RECHECK_SECONDS = 1.0
-"""How often a pod whose processes hang on a failed GPU (``NodeDevices.kills_hang``) is looked at again."""
+"""How often a pod whose processes hang on a failed GPU (``SimulatedNodeGpus.kills_hang``) is looked at again."""
 
 CLAIM_RETRY_SECONDS = 0.5
 """How soon a pod whose claims are not allocated to it yet is looked at again."""
@@ -162,7 +162,7 @@ class Kubelet:
                 path, {"metadata": {"uid": pod.uid, "annotations": {LAUNCHER_GENERATION_ANNOTATION: str(generation)}}}
             )
 
-    async def _stop(self, pod: PodView, nd: NodeDevices) -> float | None:
+    async def _stop(self, pod: PodView, nd: SimulatedNodeGpus) -> float | None:
         """A deleted pod: stop its containers within the grace period, then remove it."""
         ending = self.running.get(pod.uid)
         if ending is not None and pod.phase not in ("Succeeded", "Failed"):
@@ -194,7 +194,7 @@ class Kubelet:
             await self.client.delete(path, {"gracePeriodSeconds": 0, "preconditions": {"uid": pod.uid}})
         return None
 
-    async def _admit(self, pod: PodView, nd: NodeDevices) -> float | None:
+    async def _admit(self, pod: PodView, nd: SimulatedNodeGpus) -> float | None:
         now = time.time()
         pod_ip = status.pod_ip(pod.uid, self.store.index(pod.node))
         if pod.phase == "Running":
@@ -259,7 +259,7 @@ class Kubelet:
 
     @staticmethod
     def _hold_claims(
-        pod: PodView, nd: NodeDevices, devices: list[dra.ClaimDevice]
+        pod: PodView, nd: SimulatedNodeGpus, devices: list[dra.ClaimDevice]
     ) -> tuple[tuple[str, str, str, int], ...]:
         """Mark the claims' devices as the pod's (the first container naming a device holds it)."""
         for cd in devices:

@@ -19,7 +19,7 @@ from devheal.kubelet.podresources import (
     DynamicResource,
     PodResources,
 )
-from devheal.lab.devices import NodeDevices
+from devheal.lab.devices import SimulatedNodeGpus
 from devheal.lab.nodesim import dra
 from devheal.lab.nodesim.pods import RunningPod
 from devheal.model.cluster import GPU_RESOURCE
@@ -30,7 +30,7 @@ class NodePodResources:
     """The pod-resources view of one simulated node (what kubelet's device manager answers)."""
 
     node: str
-    devices: NodeDevices
+    devices: SimulatedNodeGpus
     running: Mapping[str, RunningPod]
     """The kubelet's admitted pods of every node, by UID (read, never changed, here)."""
     dra_nodes: Collection[str] = ()

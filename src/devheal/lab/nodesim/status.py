@@ -14,7 +14,7 @@ import time
 
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
 from devheal.lab import devices as devmod
-from devheal.lab.devices import NodeDevices
+from devheal.lab.devices import SimulatedNodeGpus
 from devheal.lab.nodesim import dra
 from devheal.lab.nodesim.pods import PodView, RunningPod
 from devheal.model.cluster import GPU_RESOURCE
@@ -31,7 +31,7 @@ def host_ip(node_index: int) -> str:
     return f"10.{node_index // 256}.{node_index % 256}.1"
 
 
-def resource_health(nd: NodeDevices, device_id: str) -> Obj:
+def resource_health(nd: SimulatedNodeGpus, device_id: str) -> Obj:
     """One ``allocatedResourcesStatus`` resource: the device's health as kubelet reports it."""
     if nd.sharing is not None and nd.sharing.slot(nd, device_id) is not None:
         # A time-slicing replica or MIG instance: its GPU's health, or its own instance fault.
@@ -45,7 +45,7 @@ def resource_health(nd: NodeDevices, device_id: str) -> Obj:
 
 
 def claim_statuses(
-    pod: PodView, nd: NodeDevices, claimed: tuple[tuple[str, str, str, int], ...], name: str
+    pod: PodView, nd: SimulatedNodeGpus, claimed: tuple[tuple[str, str, str, int], ...], name: str
 ) -> list[Obj]:
     """DRA: one ``claim:<claim>/<request>`` entry per claim request of the container, its devices' health
     under ``<driver>/<pool>/<device>``, as kubelet's DRA manager writes them."""
@@ -62,7 +62,7 @@ def claim_statuses(
 
 def container_status(
     pod: PodView,
-    nd: NodeDevices,
+    nd: SimulatedNodeGpus,
     name: str,
     image: str,
     started: float,
@@ -109,7 +109,7 @@ def container_status(
     return status
 
 
-def started_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str, ended: bool) -> Obj:
+def started_body(pod: PodView, record: RunningPod, nd: SimulatedNodeGpus, host: str, ended: bool) -> Obj:
     """Containers running (Running), or ended (Succeeded/Failed by ``pod.exit_code``)."""
     now = format_time(time.time())
     admitted = format_time(record.admitted)
@@ -165,7 +165,7 @@ def started_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str, e
     return {"status": status}
 
 
-def starting_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str) -> Obj:
+def starting_body(pod: PodView, record: RunningPod, nd: SimulatedNodeGpus, host: str) -> Obj:
     """Admitted, devices allocated, containers not running yet (images pulling, sandbox, start).
 
     As kubelet reports it: Pending; containers waiting with ``ContainerCreating`` (or
@@ -211,7 +211,7 @@ def starting_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str) 
     return {"status": status}
 
 
-def live_body(pod: PodView, record: RunningPod, nd: NodeDevices, host: str) -> Obj:
+def live_body(pod: PodView, record: RunningPod, nd: SimulatedNodeGpus, host: str) -> Obj:
     """The status of an admitted pod that has not ended: starting or running."""
     if record.running:
         return started_body(pod, record, nd, host, ended=False)

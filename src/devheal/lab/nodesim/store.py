@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from devheal.lab import devices as devmod
-from devheal.lab.devices import NodeDevices
+from devheal.lab.devices import SimulatedNodeGpus
 from devheal.lab.nodesim.nodes import node_name
 from devheal.lab.nodesim.startup import NodeImages
 
@@ -30,7 +30,7 @@ SAVE_DELAY_SECONDS = 0.05
 @dataclass
 class NodeStore:
     state_file: Path
-    nodes: dict[str, NodeDevices] = field(default_factory=dict)
+    nodes: dict[str, SimulatedNodeGpus] = field(default_factory=dict)
     node_index: dict[str, int] = field(default_factory=dict)
     images: dict[str, NodeImages] = field(default_factory=dict)  # node -> its images
     dra: set[str] = field(default_factory=set)
@@ -47,7 +47,7 @@ class NodeStore:
         for i in range(count):
             name = node_name(i)
             self.node_index[name] = i
-            nd = NodeDevices.create(name, gpus, model)
+            nd = SimulatedNodeGpus.create(name, gpus, model)
             for dev_json in (saved.get("nodes", {}).get(name, {}) or {}).get("devices", []):
                 idx = int(dev_json.get("index", -1))
                 if 0 <= idx < len(nd.devices):
@@ -56,7 +56,7 @@ class NodeStore:
                     dev.reason = str(dev_json.get("reason", ""))
                     dev.slowdown = float(dev_json.get("slowdown", 1.0))
                     dev.xids = [
-                        devmod.XidEvent(int(x["code"]), float(x["at"]), str(x["message"]))
+                        devmod.XidRecord(int(x["code"]), float(x["at"]), str(x["message"]))
                         for x in dev_json.get("xids", [])
                     ]
             self.nodes[name] = nd

@@ -8,6 +8,8 @@ import pytest
 
 from devheal.kube.workqueue import WorkQueue, run_workers
 
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
 
 async def test_backoff_grows_per_key_and_resets_when_forgotten() -> None:
     queue = WorkQueue(base_delay=0.01, max_delay=0.05)
