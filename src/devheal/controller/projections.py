@@ -220,7 +220,7 @@ def project_pod(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Pod:
         # Gang restarts: the generation asked for, the one acknowledged, and what restarts the pod in place.
         restart_generation=_restart_generation(annotations.get(RESTART_GENERATION_ANNOTATION)),
         acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
-        in_place=in_place_restart(spec, annotations).value,
+        in_place=in_place_restart(spec, annotations),
         claims=_pod_claims(spec, status, where),
         reason=_intern(str(status.get("reason") or "")),
         controlled=owner is not None,
