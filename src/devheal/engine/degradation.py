@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from devheal.engine.findings import attribution, policy_for_node, policy_for_pod
+from devheal.engine.findings import attribution
 from devheal.engine.xids import needs_repair
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice, WorkloadClass
 from devheal.model.degradation_policy import (
@@ -52,6 +52,7 @@ from devheal.model.degradation_policy import (
 )
 from devheal.model.plan import Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_node, policy_for_pod
 
 DEGRADATION_FINDINGS = frozenset(
     {

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from devheal.model.cluster import ClusterView, DeviceHealth, Node
+from devheal.model.cluster import ClusterView, DeviceHealth
 from devheal.model.dra import is_claim_entry, parse_claim_entry, parse_device_id
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
 ]
 from devheal.model.plan import Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_node
 
 DRA_FINDINGS = frozenset({FindingKind.DRA_DEVICE_FAILED, FindingKind.DRA_DEVICE_RECOVERED})
 SHOWN_DEVICES = 5
@@ -82,11 +83,6 @@ class RejectedDeviceClaim:
     def key(self) -> tuple[str, str, str, str]:
         """One per claimant and reason: surfaced once while it lasts, however many devices it names."""
         return (self.node, self.source_kind, self.source, self.reason.value)
-
-
-def policy_for_node(policies: Sequence[Policy], node: Node) -> Policy | None:
-    """As ``engine.findings.policy_for_node`` (which imports this module): the first policy selecting the node."""
-    return next((p for p in policies if p.selects_node(node.labels)), None)
 
 
 @dataclass(slots=True)

@@ -24,27 +24,12 @@ from enum import StrEnum
 
 from devheal.engine import dra, infrastructure, node_signals, sharing
 from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
-from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice
+from devheal.model.cluster import ClusterView, DeviceHealth, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARKS
 from devheal.model.gpu_resources import shares_physical
 from devheal.model.plan import Finding, FindingKind
 from devheal.model.policy import Policy
-
-
-def policy_for_node(policies: Sequence[Policy], node: Node) -> Policy | None:
-    """The first policy (by name) whose node selector matches; None: devheal must not touch the node."""
-    for policy in policies:
-        if policy.selects_node(node.labels):
-            return policy
-    return None
-
-
-def policy_for_pod(policies: Sequence[Policy], pod: Pod, node: Node | None) -> Policy | None:
-    node_labels = node.labels if node is not None else {}
-    for policy in policies:
-        if policy.selects_pod(pod.namespace, pod.labels, node_labels):
-            return policy
-    return None
+from devheal.model.policy_set import policy_for_node, policy_for_pod
 
 
 class Mismatch(StrEnum):

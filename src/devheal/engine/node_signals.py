@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.plan import Action, Finding, FindingKind
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_node
 from devheal.model.signals_policy import SignalClass, SignalRules
 
 SOURCE = "node-signal"
@@ -58,10 +59,6 @@ def signals(node: Node, rules: SignalRules) -> list[Signal]:
     return found
 
 
-def _policy(policies: Sequence[Policy], node: Node) -> Policy | None:
-    return next((p for p in policies if p.selects_node(node.labels)), None)
-
-
 def _since(found: Sequence[Signal], now: float) -> float:
     return min(s.since if s.since is not None else now for s in found)
 
@@ -77,7 +74,7 @@ def with_node_signals(
     for node in view.nodes.values():
         if not node.conditions and not node.taints:
             continue  # nothing another tool said: skip the policy lookup (most nodes, every round)
-        policy = _policy(policies, node)
+        policy = policy_for_node(policies, node)
         if policy is None:
             continue
         found = signals(node, policy.signals)
@@ -127,7 +124,7 @@ def candidates(
         if f.kind is not FindingKind.NODE_SIGNAL:
             continue
         node = view.nodes.get(f.node)
-        policy = _policy(policies, node) if node is not None else None
+        policy = policy_for_node(policies, node) if node is not None else None
         if node is None or policy is None:
             continue
         action = Action.on_node(

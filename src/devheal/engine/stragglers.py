@@ -34,11 +34,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from devheal.engine.degradation import has_degraded_taint
-from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_node, policy_for_pod
 from devheal.model.steps import StepReport
 from devheal.model.straggler_policy import StallAction, StragglerAction, StragglerRules
 
