@@ -46,13 +46,13 @@ from devheal.model.degradation_policy import (
     DEGRADED_TAINT_KEY,
     SUSPECT_MARK,
     DegradationRules,
-    DegradedGang,
     DegradedWorkload,
     RepairAction,
 )
 from devheal.model.plan import Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node, policy_for_pod
+from devheal.model.rank_action import RankAction
 
 DEGRADATION_FINDINGS = frozenset(
     {
@@ -297,7 +297,7 @@ def _pod_action(f: Finding, pod: Pod, policy: Policy, epoch: int, now: float) ->
             reason=f"inference pod on a degraded GPU for {now - f.since:.0f}s "
             f"(enterAfter + inferenceGrace {rules.enter_after + rules.inference_grace:.0f}s): move it",
         )
-    if cls is WorkloadClass.GANG and rules.gang is DegradedGang.REPLACE_NOW:
+    if cls is WorkloadClass.GANG and rules.gang is RankAction.REPLACE_NOW:
         return replace(
             base,
             kind=ActionKind.RESTART_GANG,
@@ -309,7 +309,7 @@ def _pod_action(f: Finding, pod: Pod, policy: Policy, epoch: int, now: float) ->
         )
     later = (
         "; it is replaced at the gang's next restart"
-        if cls is WorkloadClass.GANG and rules.gang is (DegradedGang.REPLACE_AT_RESTART)
+        if cls is WorkloadClass.GANG and rules.gang is (RankAction.REPLACE_AT_RESTART)
         else ""
     )
     return replace(base, reason=f"{f.kind} on {cls} pod {pod.key}: a record{later}")
@@ -350,7 +350,7 @@ def degraded_ranks(view: ClusterView, members: Sequence[Pod], policies: Sequence
         if report is None:
             continue
         policy = policy_for_pod(policies, pod, view.nodes.get(pod.node))
-        if policy is None or policy.degradation.gang is DegradedGang.NOTIFY:
+        if policy is None or policy.degradation.gang is RankAction.NOTIFY:
             continue
         for dev in report.devices:
             if entered(dev, policy.degradation, now) is None:

@@ -39,8 +39,9 @@ from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node, policy_for_pod
+from devheal.model.rank_action import RankAction
 from devheal.model.steps import StepReport
-from devheal.model.straggler_policy import StallAction, StragglerAction, StragglerRules
+from devheal.model.straggler_policy import StallAction, StragglerRules
 
 MAD_SCALE = 1.4826
 """MAD x 1.4826 estimates the standard deviation of normally distributed values."""
@@ -265,7 +266,7 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
     if policy is None:
         return None
     rules = policy.stragglers
-    gang = finding.kind is FindingKind.STRAGGLER and rules.action is StragglerAction.REPLACE_NOW
+    gang = finding.kind is FindingKind.STRAGGLER and rules.action is RankAction.REPLACE_NOW
     gang |= finding.kind is FindingKind.GANG_STALLED and rules.stall.action is StallAction.RESTART_GANG
     if gang:
         replaced = f"replace rank {pod.key}" if finding.pod_uid else "replace no rank"

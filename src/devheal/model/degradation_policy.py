@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from devheal.model import times
+from devheal.model.rank_action import RankAction
 from devheal.model.values import show
 
 DEGRADED_TAINT_KEY = "devheal.io/device-degraded"
@@ -59,15 +60,6 @@ class DegradedWorkload(StrEnum):
     DESCHEDULE = "Deschedule"
 
 
-class DegradedGang(StrEnum):
-    NOTIFY = "Notify"
-    """Record it (a Notify Remediation on the rank and its Event); nothing is replaced."""
-    REPLACE_AT_RESTART = "ReplaceAtRestart"
-    """Record it, and replace the rank the next time the gang restarts for any reason."""
-    REPLACE_NOW = "ReplaceNow"
-    """Restart the gang in place at once, replacing the rank."""
-
-
 class RepairAction(StrEnum):
     DRAIN = "Drain"
     NOTIFY = "Notify"
@@ -82,7 +74,7 @@ class DegradationRules:
     taint: bool = True
     inference: DegradedWorkload = DegradedWorkload.DESCHEDULE
     inference_grace: float = 600.0
-    gang: DegradedGang = DegradedGang.REPLACE_AT_RESTART
+    gang: RankAction = RankAction.REPLACE_AT_RESTART
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +149,7 @@ def parse_degradation(value: Any, where: str, error: type[E]) -> DegradationRule
         taint=taint,
         inference=_choice(spec.get("inference"), DegradedWorkload, d.inference, f"{where}.inference", error),
         inference_grace=_duration(spec.get("inferenceGrace"), d.inference_grace, f"{where}.inferenceGrace", error),
-        gang=_choice(spec.get("gang"), DegradedGang, d.gang, f"{where}.gang", error),
+        gang=_choice(spec.get("gang"), RankAction, d.gang, f"{where}.gang", error),
     )
 
 
