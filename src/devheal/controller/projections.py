@@ -37,6 +37,7 @@ from devheal.model.cluster import (
 )
 from devheal.model.gpu_resources import DEFAULT as DEFAULT_GPUS
 from devheal.model.gpu_resources import GpuResources
+from devheal.model.node_devices import reported_remedy
 from devheal.model.plan import (
     ACTIVE_PHASES,
     DECISION_ANNOTATION,
@@ -339,7 +340,7 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
                     source=str(raw.get("source") or ""),
                     label=str(raw.get("reason") or ""),
                     health=None if health_j is None else _health(health_j),
-                    remedy=str(raw.get("remedy") or ""),
+                    remedy=reported_remedy(raw.get("remedy")),
                     code=None if code_j is None else _int(code_j, f"{at}.reasons[{j}].code"),
                     since=parse_time(raw.get("firstSeen")),
                 )

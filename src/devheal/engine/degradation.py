@@ -49,6 +49,7 @@ from devheal.model.degradation_policy import (
     DegradedWorkload,
     RepairAction,
 )
+from devheal.model.node_devices import UNKNOWN_XID
 from devheal.model.plan import Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node, policy_for_pod
@@ -81,7 +82,7 @@ def degraded(dev: ReportedDevice, rules: DegradationRules) -> Degraded | None:
     counted = [
         r
         for r in dev.reasons
-        if r.health is DeviceHealth.DEGRADED and r.source in rules.sources and r.label != "UnknownXid"
+        if r.health is DeviceHealth.DEGRADED and r.source in rules.sources and r.label != UNKNOWN_XID
     ]
     if not counted:
         return None

@@ -48,6 +48,7 @@ __all__ = [
     "rejected_claims",
     "users",
 ]
+from devheal.model.node_devices import KIND as NODE_DEVICES
 from devheal.model.plan import Action, Finding, FindingKind, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node
@@ -190,8 +191,8 @@ def rejected_claims(view: ClusterView, now: float) -> list[RejectedDeviceClaim]:
             if parse_device_id(dev.device_id):
                 why = _on_node(view, dev.device_id, report.node)
                 if why is not None:
-                    found.setdefault((report.node, "NodeDevices", report.node, why), []).append(dev.device_id)
-                    uids[("NodeDevices", report.node)] = report.uid
+                    found.setdefault((report.node, NODE_DEVICES, report.node, why), []).append(dev.device_id)
+                    uids[(NODE_DEVICES, report.node)] = report.uid
     out = []
     for (node, kind, source, why), devices in sorted(found.items()):
         unique = tuple(sorted(set(devices)))

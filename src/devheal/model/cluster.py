@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from devheal.model.dra import DeviceQuarantine, SliceDevice
+from devheal.model.node_devices import Remedy
 from devheal.model.restarts import InPlaceRestart
 from devheal.model.steps import StepReport
 from devheal.model.values import whole_number
@@ -233,8 +234,8 @@ class ReportedReason:
     """The agent's short name: ``XID 79``, ``RepeatedXid``, ``UnknownXid``, a counter rule's name."""
     health: DeviceHealth | None = None
     """The health this reason gives the device; None: the agent did not say (one older than the field)."""
-    remedy: str = ""
-    """The classification's remedy (``ReplaceHardware``: drain for repair); "": not said."""
+    remedy: Remedy | None = None
+    """The classification's remedy (``ReplaceHardware``: drain for repair); None: not said."""
     code: int | None = None
     since: float | None = None
     """``firstSeen``: since when the signal has held without a break longer than the agent's hold-down."""

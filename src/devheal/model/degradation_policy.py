@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from devheal.model import times
+from devheal.model.node_devices import Remedy
 from devheal.model.rank_action import RankAction
 from devheal.model.values import show
 
@@ -47,10 +48,8 @@ its pod's exit code or crash loop accuses), so the agent's clean reports do not 
 DEGRADED_MARKS = frozenset({DEGRADED_MARK, SUSPECT_MARK})
 """The marks of devheal's degraded taint (no failure episode): at PreferNoSchedule the node stays in service; at
 NoSchedule (a fence) it is out, and counts against the node budgets (``engine.decide.nodes_out``)."""
-REMEDIES = ("None", "RestartWorkload", "ResetGPU", "RebootNode", "ReplaceHardware")
-"""The agent's remedies (``devheal.agent.classification.Remedy``), cheapest first."""
-REPAIR_REMEDY = "ReplaceHardware"
-"""The remedy that sends a device for repair: another reset will not help."""
+REMEDIES = tuple(Remedy)
+"""The agent's remedies, cheapest first."""
 SOURCES = ("ecc", "remap", "throttle", "pcie", "nvlink", "thermal", "xid")
 """Reason sources of the agent's classification a policy may count as degradation."""
 
@@ -70,7 +69,7 @@ class DegradationRules:
     enter_after: float = 600.0
     leave_after: float = 1800.0
     sources: frozenset[str] = frozenset({"ecc", "remap", "throttle", "pcie", "nvlink", "thermal"})
-    no_schedule_remedies: frozenset[str] = frozenset({"RebootNode", "ReplaceHardware"})
+    no_schedule_remedies: frozenset[str] = frozenset({Remedy.REBOOT_NODE, Remedy.REPLACE_HARDWARE})
     taint: bool = True
     inference: DegradedWorkload = DegradedWorkload.DESCHEDULE
     inference_grace: float = 600.0
