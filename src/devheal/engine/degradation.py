@@ -50,7 +50,7 @@ from devheal.model.degradation_policy import (
     RepairAction,
 )
 from devheal.model.node_devices import UNKNOWN_XID
-from devheal.model.plan import Action, Finding, FindingKind, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node, policy_for_pod
 from devheal.model.rank_action import RankAction
@@ -130,7 +130,7 @@ class DegradationTracker:
                         Finding(
                             kind=FindingKind.DEVICE_NEEDS_REPAIR,
                             node=node.name,
-                            source="nodedevices",
+                            source=FindingSource.NODE_DEVICES,
                             evidence=f"node agent says to send {', '.join(repair)} for repair (remedy ReplaceHardware"
                             + "".join(f"; {d.reason}" for d in report.devices if d.device_id == repair[0] and d.reason)
                             + ")",
@@ -171,7 +171,7 @@ class DegradationTracker:
                 Finding(
                     kind=FindingKind.DEGRADATION_RECOVERED,
                     node=node.name,
-                    source="nodedevices",
+                    source=FindingSource.NODE_DEVICES,
                     evidence=f"no degraded or failed device since {now - since:.0f}s",
                     since=since,
                 )
@@ -189,7 +189,7 @@ def _device_findings(
     node_finding = Finding(
         kind=FindingKind.DEVICE_DEGRADED,
         node=report.node,
-        source="nodedevices",
+        source=FindingSource.NODE_DEVICES,
         evidence=evidence + ("; severe (noScheduleRemedies): NoSchedule" if found.severe else ""),
         since=found.since,
         device_ids=(dev.device_id,),

@@ -21,13 +21,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from devheal.model.cluster import ClusterView, Node
-from devheal.model.plan import Action, Finding, FindingKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node
 from devheal.model.signals_policy import SignalClass, SignalRules
-
-SOURCE = "node-signal"
-"""A finding's ``source`` when a node condition or taint of another tool gave it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +84,10 @@ def with_node_signals(
             if at is not None:
                 f = out[at]
                 out[at] = replace(
-                    f, source=f"{f.source},{SOURCE}", evidence=f"{f.evidence}; {evidence}", since=min(f.since, since)
+                    f,
+                    source=f"{f.source},{FindingSource.NODE_SIGNAL}",
+                    evidence=f"{f.evidence}; {evidence}",
+                    since=min(f.since, since),
                 )
             else:
                 idle = not any(p.active and p.gpu_request > 0 for p in view.pods_on(node.name))
@@ -95,7 +95,7 @@ def with_node_signals(
                     Finding(
                         kind=FindingKind.NODE_DEVICES_FAILED,
                         node=node.name,
-                        source=SOURCE,
+                        source=FindingSource.NODE_SIGNAL,
                         evidence=f"{evidence}" + ("; node idle" if idle else "; node busy"),
                         since=since,
                         node_idle=idle,
@@ -106,7 +106,7 @@ def with_node_signals(
                 Finding(
                     kind=FindingKind.NODE_SIGNAL,
                     node=node.name,
-                    source=SOURCE,
+                    source=FindingSource.NODE_SIGNAL,
                     evidence="; ".join(s.describe() for s in others),
                     since=_since(others, now),
                 )

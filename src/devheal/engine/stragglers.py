@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from devheal.engine.degradation import has_degraded_taint
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK
-from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, TargetKind
+from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, FindingSource, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node, policy_for_pod
 from devheal.model.rank_action import RankAction
@@ -181,7 +181,7 @@ class StragglerTracker:
                 Finding(
                     kind=FindingKind.STRAGGLER,
                     node=pod.node,
-                    source="step-times",
+                    source=FindingSource.STEP_TIMES,
                     evidence=f"rank {pod.key}'s median step {report.p50:.3f}s is {ratio:.2f}x its gang's median "
                     f"{bound.centre:.3f}s (limit {bound.limit:.3f}s: {rules.outlier_mads} MADs of "
                     f"{bound.mad:.3f}s, at least +{rules.min_slowdown_percent}%) in {streak.outliers} reports "
@@ -246,7 +246,7 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
     return Finding(
         kind=FindingKind.GANG_STALLED,
         node=first.node,
-        source="step-times",
+        source=FindingSource.STEP_TIMES,
         evidence=f"no rank of gang {first.workload.key} reported a step for {quiet:.0f}s (limit {limit:.0f}s); "
         f"{len(reports)} ranks running; {who}",
         since=progress + limit,
