@@ -31,6 +31,7 @@ import yaml
 from devheal.agent.telemetry import SIGNALS
 from devheal.model import times
 from devheal.model.cluster import DeviceHealth
+from devheal.model.node_devices import Remedy
 from devheal.model.values import INT64_MAX, finite, show, whole_number
 
 HEALTH_RANK: Mapping[DeviceHealth, int] = {
@@ -40,17 +41,6 @@ HEALTH_RANK: Mapping[DeviceHealth, int] = {
     DeviceHealth.UNHEALTHY: 3,
 }
 """Severity order: a device's health is the worst of its reasons'."""
-
-
-class Remedy(StrEnum):
-    """What an operator (or the controller) should do about a reason, cheapest first."""
-
-    NONE = "None"
-    RESTART_WORKLOAD = "RestartWorkload"
-    RESET_GPU = "ResetGPU"
-    REBOOT_NODE = "RebootNode"
-    REPLACE_HARDWARE = "ReplaceHardware"
-    """Drain the node and repair or replace the GPU: another reset will not help."""
 
 
 REMEDY_RANK: Mapping[Remedy, int] = {remedy: rank for rank, remedy in enumerate(Remedy)}
@@ -96,11 +86,6 @@ BUCKET_DEFAULTS: Mapping[Bucket, tuple[DeviceHealth, Remedy]] = {
     Bucket.CHECK_MECHANICALS: (DeviceHealth.UNHEALTHY, Remedy.REPLACE_HARDWARE),
 }
 """What each bucket means for devheal, when a row names only its bucket."""
-
-UNKNOWN_XID = "UnknownXid"
-"""The reason (label and message prefix) of an XID that has no row in the table."""
-REPEATED_XID = "RepeatedXid"
-"""The reason (label and message prefix) of a GPU that failed again within ``repeatedXid.window``."""
 
 
 class RuleKind(StrEnum):

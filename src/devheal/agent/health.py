@@ -35,17 +35,15 @@ from dataclasses import dataclass, field
 from devheal.agent.classification import (
     HEALTH_RANK,
     REMEDY_RANK,
-    REPEATED_XID,
-    UNKNOWN_XID,
     Classification,
     CounterRule,
-    Remedy,
     RepeatPolicy,
     RuleKind,
     XidRule,
 )
 from devheal.agent.telemetry import DeviceReading, XidEvent
 from devheal.model.cluster import DeviceHealth
+from devheal.model.node_devices import REPEATED_XID, UNKNOWN_XID, Remedy
 from devheal.model.times import format_time
 
 

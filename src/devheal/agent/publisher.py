@@ -21,16 +21,16 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from devheal.agent.status import KIND, NODE_CONDITION, content_key, health_key
+from devheal.agent.status import content_key, health_key
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
 from devheal.model.api import GROUP_VERSION
+from devheal.model.node_devices import KIND, NODE_CONDITION, PLURAL
 from devheal.model.times import format_time
 
 log = logging.getLogger("devheal.agent.publisher")
 
 FIELD_MANAGER = "devheal-agent"
-PLURAL = "nodedevices"
 
 
 def node_devices_path(node: str, subresource: str | None = None) -> str:

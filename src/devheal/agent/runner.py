@@ -34,12 +34,12 @@ from devheal.agent.health import DeviceAssessment, DeviceHealthTracker
 from devheal.agent.metrics import AgentMetrics
 from devheal.agent.podmap import PodMap
 from devheal.agent.publisher import NodeDevicesPublisher
-from devheal.agent.status import DEFAULT_RESOURCE, Availability, build_status, device_view, node_condition
+from devheal.agent.status import Availability, build_status, device_view, node_condition
 from devheal.agent.telemetry import DeviceInfo, DeviceReading, Sample, TelemetryBackend, TelemetryUnavailable, XidEvent
 from devheal.kube.client import KubeClient
 from devheal.kube.probes import Heartbeat, ProbeServer, loops_check
 from devheal.kube.supervision import LoopFailed, Supervisor
-from devheal.model.cluster import DeviceHealth
+from devheal.model.cluster import GPU_RESOURCE, DeviceHealth
 
 log = logging.getLogger("devheal.agent")
 
@@ -57,7 +57,7 @@ class AgentOptions:
     pods_interval: float = 5.0
     """Seconds between two pod-resources ``List`` calls (a device's health change lists at once)."""
     heartbeat: float = 60.0
-    resource_name: str = DEFAULT_RESOURCE
+    resource_name: str = GPU_RESOURCE
     max_backoff: float = 60.0
 
 

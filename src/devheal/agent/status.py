@@ -15,15 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from devheal.agent.classification import HEALTH_RANK, Remedy
+from devheal.agent.classification import HEALTH_RANK
 from devheal.agent.health import DeviceAssessment, Reason
 from devheal.agent.telemetry import DeviceInfo
-from devheal.model.cluster import DRIVER_FAILURE_REASONS, DeviceHealth
+from devheal.model.cluster import DRIVER_FAILURE_REASONS, GPU_RESOURCE, DeviceHealth
+from devheal.model.node_devices import NODE_CONDITION, Remedy
 from devheal.model.times import format_time
-
-KIND = "NodeDevices"
-NODE_CONDITION = "devheal.io/DevicesHealthy"
-DEFAULT_RESOURCE = "nvidia.com/gpu"
 
 Obj = dict[str, Any]
 
@@ -111,7 +108,7 @@ def build_status(
     pod_resources: Availability,
     previous_conditions: Sequence[Obj],
     now: float,
-    default_resource: str = DEFAULT_RESOURCE,
+    default_resource: str = GPU_RESOURCE,
 ) -> Obj:
     """The whole ``status`` of the node's NodeDevices object."""
     devices: list[Obj] = []

@@ -11,6 +11,7 @@ import typer
 
 from devheal.cli import logs
 from devheal.cli.common import Context, preflight
+from devheal.model.node_devices import PLURAL
 
 if TYPE_CHECKING:
     from devheal.agent.runner import NodeAgent
@@ -142,7 +143,7 @@ def agent(
         return agents
 
     try:
-        preflight("agent", kubeconfig, ("nodedevices",), context=context)
+        preflight("agent", kubeconfig, (PLURAL,), context=context)
         asyncio.run(
             serve(
                 kubeconfig,

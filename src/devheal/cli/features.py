@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from devheal.cli.common import Context, Kubeconfig, explain, fail
-from devheal.engine.inplace import RESTART_ALL_FEATURE
+from devheal.model.restarts import RESTART_ALL_FEATURE
 
 
 def features(

@@ -15,8 +15,8 @@ import typer
 from devheal.cli import logs
 from devheal.cli.common import USAGE_ERROR, Context, Kubeconfig, explain, fail
 from devheal.cli.launch import GangLabel, PodName, PodNamespace, own_pod
-from devheal.engine.inplace import DEFAULT_TRIGGER_EXIT_CODE
 from devheal.model.cluster import GANG_LABEL
+from devheal.model.restarts import DEFAULT_TRIGGER_EXIT_CODE
 
 if TYPE_CHECKING:
     from devheal.launch.gang import KubeGang

@@ -21,6 +21,7 @@ from devheal.controller import metrics
 from devheal.controller.events import EventRecorder
 from devheal.engine.dra import RejectedDeviceClaim, rejected_claims
 from devheal.engine.findings import ReportMismatch, report_mismatches
+from devheal.model import node_devices
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView
 
@@ -65,5 +66,5 @@ class ReportAudit:
             }
         else:
             uid = mismatch.report_uid if isinstance(mismatch, ReportMismatch) else mismatch.source_uid
-            involved = {"kind": "NodeDevices", "name": mismatch.node, "uid": uid, "apiVersion": GROUP_VERSION}
+            involved = {"kind": node_devices.KIND, "name": mismatch.node, "uid": uid, "apiVersion": GROUP_VERSION}
         await self.events.record(involved, REJECTED_EVENT, mismatch.message, "Warning")

@@ -47,6 +47,7 @@ from devheal.engine.workloads import classify
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.kube.informer import Reflector, Unreadable
 from devheal.kube.supervision import Supervisor
+from devheal.model import node_devices
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod, WorkloadClass
 from devheal.model.gpu_resources import DEFAULT as DEFAULT_GPUS
@@ -130,10 +131,10 @@ class ClusterCache:
         )
         self.reports: Reflector[NodeDevicesReport] = Reflector(
             client,
-            api_path(GROUP_VERSION, "nodedevices"),
+            api_path(GROUP_VERSION, node_devices.PLURAL),
             project_node_devices,
             [self._on_any],
-            kind="NodeDevices",
+            kind=node_devices.KIND,
             fallback=report_unknown,
         )
         self.policy_objects: Reflector[dict[str, Any]] = Reflector(

@@ -17,12 +17,13 @@ lifted, since nothing would ever say the device is healthy again.
 from __future__ import annotations
 
 from devheal.controller.action_family import Outcome, Policies, StepFailed, Steps
-from devheal.controller.dra_projections import RESOURCE_API, project_resource_slice
+from devheal.controller.dra_projections import project_resource_slice
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.dra import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    RESOURCE_API,
     DraDevice,
     device_taint_rule,
     parse_device_id,

@@ -20,6 +20,7 @@ from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import CRDsMissing, check_installed
 from devheal.kube.features import detect_restart_all
+from devheal.model import node_devices
 from devheal.model.api import GROUP, GROUP_VERSION
 from devheal.model.cluster import GPU_RESOURCE
 from devheal.model.policy import Policy, PolicyError, parse_policy
@@ -38,7 +39,7 @@ CONTROLLER_NEEDS: tuple[tuple[str, str, str, str], ...] = (
     ("create", GROUP, "remediations", ""),
     ("patch", GROUP, "remediations", "status"),
     ("delete", GROUP, "remediations", ""),
-    ("list", GROUP, "nodedevices", ""),
+    ("list", GROUP, node_devices.PLURAL, ""),
     ("patch", GROUP, "remediationpolicies", "status"),
     ("update", "coordination.k8s.io", "leases", ""),
 )
@@ -100,7 +101,7 @@ async def _agents(kube: KubeClient, now: float) -> Check:
             continue
         if node.gpu_capacity > 0:
             gpu_nodes.append(node.name)
-    reports, _ = await kube.list_all(api_path(GROUP_VERSION, "nodedevices"))
+    reports, _ = await kube.list_all(api_path(GROUP_VERSION, node_devices.PLURAL))
     fresh = set()
     for obj in reports:
         try:

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from devheal.controller.dra_projections import RESOURCE_API, project_device_taint_rule, project_resource_slice
+from devheal.controller.dra_projections import project_device_taint_rule, project_resource_slice
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import Reflector
-from devheal.model.dra import MANAGED_BY, MANAGED_BY_LABEL, DeviceQuarantine, SliceDevice
+from devheal.model.dra import MANAGED_BY, MANAGED_BY_LABEL, RESOURCE_API, DeviceQuarantine, SliceDevice
 
 
 class DraCache:

@@ -21,7 +21,6 @@ from devheal.model.dra import (
 from devheal.model.times import parse_time
 from devheal.model.values import show
 
-RESOURCE_API = "resource.k8s.io/v1"
 """Where DRA is served (GA since Kubernetes 1.34; DeviceTaintRule since 1.37)."""
 
 

@@ -47,7 +47,6 @@ from devheal.controller.projections import MALFORMED_GENERATION, ProjectionError
 from devheal.controller.records import REMEDIATIONS
 from devheal.engine.degradation import degraded_ranks
 from devheal.engine.findings import detect
-from devheal.engine.inplace import InPlaceRestart
 from devheal.engine.placement import Vacancy
 from devheal.engine.stragglers import STEP_FINDINGS
 from devheal.engine.workloads import member_selector
@@ -56,6 +55,7 @@ from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, RESTART_GENERATION_ANNOTATION, ClusterView, Pod, Workload
 from devheal.model.plan import POD_FINDINGS, Action, FindingKind, Phase, RemediationReason
 from devheal.model.policy import Policy
+from devheal.model.restarts import InPlaceRestart
 from devheal.model.values import INT64_MAX, show, whole_number
 
 log = logging.getLogger(__name__)

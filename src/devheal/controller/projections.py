@@ -37,6 +37,7 @@ from devheal.model.cluster import (
 )
 from devheal.model.gpu_resources import DEFAULT as DEFAULT_GPUS
 from devheal.model.gpu_resources import GpuResources
+from devheal.model.node_devices import reported_remedy
 from devheal.model.plan import (
     ACTIVE_PHASES,
     DECISION_ANNOTATION,
@@ -220,7 +221,7 @@ def project_pod(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Pod:
         # Gang restarts: the generation asked for, the one acknowledged, and what restarts the pod in place.
         restart_generation=_restart_generation(annotations.get(RESTART_GENERATION_ANNOTATION)),
         acknowledged_generation=parse_generation(annotations.get(LAUNCHER_GENERATION_ANNOTATION)) or 0,
-        in_place=in_place_restart(spec, annotations).value,
+        in_place=in_place_restart(spec, annotations),
         claims=_pod_claims(spec, status, where),
         reason=_intern(str(status.get("reason") or "")),
         controlled=owner is not None,
@@ -339,7 +340,7 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
                     source=str(raw.get("source") or ""),
                     label=str(raw.get("reason") or ""),
                     health=None if health_j is None else _health(health_j),
-                    remedy=str(raw.get("remedy") or ""),
+                    remedy=reported_remedy(raw.get("remedy")),
                     code=None if code_j is None else _int(code_j, f"{at}.reasons[{j}].code"),
                     since=parse_time(raw.get("firstSeen")),
                 )

@@ -36,8 +36,9 @@ from devheal.lab.workloads import (
     wait_policy_observed,
     wait_until,
 )
+from devheal.model import node_devices
 from devheal.model.api import GROUP_VERSION
-from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION, OWNED_TAINT_KEY
+from devheal.model.cluster import GPU_RESOURCE, LAUNCHER_GENERATION_ANNOTATION, OWNED_TAINT_KEY
 
 NAMESPACE = "demo"
 REMEDIATIONS = api_path(GROUP_VERSION, "remediations")
@@ -419,7 +420,7 @@ class Story:
 
         async def capacity() -> str:
             obj = await self.kube.get(api_path("v1", "nodes", name=node))
-            return str(get_path(obj, "status", "capacity", "nvidia.com/gpu", default="0"))
+            return str(get_path(obj, "status", "capacity", GPU_RESOURCE, default="0"))
 
         await wait_until(capacity, lambda c: c == "8", timeout=20, what="GPU capacity back")
         await asyncio.sleep(2.0)
@@ -485,7 +486,7 @@ async def run(
             )
 
             async def reports() -> int:
-                items, _ = await kube.list_all(api_path(GROUP_VERSION, "nodedevices"))
+                items, _ = await kube.list_all(api_path(GROUP_VERSION, node_devices.PLURAL))
                 return len(items)
 
             await wait_until(reports, lambda n: n >= state.spec.nodes, timeout=60, what="NodeDevices from every agent")

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from devheal.engine.findings import policy_for_node
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.plan import POD_FINDINGS, Finding, FindingKind
 from devheal.model.policy import RESET_BREAKER_ANNOTATION, Policy
+from devheal.model.policy_set import policy_for_node
 
 DEVICE_FAULTS = POD_FINDINGS | {
     FindingKind.NODE_DEVICES_FAILED,

@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 from devheal.engine import dra, infrastructure, node_signals
 from devheal.engine.breaker import Breaker, gpu_nodes, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
-from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
@@ -47,6 +46,7 @@ from devheal.model.plan import (
     TargetKind,
 )
 from devheal.model.policy import ActionKind, Budgets, NodeRules, Policy, RemediationMode
+from devheal.model.policy_set import policy_for_node, policy_for_pod
 from devheal.model.times import format_time
 
 PolicyOf = Callable[[InFlight], Policy | None]

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from devheal.engine.findings import attribution, policy_for_node, policy_for_pod
+from devheal.engine.findings import attribution
 from devheal.engine.xids import needs_repair
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice, WorkloadClass
 from devheal.model.degradation_policy import (
@@ -46,12 +46,14 @@ from devheal.model.degradation_policy import (
     DEGRADED_TAINT_KEY,
     SUSPECT_MARK,
     DegradationRules,
-    DegradedGang,
     DegradedWorkload,
     RepairAction,
 )
-from devheal.model.plan import Action, Finding, FindingKind, TargetKind
+from devheal.model.node_devices import UNKNOWN_XID
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, TargetKind
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_node, policy_for_pod
+from devheal.model.rank_action import RankAction
 
 DEGRADATION_FINDINGS = frozenset(
     {
@@ -80,7 +82,7 @@ def degraded(dev: ReportedDevice, rules: DegradationRules) -> Degraded | None:
     counted = [
         r
         for r in dev.reasons
-        if r.health is DeviceHealth.DEGRADED and r.source in rules.sources and r.label != "UnknownXid"
+        if r.health is DeviceHealth.DEGRADED and r.source in rules.sources and r.label != UNKNOWN_XID
     ]
     if not counted:
         return None
@@ -128,7 +130,7 @@ class DegradationTracker:
                         Finding(
                             kind=FindingKind.DEVICE_NEEDS_REPAIR,
                             node=node.name,
-                            source="nodedevices",
+                            source=FindingSource.NODE_DEVICES,
                             evidence=f"node agent says to send {', '.join(repair)} for repair (remedy ReplaceHardware"
                             + "".join(f"; {d.reason}" for d in report.devices if d.device_id == repair[0] and d.reason)
                             + ")",
@@ -169,7 +171,7 @@ class DegradationTracker:
                 Finding(
                     kind=FindingKind.DEGRADATION_RECOVERED,
                     node=node.name,
-                    source="nodedevices",
+                    source=FindingSource.NODE_DEVICES,
                     evidence=f"no degraded or failed device since {now - since:.0f}s",
                     since=since,
                 )
@@ -187,7 +189,7 @@ def _device_findings(
     node_finding = Finding(
         kind=FindingKind.DEVICE_DEGRADED,
         node=report.node,
-        source="nodedevices",
+        source=FindingSource.NODE_DEVICES,
         evidence=evidence + ("; severe (noScheduleRemedies): NoSchedule" if found.severe else ""),
         since=found.since,
         device_ids=(dev.device_id,),
@@ -296,7 +298,7 @@ def _pod_action(f: Finding, pod: Pod, policy: Policy, epoch: int, now: float) ->
             reason=f"inference pod on a degraded GPU for {now - f.since:.0f}s "
             f"(enterAfter + inferenceGrace {rules.enter_after + rules.inference_grace:.0f}s): move it",
         )
-    if cls is WorkloadClass.GANG and rules.gang is DegradedGang.REPLACE_NOW:
+    if cls is WorkloadClass.GANG and rules.gang is RankAction.REPLACE_NOW:
         return replace(
             base,
             kind=ActionKind.RESTART_GANG,
@@ -308,7 +310,7 @@ def _pod_action(f: Finding, pod: Pod, policy: Policy, epoch: int, now: float) ->
         )
     later = (
         "; it is replaced at the gang's next restart"
-        if cls is WorkloadClass.GANG and rules.gang is (DegradedGang.REPLACE_AT_RESTART)
+        if cls is WorkloadClass.GANG and rules.gang is (RankAction.REPLACE_AT_RESTART)
         else ""
     )
     return replace(base, reason=f"{f.kind} on {cls} pod {pod.key}: a record{later}")
@@ -349,7 +351,7 @@ def degraded_ranks(view: ClusterView, members: Sequence[Pod], policies: Sequence
         if report is None:
             continue
         policy = policy_for_pod(policies, pod, view.nodes.get(pod.node))
-        if policy is None or policy.degradation.gang is DegradedGang.NOTIFY:
+        if policy is None or policy.degradation.gang is RankAction.NOTIFY:
             continue
         for dev in report.devices:
             if entered(dev, policy.degradation, now) is None:

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from devheal.model.cluster import ClusterView, DeviceHealth, Node
+from devheal.model.cluster import ClusterView, DeviceHealth
 from devheal.model.dra import is_claim_entry, parse_claim_entry, parse_device_id
 
 __all__ = [
@@ -48,8 +48,10 @@ __all__ = [
     "rejected_claims",
     "users",
 ]
-from devheal.model.plan import Action, Finding, FindingKind, TargetKind
+from devheal.model.node_devices import KIND as NODE_DEVICES
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, TargetKind, joined
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_node
 
 DRA_FINDINGS = frozenset({FindingKind.DRA_DEVICE_FAILED, FindingKind.DRA_DEVICE_RECOVERED})
 SHOWN_DEVICES = 5
@@ -84,19 +86,14 @@ class RejectedDeviceClaim:
         return (self.node, self.source_kind, self.source, self.reason.value)
 
 
-def policy_for_node(policies: Sequence[Policy], node: Node) -> Policy | None:
-    """As ``engine.findings.policy_for_node`` (which imports this module): the first policy selecting the node."""
-    return next((p for p in policies if p.selects_node(node.labels)), None)
-
-
 @dataclass(slots=True)
 class _Failure:
     node: str
-    sources: list[str] = field(default_factory=list)
+    sources: list[FindingSource] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
     since: float | None = None
 
-    def add(self, source: str, evidence: str, since: float | None = None) -> None:
+    def add(self, source: FindingSource, evidence: str, since: float | None = None) -> None:
         if source not in self.sources:
             self.sources.append(source)
         self.evidence.append(evidence)
@@ -140,7 +137,9 @@ def failed_devices(view: ClusterView, now: float) -> dict[str, _Failure]:
                 view, d.device_id, pod.node
             ):
                 failure = failed.setdefault(d.device_id, _Failure(pod.node))
-                failure.add("pod-status", f"{d.resource} of pod {pod.key} reports it Unhealthy" + _said(d.message))
+                failure.add(
+                    FindingSource.POD_STATUS, f"{d.resource} of pod {pod.key} reports it Unhealthy" + _said(d.message)
+                )
     by_uuid: dict[tuple[str, str], str] = {}
     for device_id, published in view.dra_devices.items():
         if published.uuid:
@@ -148,7 +147,7 @@ def failed_devices(view: ClusterView, now: float) -> dict[str, _Failure]:
         if published.driver_taints:
             failure = failed.setdefault(device_id, _Failure(published.node))
             failure.add(
-                "resourceslice",
+                FindingSource.RESOURCE_SLICE,
                 f"driver {published.device.driver} taints it ({', '.join(published.driver_taints)})",
                 published.since,
             )
@@ -161,7 +160,11 @@ def failed_devices(view: ClusterView, now: float) -> dict[str, _Failure]:
             if named is None or _on_node(view, named, report.node):
                 continue
             failure = failed.setdefault(named, _Failure(report.node))
-            failure.add("nodedevices", f"node agent reports {dev.device_id} Unhealthy" + _said(dev.reason), dev.since)
+            failure.add(
+                FindingSource.NODE_DEVICES,
+                f"node agent reports {dev.device_id} Unhealthy" + _said(dev.reason),
+                dev.since,
+            )
     return failed
 
 
@@ -194,8 +197,8 @@ def rejected_claims(view: ClusterView, now: float) -> list[RejectedDeviceClaim]:
             if parse_device_id(dev.device_id):
                 why = _on_node(view, dev.device_id, report.node)
                 if why is not None:
-                    found.setdefault((report.node, "NodeDevices", report.node, why), []).append(dev.device_id)
-                    uids[("NodeDevices", report.node)] = report.uid
+                    found.setdefault((report.node, NODE_DEVICES, report.node, why), []).append(dev.device_id)
+                    uids[(NODE_DEVICES, report.node)] = report.uid
     out = []
     for (node, kind, source, why), devices in sorted(found.items()):
         unique = tuple(sorted(set(devices)))
@@ -246,7 +249,7 @@ def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Fi
             Finding(
                 kind=FindingKind.DRA_DEVICE_FAILED,
                 node=failure.node,
-                source=",".join(failure.sources),
+                source=joined(failure.sources),
                 evidence=f"DRA device {device_id} failed: {'; '.join(failure.evidence)}; "
                 f"{users(view, failure.node, device_id)}",
                 since=failure.since if failure.since is not None else now,
@@ -261,7 +264,7 @@ def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Fi
             Finding(
                 kind=FindingKind.DRA_DEVICE_RECOVERED,
                 node=published.node,
-                source="resourceslice",
+                source=FindingSource.RESOURCE_SLICE,
                 evidence=f"DRA device {device_id} is published without a driver taint and no pod or agent "
                 f"reports it failed (DeviceTaintRule {rule.name})",
                 since=now,

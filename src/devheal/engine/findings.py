@@ -24,27 +24,12 @@ from enum import StrEnum
 
 from devheal.engine import dra, infrastructure, node_signals, sharing
 from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
-from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice
+from devheal.model.cluster import ClusterView, DeviceHealth, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARKS
 from devheal.model.gpu_resources import shares_physical
-from devheal.model.plan import Finding, FindingKind
+from devheal.model.plan import Finding, FindingKind, FindingSource, joined
 from devheal.model.policy import Policy
-
-
-def policy_for_node(policies: Sequence[Policy], node: Node) -> Policy | None:
-    """The first policy (by name) whose node selector matches; None: devheal must not touch the node."""
-    for policy in policies:
-        if policy.selects_node(node.labels):
-            return policy
-    return None
-
-
-def policy_for_pod(policies: Sequence[Policy], pod: Pod, node: Node | None) -> Policy | None:
-    node_labels = node.labels if node is not None else {}
-    for policy in policies:
-        if policy.selects_pod(pod.namespace, pod.labels, node_labels):
-            return policy
-    return None
+from devheal.model.policy_set import policy_for_node, policy_for_pod
 
 
 class Mismatch(StrEnum):
@@ -151,7 +136,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             found[(FindingKind.UNKNOWN_XID, pod.key)] = Finding(
                 kind=FindingKind.UNKNOWN_XID,
                 node=pod.node,
-                source="pod-status",
+                source=FindingSource.POD_STATUS,
                 evidence=f"pod status reports {', '.join(bad)} Unhealthy, but the node agent reports only an "
                 "XID it has no row for (UnknownXid)" + (f" ({messages})" if messages else ""),
                 since=now,
@@ -163,7 +148,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             found[(FindingKind.DEVICE_FAILED, pod.key)] = Finding(
                 kind=FindingKind.DEVICE_FAILED,
                 node=pod.node,
-                source="pod-status",
+                source=FindingSource.POD_STATUS,
                 evidence=f"pod status reports {', '.join(bad)} Unhealthy" + (f" ({messages})" if messages else ""),
                 since=now,
                 pod=pod.key,
@@ -179,10 +164,10 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             continue
         for c in pod.containers:
             if c.exit_code is not None and c.exit_code in policy.device_error_exit_codes:
-                kind, source = FindingKind.DEVICE_ERROR_EXIT, "container-exit"
+                kind, source = FindingKind.DEVICE_ERROR_EXIT, FindingSource.CONTAINER_EXIT
                 evidence = f"container {c.name} exited with device-error code {c.exit_code}"
             elif c.waiting_reason == "CrashLoopBackOff" and c.restart_count >= policy.crash_loop_restarts:
-                kind, source = FindingKind.CRASH_LOOP_ON_DEVICE, "container-restarts"
+                kind, source = FindingKind.CRASH_LOOP_ON_DEVICE, FindingSource.CONTAINER_RESTARTS
                 evidence = f"container {c.name} crash-loops ({c.restart_count} restarts) on a GPU"
             else:
                 continue
@@ -212,7 +197,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
                 found[(FindingKind.DEVICE_FAILED, pod.key)] = Finding(
                     kind=FindingKind.DEVICE_FAILED,
                     node=report.node,
-                    source="nodedevices",
+                    source=FindingSource.NODE_DEVICES,
                     evidence=f"node agent reports {dev.device_id} Unhealthy"
                     + (f": {dev.reason}" if dev.reason else ""),
                     since=dev.since if dev.since is not None else now,
@@ -255,15 +240,15 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
         policy = policy_for_node(policies, node)
         if policy is None:
             continue
-        sources: list[str] = []
+        sources: list[FindingSource] = []
         pods = view.pods_on(node.name)
         if failed:
-            sources.append("pod-status")
+            sources.append(FindingSource.POD_STATUS)
         since_candidates = []
         if report is not None and report.unhealthy:
             own = dra.agent_dra_devices(view, node.name) if view.dra_devices else frozenset()
             failed.update(d.device_id for d in report.unhealthy if d.device_id not in own)
-            sources.append("nodedevices")
+            sources.append(FindingSource.NODE_DEVICES)
             since_candidates += [d.since for d in report.unhealthy if d.since is not None]
         # A GPU the device plugin took away for an unknown XID is no failed GPU either.
         guessed = sum(1 for d in report.devices if only_unknown_xid(d)) if report is not None and node.gpu_gap else 0
@@ -275,14 +260,14 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
         if not failed and not gap_held:
             continue
         if gap_held:
-            sources.append("node-capacity")
+            sources.append(FindingSource.NODE_CAPACITY)
         idle = not any(p.active and p.gpu_request > 0 for p in pods)
         total = max(node.gpu_capacity, len(report.devices) if report is not None else 0)
         found.append(
             Finding(
                 kind=FindingKind.NODE_DEVICES_FAILED,
                 node=node.name,
-                source=",".join(sources),
+                source=joined(sources),
                 evidence=(
                     f"{failed_count} of {total} GPUs failed; allocatable {node.gpu_allocatable}/{node.gpu_capacity}"
                     + ("; node idle" if idle else "; node busy")
@@ -345,7 +330,7 @@ class FindingTracker:
                     Finding(
                         kind=FindingKind.NODE_RECOVERED,
                         node=name,
-                        source="node-capacity",
+                        source=FindingSource.NODE_CAPACITY,
                         evidence=f"all {node.gpu_capacity} GPUs healthy since {now - clean_since:.0f}s",
                         since=clean_since,
                     )

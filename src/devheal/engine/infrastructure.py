@@ -26,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from devheal.model.cluster import ADMISSION_REJECTED_REASON, ClusterView, DeviceHealth, Node, Pod
+from devheal.model.cluster import ADMISSION_REJECTED_REASON, ClusterView, DeviceHealth, Pod
 from devheal.model.infrastructure_policy import AdmissionRemedy, DriverRemedy
-from devheal.model.plan import Action, Finding, FindingKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_node, policy_for_pod
 
 INFRASTRUCTURE_FINDINGS = frozenset(
     {
@@ -39,15 +40,6 @@ INFRASTRUCTURE_FINDINGS = frozenset(
         FindingKind.NODE_DRIVER_FAILED,
     }
 )
-
-
-def _node_policy(policies: Sequence[Policy], node: Node) -> Policy | None:
-    return next((p for p in policies if p.selects_node(node.labels)), None)
-
-
-def _pod_policy(policies: Sequence[Policy], pod: Pod, node: Node | None) -> Policy | None:
-    labels = node.labels if node is not None else {}
-    return next((p for p in policies if p.selects_pod(pod.namespace, pod.labels, labels)), None)
 
 
 def _device_failed(view: ClusterView, pod: Pod, now: float) -> str:
@@ -71,13 +63,13 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             continue
         node = view.nodes.get(pod.node)
         if pod.phase == "Failed" and pod.reason == ADMISSION_REJECTED_REASON and pod.deletion_at is None:
-            if _pod_policy(policies, pod, node) is None:
+            if policy_for_pod(policies, pod, node) is None:
                 continue
             out.append(
                 Finding(
                     kind=FindingKind.ADMISSION_REJECTED,
                     node=pod.node,
-                    source="pod-status",
+                    source=FindingSource.POD_STATUS,
                     evidence=f"kubelet on {pod.node} rejected the pod at admission ({ADMISSION_REJECTED_REASON})",
                     since=now,
                     pod=pod.key,
@@ -87,7 +79,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             continue
         if pod.deletion_at is None or pod.phase in ("Succeeded", "Failed"):
             continue  # terminal: kubelet has stopped it (what holds it now is a finalizer, not the node)
-        policy = _pod_policy(policies, pod, node)
+        policy = policy_for_pod(policies, pod, node)
         if policy is None:
             continue
         late = now - pod.deletion_at
@@ -100,7 +92,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             Finding(
                 kind=FindingKind.STUCK_TERMINATING,
                 node=pod.node,
-                source="pod-deletion",
+                source=FindingSource.POD_DELETION,
                 evidence=f"still terminating {late:.0f}s past its deletion time on {pod.node}, where {why}",
                 since=pod.deletion_at,
                 pod=pod.key,
@@ -118,7 +110,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
         if node is None or report.stale(now, view.report_max_age):
             continue
         if report.driver_failure is not None:
-            policy = _node_policy(policies, node)
+            policy = policy_for_node(policies, node)
             reason, message, since = report.driver_failure
             since = now if since is None else since
             if policy is None or now - since < policy.infrastructure.driver_failure_after:
@@ -127,7 +119,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
                 Finding(
                     kind=FindingKind.NODE_DRIVER_FAILED,
                     node=name,
-                    source="nodedevices",
+                    source=FindingSource.NODE_DEVICES,
                     evidence=f"node agent: {reason}: {message}"[:1000],
                     since=since,
                 )
@@ -135,7 +127,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
             continue
         if node.no_gpus_since is None or not report.devices or report.unhealthy:
             continue
-        policy = _node_policy(policies, node)
+        policy = policy_for_node(policies, node)
         held = now - node.no_gpus_since
         if policy is None or held < policy.infrastructure.device_plugin_down_after:
             continue
@@ -143,7 +135,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
             Finding(
                 kind=FindingKind.DEVICE_PLUGIN_DOWN,
                 node=name,
-                source="node-capacity",
+                source=FindingSource.NODE_CAPACITY,
                 evidence=(
                     f"node agent sees {len(report.devices)} GPUs, none failed, but the node has advertised "
                     f"{node.gpu_allocatable}/{node.gpu_capacity} allocatable for {held:.0f}s: "
@@ -173,7 +165,7 @@ def _pod_action(f: Finding, view: ClusterView, policies: Sequence[Policy]) -> tu
     pod = view.pods.get(f.pod)
     if pod is None or pod.uid != f.pod_uid:
         return None
-    policy = _pod_policy(policies, pod, view.nodes.get(pod.node))
+    policy = policy_for_pod(policies, pod, view.nodes.get(pod.node))
     if policy is None:
         return None
     rules = policy.infrastructure
@@ -211,7 +203,7 @@ def _node_action(f: Finding, view: ClusterView, policies: Sequence[Policy]) -> t
     node = view.nodes.get(f.node)
     if node is None:
         return None
-    policy = _node_policy(policies, node)
+    policy = policy_for_node(policies, node)
     if policy is None:
         return None
     base = Action.on_node(

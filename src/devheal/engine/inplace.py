@@ -18,24 +18,10 @@ Pure: works on a pod's JSON ``spec`` and annotations.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from enum import StrEnum
 from typing import Any
 
 from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION
-
-RESTART_ALL_CONTAINERS = "RestartAllContainers"
-"""The ``restartPolicyRules[].action`` that restarts every container of the pod."""
-RESTART_ALL_FEATURE = "RestartAllContainersOnContainerExits"
-"""The feature gate, and the name nodes list in ``status.declaredFeatures`` when their kubelet supports it."""
-DEFAULT_TRIGGER_EXIT_CODE = 88
-"""The exit code ``devheal sidecar`` ends with on a new generation, unless told otherwise."""
-
-
-class InPlaceRestart(StrEnum):
-    LAUNCHER = "launcher"
-    RESTART_ALL_CONTAINERS = "RestartAllContainers"
-    NONE = "none"
-    """Nothing in the pod reacts to a new restart generation."""
+from devheal.model.restarts import RESTART_ALL_CONTAINERS, InPlaceRestart
 
 
 def _items(value: object) -> list[Any]:

@@ -21,12 +21,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from devheal.model.cluster import ClusterView, Node
-from devheal.model.plan import Action, Finding, FindingKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_node
 from devheal.model.signals_policy import SignalClass, SignalRules
-
-SOURCE = "node-signal"
-"""A finding's ``source`` when a node condition or taint of another tool gave it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +56,6 @@ def signals(node: Node, rules: SignalRules) -> list[Signal]:
     return found
 
 
-def _policy(policies: Sequence[Policy], node: Node) -> Policy | None:
-    return next((p for p in policies if p.selects_node(node.labels)), None)
-
-
 def _since(found: Sequence[Signal], now: float) -> float:
     return min(s.since if s.since is not None else now for s in found)
 
@@ -77,7 +71,7 @@ def with_node_signals(
     for node in view.nodes.values():
         if not node.conditions and not node.taints:
             continue  # nothing another tool said: skip the policy lookup (most nodes, every round)
-        policy = _policy(policies, node)
+        policy = policy_for_node(policies, node)
         if policy is None:
             continue
         found = signals(node, policy.signals)
@@ -90,7 +84,10 @@ def with_node_signals(
             if at is not None:
                 f = out[at]
                 out[at] = replace(
-                    f, source=f"{f.source},{SOURCE}", evidence=f"{f.evidence}; {evidence}", since=min(f.since, since)
+                    f,
+                    source=f"{f.source},{FindingSource.NODE_SIGNAL}",
+                    evidence=f"{f.evidence}; {evidence}",
+                    since=min(f.since, since),
                 )
             else:
                 idle = not any(p.active and p.gpu_request > 0 for p in view.pods_on(node.name))
@@ -98,7 +95,7 @@ def with_node_signals(
                     Finding(
                         kind=FindingKind.NODE_DEVICES_FAILED,
                         node=node.name,
-                        source=SOURCE,
+                        source=FindingSource.NODE_SIGNAL,
                         evidence=f"{evidence}" + ("; node idle" if idle else "; node busy"),
                         since=since,
                         node_idle=idle,
@@ -109,7 +106,7 @@ def with_node_signals(
                 Finding(
                     kind=FindingKind.NODE_SIGNAL,
                     node=node.name,
-                    source=SOURCE,
+                    source=FindingSource.NODE_SIGNAL,
                     evidence="; ".join(s.describe() for s in others),
                     since=_since(others, now),
                 )
@@ -127,7 +124,7 @@ def candidates(
         if f.kind is not FindingKind.NODE_SIGNAL:
             continue
         node = view.nodes.get(f.node)
-        policy = _policy(policies, node) if node is not None else None
+        policy = policy_for_node(policies, node) if node is not None else None
         if node is None or policy is None:
             continue
         action = Action.on_node(

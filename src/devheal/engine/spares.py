@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from devheal.engine.findings import policy_for_pod
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, Pod
 from devheal.model.plan import InFlight, Phase
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_pod
 
 SPARE_TAINT_KEY = "devheal.io/spare"
 """devheal's taint on a reserved spare (value ``true``, effect ``NoSchedule``); no one else writes this key."""

@@ -34,13 +34,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from devheal.engine.degradation import has_degraded_taint
-from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK
-from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, TargetKind
+from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, FindingSource, TargetKind
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_node, policy_for_pod
+from devheal.model.rank_action import RankAction
 from devheal.model.steps import StepReport
-from devheal.model.straggler_policy import StallAction, StragglerAction, StragglerRules
+from devheal.model.straggler_policy import StallAction, StragglerRules
 
 MAD_SCALE = 1.4826
 """MAD x 1.4826 estimates the standard deviation of normally distributed values."""
@@ -180,7 +181,7 @@ class StragglerTracker:
                 Finding(
                     kind=FindingKind.STRAGGLER,
                     node=pod.node,
-                    source="step-times",
+                    source=FindingSource.STEP_TIMES,
                     evidence=f"rank {pod.key}'s median step {report.p50:.3f}s is {ratio:.2f}x its gang's median "
                     f"{bound.centre:.3f}s (limit {bound.limit:.3f}s: {rules.outlier_mads} MADs of "
                     f"{bound.mad:.3f}s, at least +{rules.min_slowdown_percent}%) in {streak.outliers} reports "
@@ -245,7 +246,7 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
     return Finding(
         kind=FindingKind.GANG_STALLED,
         node=first.node,
-        source="step-times",
+        source=FindingSource.STEP_TIMES,
         evidence=f"no rank of gang {first.workload.key} reported a step for {quiet:.0f}s (limit {limit:.0f}s); "
         f"{len(reports)} ranks running; {who}",
         since=progress + limit,
@@ -265,7 +266,7 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
     if policy is None:
         return None
     rules = policy.stragglers
-    gang = finding.kind is FindingKind.STRAGGLER and rules.action is StragglerAction.REPLACE_NOW
+    gang = finding.kind is FindingKind.STRAGGLER and rules.action is RankAction.REPLACE_NOW
     gang |= finding.kind is FindingKind.GANG_STALLED and rules.stall.action is StallAction.RESTART_GANG
     if gang:
         replaced = f"replace rank {pod.key}" if finding.pod_uid else "replace no rank"

@@ -19,12 +19,7 @@ reasons (``ReportedReason``):
 from __future__ import annotations
 
 from devheal.model.cluster import ClusterView, DeviceHealth, ReportedDevice
-from devheal.model.degradation_policy import REPAIR_REMEDY
-
-UNKNOWN_XID = "UnknownXid"
-"""The agent's reason label for an XID without a row (``devheal.agent.classification.UNKNOWN_XID``)."""
-REPEATED_XID = "RepeatedXid"
-"""The agent's reason label for a GPU failing again within its window."""
+from devheal.model.node_devices import UNKNOWN_XID, Remedy
 
 
 def only_unknown_xid(dev: ReportedDevice) -> bool:
@@ -46,5 +41,5 @@ def needs_repair(dev: ReportedDevice) -> bool:
     """The agent says to send the device for repair: Unhealthy, with a current reason whose remedy is
     ReplaceHardware (``RepeatedXid`` by default)."""
     return dev.health is DeviceHealth.UNHEALTHY and any(
-        r.remedy == REPAIR_REMEDY and r.health is DeviceHealth.UNHEALTHY for r in dev.reasons
+        r.remedy is Remedy.REPLACE_HARDWARE and r.health is DeviceHealth.UNHEALTHY for r in dev.reasons
     )

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from devheal.engine.inplace import DEFAULT_TRIGGER_EXIT_CODE, RESTART_ALL_CONTAINERS, RESTART_ALL_FEATURE
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
+from devheal.model.restarts import DEFAULT_TRIGGER_EXIT_CODE, RESTART_ALL_CONTAINERS, RESTART_ALL_FEATURE
 
 PROBE_POD_NAME = "devheal-restart-all-probe"
 

@@ -34,6 +34,7 @@ from typing import Any
 from devheal.lab import commands, toolchain, versions
 from devheal.lab.commands import FEATURE_GATES as FEATURE_GATES
 from devheal.lab.pki import LabPki
+from devheal.model.cluster import GPU_RESOURCE
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "nodesim")
 
@@ -500,7 +501,7 @@ def _expected_gpus(node: dict[str, Any], spec: LabSpec) -> int:
 
 
 def _gpus(node: dict[str, Any]) -> int:
-    value = ((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", "0")
+    value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
     try:
         return int(value)
     except ValueError:

@@ -26,9 +26,10 @@ import signal
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from devheal.engine.inplace import RESTART_ALL_CONTAINERS, restart_all_triggers
+from devheal.engine.inplace import restart_all_triggers
 from devheal.kube import errors
 from devheal.launch.restarts import LAUNCHER_GENERATION_ANNOTATION, SIGTERM_EXIT_CODE, PodView
+from devheal.model.restarts import RESTART_ALL_CONTAINERS
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from devheal.model.dra import DeviceQuarantine, SliceDevice
+from devheal.model.node_devices import Remedy
+from devheal.model.restarts import InPlaceRestart
 from devheal.model.steps import StepReport
 from devheal.model.values import whole_number
 
@@ -135,8 +137,8 @@ class Pod:
     """The restart generation devheal asked of this gang member (RESTART_GENERATION_ANNOTATION; 0 when absent)."""
     acknowledged_generation: int = 0
     """The generation the member's in-place agent acknowledged (LAUNCHER_GENERATION_ANNOTATION; 0 when absent)."""
-    in_place: str = "none"
-    """How the pod restarts in place when its restart generation rises (a ``devheal.engine.inplace.InPlaceRestart``)."""
+    in_place: InPlaceRestart = InPlaceRestart.NONE
+    """How the pod restarts in place when its restart generation rises (``devheal.engine.inplace.in_place_restart``)."""
     steps: StepReport | None = None
     """What the pod's launcher last published of its step times (``devheal.io/steps``); None: nothing (valid)."""
     reason: str = ""
@@ -232,8 +234,8 @@ class ReportedReason:
     """The agent's short name: ``XID 79``, ``RepeatedXid``, ``UnknownXid``, a counter rule's name."""
     health: DeviceHealth | None = None
     """The health this reason gives the device; None: the agent did not say (one older than the field)."""
-    remedy: str = ""
-    """The classification's remedy (``ReplaceHardware``: drain for repair); "": not said."""
+    remedy: Remedy | None = None
+    """The classification's remedy (``ReplaceHardware``: drain for repair); None: not said."""
     code: int | None = None
     since: float | None = None
     """``firstSeen``: since when the signal has held without a break longer than the agent's hold-down."""

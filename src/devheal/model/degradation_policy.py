@@ -34,6 +34,8 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from devheal.model import times
+from devheal.model.node_devices import Remedy
+from devheal.model.rank_action import RankAction
 from devheal.model.values import show
 
 DEGRADED_TAINT_KEY = "devheal.io/device-degraded"
@@ -46,10 +48,8 @@ its pod's exit code or crash loop accuses), so the agent's clean reports do not 
 DEGRADED_MARKS = frozenset({DEGRADED_MARK, SUSPECT_MARK})
 """The marks of devheal's degraded taint (no failure episode): at PreferNoSchedule the node stays in service; at
 NoSchedule (a fence) it is out, and counts against the node budgets (``engine.decide.nodes_out``)."""
-REMEDIES = ("None", "RestartWorkload", "ResetGPU", "RebootNode", "ReplaceHardware")
-"""The agent's remedies (``devheal.agent.classification.Remedy``), cheapest first."""
-REPAIR_REMEDY = "ReplaceHardware"
-"""The remedy that sends a device for repair: another reset will not help."""
+REMEDIES = tuple(Remedy)
+"""The agent's remedies, cheapest first."""
 SOURCES = ("ecc", "remap", "throttle", "pcie", "nvlink", "thermal", "xid")
 """Reason sources of the agent's classification a policy may count as degradation."""
 
@@ -57,15 +57,6 @@ SOURCES = ("ecc", "remap", "throttle", "pcie", "nvlink", "thermal", "xid")
 class DegradedWorkload(StrEnum):
     NOTIFY = "Notify"
     DESCHEDULE = "Deschedule"
-
-
-class DegradedGang(StrEnum):
-    NOTIFY = "Notify"
-    """Record it (a Notify Remediation on the rank and its Event); nothing is replaced."""
-    REPLACE_AT_RESTART = "ReplaceAtRestart"
-    """Record it, and replace the rank the next time the gang restarts for any reason."""
-    REPLACE_NOW = "ReplaceNow"
-    """Restart the gang in place at once, replacing the rank."""
 
 
 class RepairAction(StrEnum):
@@ -78,11 +69,11 @@ class DegradationRules:
     enter_after: float = 600.0
     leave_after: float = 1800.0
     sources: frozenset[str] = frozenset({"ecc", "remap", "throttle", "pcie", "nvlink", "thermal"})
-    no_schedule_remedies: frozenset[str] = frozenset({"RebootNode", "ReplaceHardware"})
+    no_schedule_remedies: frozenset[str] = frozenset({Remedy.REBOOT_NODE, Remedy.REPLACE_HARDWARE})
     taint: bool = True
     inference: DegradedWorkload = DegradedWorkload.DESCHEDULE
     inference_grace: float = 600.0
-    gang: DegradedGang = DegradedGang.REPLACE_AT_RESTART
+    gang: RankAction = RankAction.REPLACE_AT_RESTART
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +148,7 @@ def parse_degradation(value: Any, where: str, error: type[E]) -> DegradationRule
         taint=taint,
         inference=_choice(spec.get("inference"), DegradedWorkload, d.inference, f"{where}.inference", error),
         inference_grace=_duration(spec.get("inferenceGrace"), d.inference_grace, f"{where}.inferenceGrace", error),
-        gang=_choice(spec.get("gang"), DegradedGang, d.gang, f"{where}.gang", error),
+        gang=_choice(spec.get("gang"), RankAction, d.gang, f"{where}.gang", error),
     )
 
 

@@ -14,6 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+RESOURCE_API = "resource.k8s.io/v1"
+"""The API group/version of DRA's objects: ResourceSlice, ResourceClaim, DeviceClass, DeviceTaintRule."""
+
 CLAIM_PREFIX = "claim:"
 """``allocatedResourcesStatus`` entries of DRA claims are named ``claim:<claim>`` or ``claim:<claim>/<request>``."""
 DEVICE_TAINT_KEY = "devheal.io/device-failure"
@@ -105,7 +108,7 @@ def device_taint_rule(device: DraDevice, effect: str, evidence: str) -> dict[str
     if effect not in TAINT_EFFECTS:
         raise ValueError(f"device taint effect must be one of {', '.join(TAINT_EFFECTS)}, got {effect!r}")
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": RESOURCE_API,
         "kind": "DeviceTaintRule",
         "metadata": {
             "name": rule_name(device),

@@ -19,7 +19,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu",)
+from devheal.model.cluster import GPU_RESOURCE
+
+DEFAULT_GPU_RESOURCES = (GPU_RESOURCE,)
 MIG_PREFIX = "nvidia.com/mig-"
 
 _RESOURCE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")

@@ -65,12 +65,38 @@ SUSPECT_FINDINGS = frozenset({FindingKind.STRAGGLER, FindingKind.DEVICE_ERROR_EX
 code or crash loop accuses): its degraded taint is marked ``suspect`` and not lifted by clean reports."""
 
 
+class FindingSource(StrEnum):
+    """Which signal found a finding (``Finding.source``, and a Remediation's ``spec.finding.source``)."""
+
+    POD_STATUS = "pod-status"
+    """A pod's KEP-4680 device health, or its ``status.reason`` (rejected at admission)."""
+    NODE_DEVICES = "nodedevices"
+    """The node agent's ``NodeDevices`` report."""
+    NODE_CAPACITY = "node-capacity"
+    """The node's GPU allocatable against its capacity."""
+    CONTAINER_EXIT = "container-exit"
+    CONTAINER_RESTARTS = "container-restarts"
+    POD_DELETION = "pod-deletion"
+    STEP_TIMES = "step-times"
+    """A gang launcher's published step times."""
+    RESOURCE_SLICE = "resourceslice"
+    """A DRA driver's ResourceSlice."""
+    NODE_SIGNAL = "node-signal"
+    """Another tool's node condition or taint (``spec.signals``)."""
+
+
+def joined(sources: Sequence[FindingSource]) -> str:
+    """``Finding.source`` of a finding several signals agree on, in the order given."""
+    return ",".join(sources)
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     kind: FindingKind
     node: str
     source: str
-    """Which signal: ``pod-status``, ``nodedevices``, ``node-capacity``, ``container-exit``."""
+    """Which signal found it: a ``FindingSource``, or several joined by ``joined`` (``pod-status,nodedevices``).
+    A record keeps it as evidence; nothing decides on it."""
     evidence: str
     since: float
     pod: str = ""

@@ -33,12 +33,13 @@ from devheal.model.node_policy import NodeRules as NodeRules
 from devheal.model.node_policy import RemediationMode as RemediationMode
 from devheal.model.node_policy import TemplateRef as TemplateRef
 from devheal.model.node_policy import parse_escalation, parse_template
+from devheal.model.rank_action import RankAction
 from devheal.model.selectors import LabelRequirement as LabelRequirement
 from devheal.model.selectors import LabelSelector as LabelSelector
 from devheal.model.selectors import parse_selector
 from devheal.model.signals_policy import SignalRules, parse_signals
 from devheal.model.spares_policy import SparePool, parse_spares
-from devheal.model.straggler_policy import StragglerAction, StragglerRules, parse_stragglers
+from devheal.model.straggler_policy import StragglerRules, parse_stragglers
 from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
 
 RESET_BREAKER_ANNOTATION = "devheal.io/reset-breaker"
@@ -229,7 +230,7 @@ RECOMMENDED_POLICY = Policy(
     name="devheal-recommended",
     actions={**DEFAULT_ACTIONS, WorkloadClass.GANG: ActionKind.RESTART_GANG},
     budgets=Budgets(gang_restarts_per_hour=10),
-    stragglers=StragglerRules(action=StragglerAction.REPLACE_NOW),
+    stragglers=StragglerRules(action=RankAction.REPLACE_NOW),
 )
 """What we recommend a cluster installs (``deploy/examples/recommended-policy.yaml``, which adds a selector),
 and what the simulator runs as devheal: the documented defaults, except that a gang restarts in place

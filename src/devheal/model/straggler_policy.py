@@ -26,16 +26,8 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from devheal.model import times
+from devheal.model.rank_action import RankAction
 from devheal.model.values import show, whole_number
-
-
-class StragglerAction(StrEnum):
-    NOTIFY = "Notify"
-    """Record the finding (a Notify Remediation and its Event); nothing is replaced."""
-    REPLACE_AT_RESTART = "ReplaceAtRestart"
-    """Record it, and replace the slow rank the next time the gang restarts for any reason."""
-    REPLACE_NOW = "ReplaceNow"
-    """Restart the gang in place at once, replacing the slow rank."""
 
 
 class StallAction(StrEnum):
@@ -57,7 +49,7 @@ class StallRules:
 
 @dataclass(frozen=True, slots=True)
 class StragglerRules:
-    action: StragglerAction = StragglerAction.REPLACE_AT_RESTART
+    action: RankAction = RankAction.REPLACE_AT_RESTART
     min_slowdown_percent: int = 12
     outlier_mads: int = 5
     min_samples: int = 5
@@ -68,7 +60,7 @@ class StragglerRules:
     @property
     def replaces(self) -> bool:
         """Whether a slow rank is replaced (now or at the gang's next restart)."""
-        return self.action is not StragglerAction.NOTIFY
+        return self.action is not RankAction.NOTIFY
 
 
 _FIELDS = frozenset(
@@ -128,7 +120,7 @@ def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueErro
         action=_choice(stall_spec.get("action"), f"{where}.stall.action", error, StallAction, ds.action),
     )
     return StragglerRules(
-        action=_choice(spec.get("action"), f"{where}.action", error, StragglerAction, d.action),
+        action=_choice(spec.get("action"), f"{where}.action", error, RankAction, d.action),
         min_slowdown_percent=_count(
             spec.get("minSlowdownPercent"), f"{where}.minSlowdownPercent", error, d.min_slowdown_percent, 1, MAX_PERCENT
         ),

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from devheal.model.cluster import ClusterView, Node, Pod, Workload, WorkloadClass
+from devheal.model.restarts import InPlaceRestart
 from devheal.model.steps import StepReport
 
 EPOCH = 1_900_000_000.0
@@ -95,7 +96,7 @@ class GangStream:
                 restart_policy="Never",
                 workload=self.workload,
                 gpu_request=8,
-                in_place="launcher",
+                in_place=InPlaceRestart.LAUNCHER,
                 steps=self.report(rank),
             )
             pods[pod.key] = pod

@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from devheal.agent.publisher import FIELD_MANAGER, node_devices_path
-from devheal.agent.status import NODE_CONDITION
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
 from devheal.lab.cluster import Lab
 from devheal.lab.workloads import wait_until
 from devheal.model.api import GROUP_VERSION
+from devheal.model.node_devices import NODE_CONDITION
 
 from .test_deploy import NAMESPACE, NODE, OTHER, agent_kubeconfig, installed
 

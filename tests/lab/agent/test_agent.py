@@ -7,13 +7,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devheal.agent.status import NODE_CONDITION
 from devheal.controller.projections import project_node_devices
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab import toolchain
 from devheal.lab.cluster import Lab
 from devheal.lab.workloads import get_path, gpu_pod, pod_devices, wait_until
 from devheal.model.cluster import DeviceHealth
+from devheal.model.node_devices import NODE_CONDITION
 
 from ..conftest import RecordingFaults
 from .conftest import StartAgents, read_node_devices

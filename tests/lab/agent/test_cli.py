@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from devheal.agent.publisher import node_devices_path
-from devheal.agent.status import NODE_CONDITION
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab
 from devheal.lab.workloads import wait_until
+from devheal.model.node_devices import NODE_CONDITION
 
 from ..conftest import LAB_NODES
 from .conftest import read_node_devices

@@ -21,13 +21,13 @@ from devheal.agent.metrics import AgentMetrics
 from devheal.agent.publisher import FIELD_MANAGER, node_devices_path
 from devheal.agent.runner import AgentOptions, ClassificationSource, NodeAgent, run_agents
 from devheal.agent.simulated import LabDeviceFeed, SimulatedBackend
-from devheal.agent.status import NODE_CONDITION
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab
 from devheal.lab.workloads import gpu_pod, wait_until
 from devheal.model.api import GROUP_VERSION
+from devheal.model.node_devices import NODE_CONDITION
 
 from .conftest import read_node_devices
 

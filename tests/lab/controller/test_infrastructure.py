@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from devheal.agent.publisher import node_devices_path
-from devheal.agent.status import NODE_CONDITION
 from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
 from devheal.lab.cluster import Lab
 from devheal.lab.workloads import get_path, gpu_deployment, gpu_job, gpu_pod, pod_devices, pods_of, wait_until
 from devheal.model.cluster import ADMISSION_REJECTED_CONDITION, OWNED_TAINT_KEY
+from devheal.model.node_devices import NODE_CONDITION
 
 from ..conftest import RecordingFaults
 from .conftest import POLICIES, ControllerHarness

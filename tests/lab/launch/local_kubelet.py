@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devheal.engine.inplace import RESTART_ALL_CONTAINERS, rule_matches
+from devheal.engine.inplace import rule_matches
 from devheal.kube.client import KubeClient, api_path
+from devheal.model.restarts import RESTART_ALL_CONTAINERS
 
 
 @dataclass

@@ -12,7 +12,6 @@ from devheal.agent.classification import (
     BUCKET_DEFAULTS,
     Bucket,
     ClassificationError,
-    Remedy,
     RepeatPolicy,
     RuleKind,
     default_table,
@@ -22,6 +21,7 @@ from devheal.agent.classification import (
 )
 from devheal.agent.telemetry import CLOCK_HW_POWER_BRAKE_SLOWDOWN, CLOCK_HW_SLOWDOWN, CLOCK_SW_POWER_CAP
 from devheal.model.cluster import DeviceHealth
+from devheal.model.node_devices import Remedy
 
 PLUGIN_APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 """The XIDs the NVIDIA device plugin skips as application errors (internal/rm/health.go)."""

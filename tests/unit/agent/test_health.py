@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from devheal.agent.classification import Classification, Remedy, load_classification
+from devheal.agent.classification import Classification, load_classification
 from devheal.agent.health import DeviceHealthTracker
 from devheal.agent.telemetry import (
     CLOCK_HW_SLOWDOWN,
@@ -18,6 +18,7 @@ from devheal.agent.telemetry import (
     XidEvent,
 )
 from devheal.model.cluster import DeviceHealth
+from devheal.model.node_devices import Remedy
 
 UUID = "GPU-aaaa"
 QUIET = 30.0

@@ -15,9 +15,9 @@ from devheal.agent.metrics import AgentMetrics
 from devheal.agent.nvml import UNRESPONSIVE, NvmlBackend
 from devheal.agent.publisher import node_devices_path
 from devheal.agent.runner import AgentOptions, ClassificationSource, NodeAgent
-from devheal.agent.status import NODE_CONDITION
 from devheal.agent.telemetry import TelemetryUnavailable
 from devheal.kube.client import KubeClient
+from devheal.model.node_devices import NODE_CONDITION
 
 from .fake_kube import FakeKube
 from .fake_pynvml import FakeGpu, FakeNvml

@@ -8,9 +8,9 @@ from typing import Any, cast
 import pytest
 
 from devheal.agent.publisher import NodeDevicesPublisher, node_devices_path
-from devheal.agent.status import NODE_CONDITION
 from devheal.kube import errors
 from devheal.kube.client import KubeClient
+from devheal.model.node_devices import NODE_CONDITION
 
 from .fake_kube import FakeKube
 

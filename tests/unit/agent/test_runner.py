@@ -13,9 +13,9 @@ from devheal.agent.metrics import AgentMetrics
 from devheal.agent.nvml import NvmlBackend
 from devheal.agent.publisher import node_devices_path
 from devheal.agent.runner import AgentOptions, ClassificationSource, NodeAgent
-from devheal.agent.status import NODE_CONDITION
 from devheal.kube.client import KubeClient
 from devheal.lab.workloads import wait_until
+from devheal.model.node_devices import NODE_CONDITION
 
 from . import fake_pynvml
 from .fake_kube import FakeKube

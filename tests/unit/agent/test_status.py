@@ -6,18 +6,11 @@ from typing import Any
 
 from devheal.agent.classification import load_classification
 from devheal.agent.health import DeviceAssessment, DeviceHealthTracker
-from devheal.agent.status import (
-    NODE_CONDITION,
-    Availability,
-    PodRef,
-    build_status,
-    content_key,
-    health_key,
-    node_condition,
-)
+from devheal.agent.status import Availability, PodRef, build_status, content_key, health_key, node_condition
 from devheal.agent.telemetry import DeviceInfo, DeviceReading, XidEvent
 from devheal.controller.projections import project_node_devices
 from devheal.model.cluster import DeviceHealth
+from devheal.model.node_devices import NODE_CONDITION
 from tests.unit.crds.test_crd_manifests import schema, violations
 
 INVENTORY = [DeviceInfo(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", f"0000:{i}") for i in range(4)]

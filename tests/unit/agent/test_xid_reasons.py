@@ -13,13 +13,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from devheal.agent.classification import REPEATED_XID, UNKNOWN_XID, Classification, Remedy, load_classification
+from devheal.agent.classification import Classification, load_classification
 from devheal.agent.health import DeviceAssessment, DeviceHealthTracker
-from devheal.agent.status import NODE_CONDITION, Availability, PodRef, build_status, node_condition
+from devheal.agent.status import Availability, PodRef, build_status, node_condition
 from devheal.agent.telemetry import DeviceInfo, XidEvent
 from devheal.controller.projections import project_node_devices
 from devheal.engine.findings import detect
 from devheal.model.cluster import DeviceHealth, NodeDevicesReport
+from devheal.model.node_devices import NODE_CONDITION, REPEATED_XID, UNKNOWN_XID, Remedy
 from devheal.model.plan import Finding
 from tests.unit.crds.test_crd_manifests import schema, violations
 

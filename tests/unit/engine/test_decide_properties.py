@@ -8,10 +8,10 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 
 from devheal.engine.decide import decide
-from devheal.engine.findings import policy_for_node, policy_for_pod
 from devheal.model.effects import KIND_EFFECTS, takes_node
 from devheal.model.plan import InFlight, Phase, Plan
 from devheal.model.policy import ActionKind, Budgets, Policy
+from devheal.model.policy_set import policy_for_node, policy_for_pod
 
 from .builders import NOW
 from .strategies import Scenario, scenarios

@@ -26,6 +26,7 @@ from devheal.model.cluster import (
     WorkloadClass,
 )
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY, SUSPECT_MARK, DegradationRules
+from devheal.model.node_devices import Remedy
 from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase
 from devheal.model.policy import ActionKind, Policy, PolicyError
 
@@ -43,7 +44,7 @@ def reason(
     source: str = "throttle",
     label: str = "hw-slowdown",
     health: DeviceHealth = DeviceHealth.DEGRADED,
-    remedy: str = "None",
+    remedy: Remedy = Remedy.NONE,
     code: int | None = None,
 ) -> ReportedReason:
     return ReportedReason(source, label, health, remedy, code, since)
@@ -190,7 +191,7 @@ def test_severity_sets_the_taint_effect_and_only_hardens_it() -> None:
     world, rounds = World(PLAIN), DecisionRound()
     world.devices = (dev(0, reason(T0)), dev(1))
     run(world, rounds, T0 + 600)
-    narrow = reason(T0 + 600, source="pcie", label="pcie-width-downtrained", remedy="RebootNode")
+    narrow = reason(T0 + 600, source="pcie", label="pcie-width-downtrained", remedy=Remedy.REBOOT_NODE)
     world.devices = (dev(0, reason(T0), narrow), dev(1))
     run(world, rounds, T0 + 1200)
     assert world.kinds() == [ActionKind.TAINT_DEGRADED, ActionKind.FENCE_DEGRADED]
@@ -204,14 +205,14 @@ def test_a_pending_row_remap_only_steers_new_pods_away() -> None:
     """NVIDIA: with the row-remapping pending flag set, new workloads can still be launched; the remap takes
     effect at the next GPU reset. So its remedy (ResetGPU) is not one of the default noScheduleRemedies."""
     world, rounds = World(PLAIN), DecisionRound()
-    world.devices = (dev(0, reason(T0, source="remap", label="row-remap-pending", remedy="ResetGPU")), dev(1))
+    world.devices = (dev(0, reason(T0, source="remap", label="row-remap-pending", remedy=Remedy.RESET_GPU)), dev(1))
     run(world, rounds, T0 + 900)
     assert world.kinds() == [ActionKind.TAINT_DEGRADED]
 
 
 def test_reasons_outside_the_policys_sources_and_unknown_xids_never_count() -> None:
     rules = DegradationRules()
-    app = reason(T0, source="xid", label="XID 13", remedy="RestartWorkload", code=13)
+    app = reason(T0, source="xid", label="XID 13", remedy=Remedy.RESTART_WORKLOAD, code=13)
     unknown = reason(T0, source="xid", label="UnknownXid", code=4242)
     assert degraded(dev(0, app), rules) is None
     assert degraded(dev(0, unknown), rules) is None
@@ -264,8 +265,8 @@ def test_a_gang_rank_on_a_degraded_gpu_is_replaced_as_the_policy_says(choice: st
 
 
 def repeated() -> ReportedDevice:
-    xid = reason(T0, source="xid", label="XID 79", health=DeviceHealth.UNHEALTHY, remedy="RebootNode", code=79)
-    lemon = reason(T0, source="xid", label="RepeatedXid", health=DeviceHealth.UNHEALTHY, remedy="ReplaceHardware")
+    xid = reason(T0, source="xid", label="XID 79", health=DeviceHealth.UNHEALTHY, remedy=Remedy.REBOOT_NODE, code=79)
+    lemon = reason(T0, source="xid", label="RepeatedXid", health=DeviceHealth.UNHEALTHY, remedy=Remedy.REPLACE_HARDWARE)
     return dev(0, xid, lemon)
 
 

@@ -6,15 +6,9 @@ from typing import Any
 
 from hypothesis import given
 
-from devheal.engine.inplace import (
-    RESTART_ALL_CONTAINERS as RESTART_ALL,
-)
-from devheal.engine.inplace import (
-    InPlaceRestart,
-    in_place_restart,
-    restart_all_triggers,
-    rule_matches,
-)
+from devheal.engine.inplace import in_place_restart, restart_all_triggers, rule_matches
+from devheal.model.restarts import RESTART_ALL_CONTAINERS as RESTART_ALL
+from devheal.model.restarts import InPlaceRestart
 
 from ..fuzzing import FUZZ, json_values
 

@@ -14,6 +14,7 @@ from devheal.engine.degradation import DegradationTracker
 from devheal.model.cluster import DeviceHealth, NodeDevicesReport, ReportedDevice, ReportedReason, Taint
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY
 from devheal.model.effects import KIND_EFFECTS, Effect, effects_of
+from devheal.model.node_devices import Remedy
 from devheal.model.plan import Finding, FindingKind, InFlight, Phase, Rail, TargetKind
 from devheal.model.policy import ActionKind, Policy
 
@@ -174,7 +175,7 @@ def test_a_succeeded_taint_stops_counting_once_a_later_lift_succeeded() -> None:
 
 def degraded_fleet(count: int) -> tuple[list[Finding], object]:
     """Ten GPU nodes, ``count`` of them with a GPU Degraded for an hour, remedy RebootNode (a fence)."""
-    why = ReportedReason("pcie", "link-narrow", DeviceHealth.DEGRADED, "RebootNode", None, NOW - 3600)
+    why = ReportedReason("pcie", "link-narrow", DeviceHealth.DEGRADED, Remedy.REBOOT_NODE, None, NOW - 3600)
     reports = [
         NodeDevicesReport(
             f"n{i}",

@@ -39,6 +39,7 @@ from devheal.model.cluster import (
     WorkloadClass,
 )
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
+from devheal.model.node_devices import Remedy
 from devheal.model.plan import Action, Blocked, InFlight, Phase, Rail
 from devheal.model.policy import ActionKind, Policy
 
@@ -131,7 +132,7 @@ class Cluster:
         if fault == "failed":
             devices.append(ReportedDevice(gpu_id(name, 0), 0, DeviceHealth.UNHEALTHY, "XID 79", 79, since=T0))
         elif fault in ("degraded", "fenced"):
-            remedy = "RebootNode" if fault == "fenced" else "None"
+            remedy = Remedy.REBOOT_NODE if fault == "fenced" else Remedy.NONE
             why = ReportedReason("pcie", "link", DeviceHealth.DEGRADED, remedy, None, T0 - 3600)
             devices.append(
                 ReportedDevice(gpu_id(name, 0), 0, DeviceHealth.DEGRADED, "link", None, "", T0 - 3600, (why,))

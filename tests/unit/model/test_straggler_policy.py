@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from devheal.model.policy import PolicyError, parse_policy
-from devheal.model.straggler_policy import StallAction, StallRules, StragglerAction, StragglerRules
+from devheal.model.rank_action import RankAction
+from devheal.model.straggler_policy import StallAction, StallRules, StragglerRules
 from tests.unit.crds.test_crd_manifests import spec_schema, violations
 
 SELECTOR = {"podSelector": {}}
@@ -22,7 +23,7 @@ def parsed(stragglers: Any) -> StragglerRules:
 def test_defaults() -> None:
     assert parsed(None) == parsed({}) == StragglerRules()
     rules = StragglerRules()
-    assert (rules.action, rules.min_slowdown_percent, rules.outlier_mads) == (StragglerAction.REPLACE_AT_RESTART, 12, 5)
+    assert (rules.action, rules.min_slowdown_percent, rules.outlier_mads) == (RankAction.REPLACE_AT_RESTART, 12, 5)
     assert (rules.min_samples, rules.sustained_reports, rules.min_ranks) == (5, 3, 3)
     assert rules.stall == StallRules(45.0, 5, StallAction.RESTART_GANG)
 
@@ -39,7 +40,7 @@ def test_every_field() -> None:
     }
     assert violations({"selector": SELECTOR, "stragglers": spec}, spec_schema("RemediationPolicy")) == []
     assert parsed(spec) == StragglerRules(
-        StragglerAction.REPLACE_NOW, 25, 0, 10, 1, 4, StallRules(90.0, 20, StallAction.NOTIFY)
+        RankAction.REPLACE_NOW, 25, 0, 10, 1, 4, StallRules(90.0, 20, StallAction.NOTIFY)
     )
 
 

@@ -26,6 +26,7 @@ from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.lab.devices import Health, SimulatedNodeGpus
 from devheal.lab.nodesim.pods import PodView
+from devheal.model.dra import RESOURCE_API
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ DRIVER = "gpu.devheal.io"
 """The simulated DRA driver's name (ResourceSlice ``spec.driver``)."""
 DEVICE_CLASS = "gpu.devheal.io"
 """The DeviceClass selecting the driver's devices."""
-RESOURCE_API = "resource.k8s.io/v1"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
 """The taint the driver publishes on an Unhealthy device of its ResourceSlice."""
 EXAMPLE_TEMPLATES = {"gpu-1": 1, "gpu-8": 8}

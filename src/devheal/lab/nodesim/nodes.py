@@ -7,9 +7,9 @@ discovery labels, so the scheduler and devheal see an ordinary GPU node.
 
 from __future__ import annotations
 
-from devheal.engine.inplace import RESTART_ALL_FEATURE
 from devheal.kube.client import Obj
 from devheal.model.cluster import GPU_RESOURCE
+from devheal.model.restarts import RESTART_ALL_FEATURE
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 NOT_READY_LABEL = "node-not-ready.stage.kwok.x-k8s.io"

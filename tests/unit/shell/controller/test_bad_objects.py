@@ -22,11 +22,10 @@ from devheal.controller import cache as cache_module
 from devheal.controller import dra_cache as dra_cache_module
 from devheal.controller import projections
 from devheal.controller.bad_objects import UNREADABLE_EVENT
-from devheal.controller.dra_projections import RESOURCE_API
 from devheal.controller.loop import ROUND_FAILURES_UNREADY
 from devheal.kube.client import KubeClient, api_path
 from devheal.model.api import GROUP_VERSION
-from devheal.model.dra import MANAGED_BY, MANAGED_BY_LABEL
+from devheal.model.dra import MANAGED_BY, MANAGED_BY_LABEL, RESOURCE_API
 from devheal.model.steps import STEPS_ANNOTATION
 from tests.shell.memapi import MemApi
 from tests.shell.waiting import until

@@ -118,7 +118,7 @@ async def test_a_reports_reasons_are_projected_with_their_label_health_and_remed
     report = project_node_devices({"metadata": {"name": "n1"}, "spec": {"nodeName": "n1"}, "status": status})
     (dev,) = report.devices
     older, lemon = dev.reasons
-    assert (older.label, older.health, older.remedy) == ("", None, ""), "an older agent says none of them"
+    assert (older.label, older.health, older.remedy) == ("", None, None), "an older agent says none of them"
     assert (lemon.label, lemon.health, lemon.remedy, lemon.code) == (
         "RepeatedXid",
         DeviceHealth.UNHEALTHY,
