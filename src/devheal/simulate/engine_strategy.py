@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Container, Iterator
 from dataclasses import replace
 from itertools import islice
 from typing import Any
 
-from devheal.engine.decide import Overdue, lift_hold_down
-from devheal.engine.rounds import DecisionRound, Pacing
+from devheal.engine.decide import Overdue
+from devheal.engine.rounds import DUE_SLACK, DecisionRound, Pacing
 from devheal.engine.stragglers import STEP_FINDINGS
 from devheal.model.cluster import (
     GPU_RESOURCE,
@@ -54,7 +54,6 @@ from devheal.model.plan import (
     SUSPECT_FINDINGS,
     Action,
     Blocked,
-    Finding,
     FindingKind,
     InFlight,
     Phase,
@@ -71,11 +70,9 @@ from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Simulation, Strate
 from devheal.simulate.step_reports import step_report
 from devheal.simulate.view_objects import agent_report, gpu_id, unit_workload, visible_faults
 
-RETRY_FIRST_S = 60.0
-RETRY_MAX_S = 3600.0
 STEP_SAMPLE = 5
 """Ordinary ranks in a step round beyond twice the outstanding ones (see ``_step_members``)."""
-SLACK_S = 1e-3
+SLACK_S = DUE_SLACK
 """Rounds scheduled for a policy duration run just after it, so ``now - since >= duration`` holds."""
 
 
@@ -114,7 +111,6 @@ class EngineStrategy(Strategy):
         self.index = {node_name(i): i for i in range(len(sim.nodes))}
         self.workloads: dict[int, tuple[Workload, dict[str, str]]] = {}
         self.scheduled: set[float] = set()
-        self.retry_s = RETRY_FIRST_S
         self.watched: list[int] = []
         self.generation: dict[int, int] = {}
         """Per gang, the restart generation devheal last wrote on its ranks (one more per RestartGang)."""
@@ -461,7 +457,8 @@ class EngineStrategy(Strategy):
         view = self._view(self.watched)
         result = self.round.run(self, view, self.policies, self.sim.now)
         self.rounds += 1
-        self._schedule_next(result.findings, result.plan)
+        for when in result.wakes:  # a policy duration comes due, or a stopped decision is tried again
+            self._schedule(when)
         self._prune_watch()
         return result.plan
 
@@ -588,35 +585,6 @@ class EngineStrategy(Strategy):
         slot = unit.members[n]
         if f"{unit.namespace}/{unit.pod_name(slot)}" == key and unit.pod_uid(slot) == uid:
             self.sim.release(n, recreate=recreate, why=None, cause=cause)
-
-    def _schedule_next(self, findings: Sequence[Finding], plan: Plan) -> None:
-        now = self.sim.now
-        rules = self.policy.node
-        wake: list[float] = []
-        for f in findings:
-            if f.kind is FindingKind.NODE_DEVICES_FAILED and rules.ladder and f.node_idle:
-                wake.append(f.since + rules.remediate_after + SLACK_S)
-            elif f.kind is FindingKind.NODE_DEVICES_FAILED and rules.ladder and f.all_devices_failed:
-                since = f.all_failed_since if f.all_failed_since is not None else f.since
-                wake.append(since + rules.remediate_after + SLACK_S)
-            elif f.kind is FindingKind.DEGRADATION_RECOVERED:
-                wake.append(f.since + self.policy.degradation.leave_after + SLACK_S)
-            elif f.kind is FindingKind.NODE_RECOVERED:
-                history = [self.records[name] for name in self.by_node.get(f.node, ())]
-                wake.append(f.since + lift_hold_down(rules, f.node, history, now) + SLACK_S)
-        for name in self.active:  # a rung that does not bring its node back in time gives way to the next
-            record = self.records[name]
-            if record.action is ActionKind.REMEDIATE_NODE and record.resume is not None and len(rules.ladder) > 1:
-                step = min(record.resume.step, len(rules.ladder) - 1)
-                wake.append(record.started + rules.ladder[step].timeout + SLACK_S)
-        if plan.blocked:
-            wake.append(now + self.retry_s)
-            self.retry_s = min(self.retry_s * 2, RETRY_MAX_S)
-        else:
-            self.retry_s = RETRY_FIRST_S
-        for when in wake:
-            if when > now:
-                self._schedule(when)
 
     def _prune_watch(self) -> None:
         busy = {self.records[name].node for name in self.active}

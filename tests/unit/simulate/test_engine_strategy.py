@@ -202,10 +202,14 @@ class CheckedEngine(EngineStrategy):
         self.checks = 0
         self.mismatches = 0
         self.everything: tuple[ClusterView, list[InFlight]] | None = None
+        self.asked: list[tuple[ClusterView, list[InFlight]]] = []
 
     def in_flight(self, view: ClusterView) -> list[InFlight]:
-        # The round asks for the records twice; the last time is what it decides with.
-        self.everything = (self._view(self.watched, len(self.sim.nodes)), list(self.records.values()))
+        # The round asks for the records three times: to carry work on, to decide with, and with its decisions
+        # (for the next wake-up); the second is what it decides with.
+        self.asked.append((self._view(self.watched, len(self.sim.nodes)), list(self.records.values())))
+        if len(self.asked) == 2:
+            self.everything = self.asked[1]
         return super().in_flight(view)
 
     def decision_round(self) -> Plan:
@@ -219,6 +223,7 @@ class CheckedEngine(EngineStrategy):
             return result
 
         self.round.run = run_and_keep  # type: ignore[method-assign]
+        self.asked = []
         plan = super().decision_round()
         assert self.everything is not None
         view, records = self.everything
