@@ -88,7 +88,7 @@ class CacheView:
             taints.append(Taint(DEGRADED_TAINT_KEY, "true", self.degraded_effect.get(n, "PreferNoSchedule")))
         return tuple(taints)
 
-    def plain_node(self, n: int) -> Node:
+    def _plain_node(self, n: int) -> Node:
         """A node without faults, marks, repair or outage always looks the same: build it once."""
         state = self.sim.nodes[n]
         if state.faults or state.marks or state.repairing or state.down:
@@ -147,7 +147,7 @@ class CacheView:
             return None
         return exited[0]
 
-    def _records(self, n: int) -> tuple[Node, Pod | None, NodeDevicesReport | None]:
+    def _objects(self, n: int) -> tuple[Node, Pod | None, NodeDevicesReport | None]:
         """A watched node as the cache shows it. Reused while nothing about the node changed and every
         fault on it is older than the slowest signal (so time alone changes nothing either)."""
         state = self.sim.nodes[n]
@@ -189,14 +189,14 @@ class CacheView:
                 if len(nodes) >= more_nodes:
                     break
                 if n not in taken:
-                    node = self.plain_node(n)
+                    node = self._plain_node(n)
                     nodes[node.name] = node
         pods: dict[str, Pod] = {}
         reports: dict[str, NodeDevicesReport] = {}
         by_node: dict[str, frozenset[str]] = {}
         by_device: dict[tuple[str, str], str] = {}
         for n in watched:
-            node, pod, report = self._records(n)
+            node, pod, report = self._objects(n)
             nodes[node.name] = node
             if pod is not None:
                 pods[pod.key] = pod
