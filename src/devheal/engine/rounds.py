@@ -194,6 +194,27 @@ def due_times(
     return wake
 
 
+def place(
+    view: ClusterView,
+    policies: Sequence[Policy],
+    now: float,
+    records: Sequence[InFlight],
+    placement: Placement | None,
+    settings: Settings,
+) -> tuple[tuple[Release, ...], tuple[Vacancy, ...], tuple[SpareChange, ...]]:
+    """The gated pods to release (to the node a replaced rank left, or a spare), the vacancies left, and the
+    spare-pool changes (none while paused or in dry-run); nothing without a ``placement``."""
+    if placement is None:
+        return (), (), ()
+    finder = spare_finder(view, policies, now, records)
+    releases, left = place_gated(view, list(placement.vacancies), now, finder)
+    if settings.dry_run or settings.paused:
+        return tuple(releases), tuple(left), ()
+    claimed = {v.node for v in left if v.claimant and v.spare}
+    changes = plan_spares(view, policies, now, records, claimed, release_orphans=placement.release_orphans)
+    return tuple(releases), tuple(left), tuple(changes)
+
+
 def stopped_by_fleet_rails(plan: Plan) -> bool:
     return plan.breaker_open or any(b.rail in FLEET_RAILS for b in plan.blocked)
 
@@ -360,17 +381,7 @@ class DecisionRound:
         late = tuple(overdue(in_flight, policies, now))
         self._report_overdue(host, late)
         records = host.in_flight(view)  # with this round's decisions
-        releases: tuple[Release, ...] = ()
-        vacancies: tuple[Vacancy, ...] = ()
-        changes: tuple[SpareChange, ...] = ()
-        if placement is not None:
-            finder = spare_finder(view, policies, now, records)
-            released, left = place_gated(view, list(placement.vacancies), now, finder)
-            releases, vacancies = tuple(released), tuple(left)
-            if not (settings.dry_run or settings.paused):
-                claimed = {v.node for v in left if v.claimant and v.spare}
-                orphans = placement.release_orphans
-                changes = tuple(plan_spares(view, policies, now, records, claimed, release_orphans=orphans))
+        releases, vacancies, changes = place(view, policies, now, records, placement, settings)
         wakes = due_times(view, findings, policies, records, now) + self._blocked_retry(plan, now)
         when = tuple(sorted({w for w in wakes if w > now}))
         return RoundResult(tuple(findings), plan, breaker, late, releases, vacancies, changes, when)
