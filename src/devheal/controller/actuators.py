@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 from devheal.controller import metrics
@@ -28,7 +29,7 @@ from devheal.controller.node_actions import Cordon, Drain, Lift, Taint
 from devheal.controller.node_remediation import NodeRemediation
 from devheal.controller.pod_actions import Deschedule, FailPod, Notify, release_gate
 from devheal.controller.records import REMEDIATIONS, Records, remediation_body
-from devheal.engine.placement import Release
+from devheal.engine.placement import Release, Vacancy
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj
 from devheal.model.plan import Action, Blocked, EventReason, Phase, RemediationReason
@@ -49,15 +50,26 @@ class Actuators:
         *,
         gang_restart_timeout: float = 900.0,
         cache: ClusterCache | None = None,
+        vacancies: list[Vacancy] | None = None,
+        slow_ranks: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         """``cache``: the controller's cluster cache, which gang restarts read their pods from
-        (without one they list them from the API on every pass)."""
+        (without one they list them from the API on every pass); ``vacancies`` and ``slow_ranks``: the gang
+        restarter's (``GangRestarter``)."""
         self.client = client
         self.policies = policies
         self.clock = clock
         self.in_progress: set[str] = set()
         self.records = Records(client, clock)
-        self.gangs = GangRestarter(client, policies, clock, timeout=gang_restart_timeout, cache=cache)
+        self.gangs = GangRestarter(
+            client,
+            policies,
+            clock,
+            timeout=gang_restart_timeout,
+            cache=cache,
+            vacancies=vacancies,
+            slow_ranks=slow_ranks,
+        )
         self.node_remediation = NodeRemediation(client, policies, self.records, clock)
         self.families: dict[ActionKind, Actuator] = {
             ActionKind.DESCHEDULE: Deschedule(client, policies, clock),

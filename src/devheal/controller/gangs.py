@@ -194,14 +194,19 @@ class GangRestarter:
         *,
         timeout: float = 900.0,
         cache: ClusterCache | None = None,
+        vacancies: list[Vacancy] | None = None,
+        slow_ranks: Callable[[], Collection[str]] = frozenset,
     ) -> None:
+        """``vacancies``: the list a restart adds the nodes its replaced ranks leave to (the controller's, which
+        each decision round reads and rewrites); ``slow_ranks``: UIDs of the ranks found straggling (the decision
+        round's ``StragglerTracker.replaceable``)."""
         self.client = client
         self.policies = policies
         self.clock = clock
         self.cache = cache
         self.timeout = timeout
         """Seconds a restart may take; then it ends as Failed (reason Timeout), naming the ranks not back."""
-        self.vacancies: list[Vacancy] = []
+        self.vacancies = vacancies if vacancies is not None else []
         """Nodes that replaced ranks left: their replacements are nominated there (``devheal.io/placement``)."""
         self.replaced: dict[str, float] = {}
         """UIDs of ranks this controller replaced, and when: until the cache sees them go, their old
@@ -209,10 +214,10 @@ class GangRestarter:
         self.asked: dict[str, tuple[int, float]] = {}
         """Per member UID, the generation last written on it and when (the cache shows it a moment later)."""
         self.refused: dict[str, Refusal] = {}
-        self.slow_ranks: Callable[[], Collection[str]] = frozenset
+        """Per rank UID, its refused evictions: tried again after an exponential backoff, not at every pass."""
+        self.slow_ranks = slow_ranks
         """UIDs of the ranks found straggling (the decision round's ``StragglerTracker.replaceable``): a restart
         replaces them too, whatever its cause, and leaves their nodes no vacancy."""
-        """Per rank UID, its refused evictions: tried again after an exponential backoff, not at every pass."""
 
     def recently_replaced(self, now: float, keep: float = 600.0) -> set[str]:
         for uid in [u for u, at in self.replaced.items() if now - at > keep]:

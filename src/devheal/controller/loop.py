@@ -28,7 +28,6 @@ import time
 from collections import ChainMap
 from collections.abc import Awaitable, Callable, Container, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from devheal.controller import metrics
 from devheal.controller.actuators import Actuators
@@ -36,29 +35,22 @@ from devheal.controller.agent_reports import ReportAudit
 from devheal.controller.bad_objects import BadObjectReports
 from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
+from devheal.controller.policy_status import patch_policy_status, policy_statuses
 from devheal.controller.spares import Spares
 from devheal.engine.breaker import Breaker
 from devheal.engine.decide import Overdue, Settings, relevance_horizon
-from devheal.engine.placement import Release, place_gated
+from devheal.engine.placement import Release, Vacancy
 from devheal.engine.retention import ended_at, expired
-from devheal.engine.rounds import DecisionRound, Pacing
-from devheal.engine.spares import plan_spares, spare_finder
-from devheal.kube.client import KubeClient, api_path
+from devheal.engine.rounds import DecisionRound, Pacing, Placement
+from devheal.engine.spares import SpareChange
+from devheal.kube.client import KubeClient
 from devheal.kube.probes import FailureStreak, Heartbeat, ProbeServer, loops_check
 from devheal.kube.supervision import LoopFailed, Supervisor
 from devheal.kube.workqueue import WorkQueue, run_workers
-from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView
 from devheal.model.gpu_resources import GpuResources
 from devheal.model.plan import Action, Blocked, FindingKind, InFlight, InFlightRecords, Phase, Rail
-from devheal.model.policy import (
-    BREAKER_CONDITION,
-    BREAKER_RESET_REASON,
-    DEFAULT_POLICY,
-    RESET_BREAKER_ANNOTATION,
-    Policy,
-)
-from devheal.model.times import format_time
+from devheal.model.policy import DEFAULT_POLICY, Policy
 
 log = logging.getLogger("devheal.controller")
 
@@ -149,17 +141,20 @@ class Controller:
         """Wall-clock seconds; tests inject a fake one."""
         self.cache = ClusterCache(client, clock=clock, dra=options.dra, gpu=options.gpu_resources)
         self.rounds = DecisionRound(Pacing(retry=options.retry_after))
+        self.vacancies: list[Vacancy] = []
+        """Nodes replaced gang ranks left: gang restarts add to it, each round reads it and keeps what is left."""
         self.actuators = Actuators(
             client,
             self._policies_by_name,
             gang_restart_timeout=options.gang_restart_timeout,
             clock=clock,
             cache=self.cache,
+            vacancies=self.vacancies,
+            slow_ranks=self.rounds.stragglers.replaceable,  # replaced at a gang's next restart
         )
         self.spares = Spares(client)
         self.report_audit = ReportAudit(self.actuators.records.events)
         self.bad_objects = BadObjectReports(self.actuators.records.events)
-        self.actuators.gangs.slow_ranks = self.rounds.stragglers.replaceable  # replaced at a gang's next restart
         self.leading = not options.leader_elect
         self.elector = LeaderElector(
             client,
@@ -307,6 +302,7 @@ class Controller:
             now,
             Settings(dry_run=self.options.dry_run, paused=self.options.paused),
             ignore_pods=self.actuators.gangs.recently_replaced(now),
+            placement=Placement(self.vacancies, release_orphans=not self.cache.policy_errors),
         )
         for kind in FindingKind:
             metrics.FINDINGS.labels(kind=kind.value).set(sum(1 for f in result.findings if f.kind is kind))
@@ -317,24 +313,17 @@ class Controller:
         for key, work in self.report_audit.check(view, now):  # agents' claims the cluster contradicts, once each
             self._submit(key, work)
         self._retain(now)
-        records = self.in_flight(view)
-        spares = spare_finder(view, self._policies, now, records)
-        releases, self.actuators.gangs.vacancies = place_gated(view, self.actuators.gangs.vacancies, now, spares)
-        for release in releases:
+        self.vacancies[:] = result.vacancies
+        for release in result.releases:
             self._release(release)
-        self._keep_spares(view, now, records)
+        for change in result.spare_changes:
+            self._keep_spare(change)
 
-    def _keep_spares(self, view: ClusterView, now: float, records: InFlightRecords) -> None:
-        """Keep each policy's pool of warm spares at its size (``engine.spares``); nothing while dry-run or paused,
-        and no spare released for want of a pool while some policy cannot be read."""
-        if self.options.dry_run or self.options.paused:
-            return
-        claimed = {v.node for v in self.actuators.gangs.vacancies if v.claimant and v.spare}
-        orphans = not self.cache.policy_errors
-        for change in plan_spares(view, self._policies, now, records, claimed, release_orphans=orphans):
-            key = f"spare/{change.node}"
-            if key not in self.queue:
-                self._submit(key, functools.partial(self.spares.apply, change))
+    def _keep_spare(self, change: SpareChange) -> None:
+        """Reserve a node as a warm spare or release it from its pool (``engine.spares``), once at a time per node."""
+        key = f"spare/{change.node}"
+        if key not in self.queue:
+            self._submit(key, functools.partial(self.spares.apply, change))
 
     def _retain(self, now: float) -> None:
         """Delete ended records past their policy's retention, a bounded number per look, oldest first; never one
@@ -355,72 +344,10 @@ class Controller:
             self._submit(key, lambda: self.actuators.release_gate(release))
 
     def _publish_policy_status(self, breaker: Breaker) -> None:
-        """observedGeneration and conditions (Valid, CircuitBreakerOpen) on each policy, written on change, and
-        the breaker reset already acted on (``status.circuitBreakerReset``): a restarted controller or a new
-        leader rebuilds the breaker from these (``Breaker.restored``)."""
-        now = format_time(self.clock())
-        if breaker.open:
-            breaker_condition = ("True", "FaultStorm", breaker.reason)
-            breaker_since = breaker.open_since
-        elif breaker.closed_by_reset:
-            breaker_condition = (
-                "False",
-                BREAKER_RESET_REASON,
-                f"reset by the annotation {RESET_BREAKER_ANNOTATION}: disruptive actions allowed; "
-                "faults seen before the reset no longer count",
-            )
-            breaker_since = breaker.reset_at
-        else:
-            breaker_condition, breaker_since = ("False", "Closed", "disruptive actions allowed"), breaker.closed_at
-        for name, obj in self.cache.policy_objects.store.items():
-            meta = obj.get("metadata") or {}
-            generation = int(meta.get("generation") or 0)
-            error = self.cache.policy_errors.get(name)
-            wanted = {
-                "Valid": ("False", "InvalidSpec", error) if error else ("True", "Accepted", "policy is in force"),
-                BREAKER_CONDITION: breaker_condition,
-            }
-            status = obj.get("status") or {}
-            reset_seen = breaker.reset_seen(name) or None
-            current = {c.get("type"): c for c in status.get("conditions") or []}
-            if (
-                status.get("observedGeneration") == generation
-                and status.get("circuitBreakerReset") == reset_seen
-                and all(
-                    (current.get(t) or {}).get("status") == v[0]
-                    and (current.get(t) or {}).get("reason") == v[1]
-                    and (current.get(t) or {}).get("message") == v[2]
-                    for t, v in wanted.items()
-                )
-            ):
-                continue
-            conditions = []
-            for ctype, (cstatus, reason, message) in wanted.items():
-                old = current.get(ctype) or {}
-                since = breaker_since if ctype == BREAKER_CONDITION else None
-                conditions.append(
-                    {
-                        "type": ctype,
-                        "status": cstatus,
-                        "reason": reason,
-                        "message": message[:1000],
-                        "observedGeneration": generation,
-                        "lastTransitionTime": old.get("lastTransitionTime")
-                        if old.get("status") == cstatus
-                        else (format_time(since) if since is not None else now),
-                    }
-                )
-            body = {
-                "status": {
-                    "observedGeneration": generation,
-                    "conditions": conditions,
-                    "circuitBreakerReset": reset_seen,
-                }
-            }
-            self._submit(f"policy-status/{name}", functools.partial(self._patch_policy_status, name, body))
-
-    async def _patch_policy_status(self, name: str, body: dict[str, Any]) -> None:
-        await self.client.patch(api_path(GROUP_VERSION, "remediationpolicies", name=name, subresource="status"), body)
+        """Each policy's status (``controller.policy_status``), written on change."""
+        statuses = policy_statuses(self.cache.policy_objects.store, self.cache.policy_errors, breaker, self.clock())
+        for name, body in statuses:
+            self._submit(f"policy-status/{name}", functools.partial(patch_policy_status, self.client, name, body))
 
     # ---- the work queue ------------------------------------------------------------------------
 

@@ -24,6 +24,12 @@ policy gone) the host declines it, and nothing of it happens. The
 breaker's state is rebuilt from what the policies record whenever the round does not
 know it yet (a new process, a new leader: ``forget_breaker``), so a restart never
 closes an open breaker.
+
+The round returns everything it decides (``RoundResult``), not only what it hands the host
+as it goes: for a host that places replaced ranks (``Placement``), the gated pods to release
+and the vacancies left, and the spare-pool changes; and for every host, when it should run
+again (``RoundResult.wakes``): the moments a policy duration the round waits for comes due,
+and, while a rail stops some decision, a retry that backs off.
 """
 
 from __future__ import annotations
@@ -33,18 +39,34 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from devheal.engine.breaker import Breaker, step_breaker
-from devheal.engine.decide import Overdue, Settings, decide, overdue
+from devheal.engine.decide import Overdue, Settings, decide, lift_hold_down, overdue
 from devheal.engine.degradation import DegradationTracker
 from devheal.engine.findings import FindingTracker, detect
+from devheal.engine.placement import Release, Vacancy, place_gated
+from devheal.engine.spares import SpareChange, plan_spares, spare_finder
 from devheal.engine.stragglers import StragglerTracker
 from devheal.model.cluster import ClusterView
 from devheal.model.effects import stopped_by_breaker
-from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, InFlightRecords, Phase, Plan, Rail
+from devheal.model.plan import (
+    Action,
+    Blocked,
+    Finding,
+    FindingKind,
+    InFlight,
+    InFlightRecords,
+    Phase,
+    Plan,
+    Rail,
+    TargetKind,
+)
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.policy_set import policy_for_node
 
 FLEET_RAILS = frozenset({Rail.MAX_UNHEALTHY_NODES, Rail.MAX_UNHEALTHY_NODES_PER_POOL, Rail.CIRCUIT_BREAKER})
 """Rails whose outcome depends on how many nodes the view holds: a plan they stopped over a partial
 view may pass over a wider one."""
+DUE_SLACK = 1e-3
+"""A wake-up for a policy duration comes just after it, so ``now - since >= duration`` holds."""
 
 
 class RoundHost(Protocol):
@@ -99,6 +121,20 @@ class Pacing:
     """A gang restart is followed closely: it waits for replacement pods."""
     retry: float = 5.0
     """Any other interrupted or failed step backs off this long."""
+    blocked_first: float = 60.0
+    """While a rail stops some decision, the round asks to run again this long after..."""
+    blocked_max: float = 3600.0
+    """... doubling with each round in a row that a rail stops one, up to this."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What a host that places replaced gang ranks and keeps warm spare pools gives the round."""
+
+    vacancies: Sequence[Vacancy]
+    """Nodes replaced ranks left (``engine.placement``), as the last round left them plus those vacated since."""
+    release_orphans: bool = True
+    """Whether a spare no policy's pool takes is released (not while some policy cannot be read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +145,75 @@ class RoundResult:
     """The circuit breaker after this round (what the controller publishes in the policies' status)."""
     overdue: tuple[Overdue, ...] = ()
     """Remediations past their step timeout."""
+    releases: tuple[Release, ...] = ()
+    """Gated pods to release, with the node each is nominated to (with a ``Placement``)."""
+    vacancies: tuple[Vacancy, ...] = ()
+    """The vacancies still open after the releases (with a ``Placement``): the next round's."""
+    spare_changes: tuple[SpareChange, ...] = ()
+    """Nodes to reserve as warm spares or release from a pool (with a ``Placement``; none while paused or in
+    dry-run)."""
+    wakes: tuple[float, ...] = ()
+    """When the round should run again though nothing changes (each later than the round's time, ascending)."""
+
+    @property
+    def next_wake(self) -> float | None:
+        """The first of ``wakes``; None: only a change in the cluster calls for another round."""
+        return self.wakes[0] if self.wakes else None
+
+
+def due_times(
+    view: ClusterView, findings: Sequence[Finding], policies: Sequence[Policy], records: Sequence[InFlight], now: float
+) -> list[float]:
+    """When a policy duration the decisions wait for comes due (just after it): an idle node's or a fully
+    failed node's ``remediateAfter``, a recovered node's hold-down, a degraded node's ``leaveAfter``, and the
+    timeout of a ladder rung in progress (one that does not bring its node back gives way to the next)."""
+    wake: list[float] = []
+    for f in findings:
+        node = view.nodes.get(f.node)
+        policy = policy_for_node(policies, node) if node is not None else None
+        if policy is None:
+            continue
+        rules = policy.node
+        if f.kind is FindingKind.NODE_DEVICES_FAILED and rules.ladder and f.node_idle:
+            wake.append(f.since + rules.remediate_after + DUE_SLACK)
+        elif f.kind is FindingKind.NODE_DEVICES_FAILED and rules.ladder and f.all_devices_failed:
+            since = f.all_failed_since if f.all_failed_since is not None else f.since
+            wake.append(since + rules.remediate_after + DUE_SLACK)
+        elif f.kind is FindingKind.DEGRADATION_RECOVERED:
+            wake.append(f.since + policy.degradation.leave_after + DUE_SLACK)
+        elif f.kind is FindingKind.NODE_RECOVERED:
+            history = [r for r in records if r.target_kind is TargetKind.NODE and r.node == f.node]
+            wake.append(f.since + lift_hold_down(rules, f.node, history, now) + DUE_SLACK)
+    by_name = {p.name: p for p in policies}
+    for record in records:
+        policy = by_name.get(record.policy)
+        if not record.active or record.action is not ActionKind.REMEDIATE_NODE or record.resume is None:
+            continue
+        if policy is not None and len(policy.node.ladder) > 1:
+            step = min(record.resume.step, len(policy.node.ladder) - 1)
+            wake.append(record.started + policy.node.ladder[step].timeout + DUE_SLACK)
+    return wake
+
+
+def place(
+    view: ClusterView,
+    policies: Sequence[Policy],
+    now: float,
+    records: Sequence[InFlight],
+    placement: Placement | None,
+    settings: Settings,
+) -> tuple[tuple[Release, ...], tuple[Vacancy, ...], tuple[SpareChange, ...]]:
+    """The gated pods to release (to the node a replaced rank left, or a spare), the vacancies left, and the
+    spare-pool changes (none while paused or in dry-run); nothing without a ``placement``."""
+    if placement is None:
+        return (), (), ()
+    finder = spare_finder(view, policies, now, records)
+    releases, left = place_gated(view, list(placement.vacancies), now, finder)
+    if settings.dry_run or settings.paused:
+        return tuple(releases), tuple(left), ()
+    claimed = {v.node for v in left if v.claimant and v.spare}
+    changes = plan_spares(view, policies, now, records, claimed, release_orphans=placement.release_orphans)
+    return tuple(releases), tuple(left), tuple(changes)
 
 
 def stopped_by_fleet_rails(plan: Plan) -> bool:
@@ -217,6 +322,8 @@ class DecisionRound:
     """Remediations already reported past their step timeout."""
     breaker: Breaker | None = None
     """The circuit breaker as of the last round; None: not known, rebuilt from the policies' status."""
+    blocked_retry: float | None = None
+    """How long after this round a rail's stopped decision is tried again (None: none was stopped last round)."""
 
     def _pace(self, kind: ActionKind) -> float:
         return self.pacing.gang_restart if kind is ActionKind.RESTART_GANG else self.pacing.retry
@@ -240,9 +347,11 @@ class DecisionRound:
         now: float,
         settings: Settings | None = None,
         ignore_pods: Collection[str] = frozenset(),
+        placement: Placement | None = None,
     ) -> RoundResult:
         """One round. ``ignore_pods``: pod UIDs whose findings are already handled (ranks a gang
-        restart just replaced, whose old pods linger until they are gone)."""
+        restart just replaced, whose old pods linger until they are gone). ``placement``: the host places
+        replaced ranks and keeps spare pools (the result says what to release and which spares change)."""
         settings = settings or Settings()
         detected = detect(view, policies, now) + self.stragglers.observe(view, policies, now)
         detected += self.degradation.observe(view, policies, now)
@@ -276,7 +385,20 @@ class DecisionRound:
         self._record_blocked(host, plan.blocked, busy)
         late = tuple(overdue(in_flight, policies, now))
         self._report_overdue(host, late)
-        return RoundResult(tuple(findings), plan, breaker, late)
+        records = host.in_flight(view)  # with this round's decisions
+        releases, vacancies, changes = place(view, policies, now, records, placement, settings)
+        wakes = due_times(view, findings, policies, records, now) + self._blocked_retry(plan, now)
+        when = tuple(sorted({w for w in wakes if w > now}))
+        return RoundResult(tuple(findings), plan, breaker, late, releases, vacancies, changes, when)
+
+    def _blocked_retry(self, plan: Plan, now: float) -> list[float]:
+        """While a rail stops a decision, a round after a wait that doubles each round in a row it does."""
+        if not plan.blocked:
+            self.blocked_retry = None
+            return []
+        wait = self.blocked_retry if self.blocked_retry is not None else self.pacing.blocked_first
+        self.blocked_retry = min(wait * 2, self.pacing.blocked_max)
+        return [now + wait]
 
     def _carry_on(
         self,

@@ -1,5 +1,5 @@
 """The simulated fleet as Kubernetes objects: what the controller's cache would show of a node's pods and its
-agent's report, for ``devheal.simulate.engine_strategy``. Pure functions of the simulation's state.
+agent's report, for ``devheal.simulate.engine_view``. Pure functions of the simulation's state.
 """
 
 from __future__ import annotations

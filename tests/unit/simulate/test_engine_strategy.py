@@ -96,7 +96,7 @@ def test_lift_comes_after_the_hold_down() -> None:
     strategy = EngineStrategy(policy("p", node={"holdDown": "30m"}))
     sim = Simulation(config, _trace(config), strategy)
     sim.run()
-    [lift] = [r for r in strategy.records.values() if r.action is ActionKind.LIFT]
+    [lift] = [r for r in strategy.store.records.values() if r.action is ActionKind.LIFT]
     repaired = 2 * HOUR + HOUR + 2 * DAY  # fault, a person an hour later, two days of repair
     assert lift.started == pytest.approx(repaired + 1800, abs=0.01)
     assert sim.nodes[1].in_pool and not sim.nodes[1].marks
@@ -118,7 +118,7 @@ def test_node_remediation_through_a_template_when_every_gpu_failed() -> None:
     result = Simulation(config, _trace_with(config, faults), strategy).run()
     assert result.remediations["devheal:RemediateNode"] == 1
     assert "people:reboot" not in result.remediations  # fixed before anyone came
-    [record] = [r for r in strategy.records.values() if r.action is ActionKind.REMEDIATE_NODE]
+    [record] = [r for r in strategy.store.records.values() if r.action is ActionKind.REMEDIATE_NODE]
     assert record.phase is Phase.SUCCEEDED
 
 
@@ -139,7 +139,7 @@ LADDER = {
 
 
 def _rungs(strategy: EngineStrategy) -> list[tuple[int, Phase]]:
-    records = [r for r in strategy.records.values() if r.action is ActionKind.REMEDIATE_NODE and r.resume]
+    records = [r for r in strategy.store.records.values() if r.action is ActionKind.REMEDIATE_NODE and r.resume]
     return sorted((r.resume.step, r.phase) for r in records if r.resume is not None)
 
 
@@ -202,10 +202,14 @@ class CheckedEngine(EngineStrategy):
         self.checks = 0
         self.mismatches = 0
         self.everything: tuple[ClusterView, list[InFlight]] | None = None
+        self.asked: list[tuple[ClusterView, list[InFlight]]] = []
 
     def in_flight(self, view: ClusterView) -> list[InFlight]:
-        # The round asks for the records twice; the last time is what it decides with.
-        self.everything = (self._view(self.watched, len(self.sim.nodes)), list(self.records.values()))
+        # The round asks for the records three times: to carry work on, to decide with, and with its decisions
+        # (for the next wake-up); the second is what it decides with.
+        self.asked.append((self.cache.view(self.watched, len(self.sim.nodes)), list(self.store.records.values())))
+        if len(self.asked) == 2:
+            self.everything = self.asked[1]
         return super().in_flight(view)
 
     def decision_round(self) -> Plan:
@@ -219,6 +223,7 @@ class CheckedEngine(EngineStrategy):
             return result
 
         self.round.run = run_and_keep  # type: ignore[method-assign]
+        self.asked = []
         plan = super().decision_round()
         assert self.everything is not None
         view, records = self.everything

@@ -47,7 +47,7 @@ def test_a_hidden_fault_stalls_the_gang_and_devheal_replaces_the_rank_that_stall
     # Found once no rank reported a step for the stall limit; the rank is replaced, the rest restart in place.
     assert result.recoveries_s == [pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)]
     assert result.engine["decisions"] == {"devheal:RestartGang": 1}
-    [record] = devheal.records.values()
+    [record] = devheal.store.records.values()
     assert record.resume is not None and record.node == "node-00001"
     assert record.resume.finding.kind == "GangStalled" and record.resume.finding.pod == "ml-training/train-1"
     # Without step reports nothing in Kubernetes points at the node: a person finds it.
@@ -77,8 +77,8 @@ def test_a_slow_rank_is_found_from_step_times_and_replaced() -> None:
     # clears the suspect mark; the taint is lifted once the repaired node has reported clean for leaveAfter.
     decisions = result.engine["decisions"]
     assert decisions == {"devheal:RestartGang": 1, "devheal:TaintDegraded": 1, "devheal:LiftDegraded": 1}
-    [taint] = [r for r in strategy.records.values() if r.action is ActionKind.TAINT_DEGRADED]
-    [lift] = [r for r in strategy.records.values() if r.action is ActionKind.LIFT_DEGRADED]
+    [taint] = [r for r in strategy.store.records.values() if r.action is ActionKind.TAINT_DEGRADED]
+    [lift] = [r for r in strategy.store.records.values() if r.action is ActionKind.LIFT_DEGRADED]
     assert lift.started - taint.started == pytest.approx(3600 + 1800, abs=60)  # the person, then leaveAfter
     assert result.remediations["people:repair"] == 1
     assert 3 not in sim.units[0].members and not sim.nodes[3].marks and sim.nodes[3].repairing
@@ -149,7 +149,7 @@ def test_each_restart_raises_the_gangs_generation_so_the_next_hang_is_a_new_deci
     result = Simulation(config, trace_of(config, faults), strategy).run()
     assert result.recoveries_s == [pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)] * 2
     assert result.engine["decisions"] == {"devheal:RestartGang": 2}
-    assert strategy.generation == strategy.acknowledged == {0: 2}
+    assert strategy.cache.generation == strategy.cache.acknowledged == {0: 2}
 
 
 def test_a_gang_that_validates_its_results_has_the_suspect_rank_replaced_on_its_exit_code() -> None:

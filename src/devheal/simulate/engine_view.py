@@ -1,0 +1,210 @@
+"""The simulated fleet as the controller's cache would show it to a round: nodes, pods and agent reports.
+
+A round looks at the nodes devheal has reason to look at (``CacheView.view``); a node that nothing about
+changed since it was last built, every fault on it older than the slowest signal, is reused as it was.
+What devheal wrote on nodes and pods (restart generations, a degraded taint's effect, the lifts of its
+marks) lives here, written by the effects (``engine_effects``) and read back as the cache would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from devheal.model.cluster import (
+    GPU_RESOURCE,
+    OWNED_TAINT_KEY,
+    ClusterView,
+    ContainerState,
+    DeviceHealth,
+    DeviceStatus,
+    Node,
+    NodeDevicesReport,
+    Pod,
+    Taint,
+    Workload,
+)
+from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY
+from devheal.model.steps import StepReport
+from devheal.simulate.fleet import NodeState, Unit, UnitKind
+from devheal.simulate.simulation import Simulation
+from devheal.simulate.step_reports import step_report
+from devheal.simulate.view_objects import agent_report, gpu_id, unit_workload, visible_faults
+
+
+class CacheView:
+    """Builds the views a round decides over, and keeps what the controller would have written on objects."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.plain: dict[int, Node] = {}
+        """Nodes without faults, marks, repair or outage, as built once."""
+        self.settled: dict[int, tuple[tuple[Any, ...], tuple[Node, Pod | None, NodeDevicesReport | None]]] = {}
+        """Per node, what it was built from and what was built, while nothing can change it."""
+        self.workloads: dict[int, tuple[Workload, dict[str, str]]] = {}
+        self.generation: dict[int, int] = {}
+        """Per gang, the restart generation devheal last wrote on its ranks (one more per RestartGang)."""
+        self.acknowledged: dict[int, int] = {}
+        """... and the one its ranks' launchers acknowledged (the generation they last ran at)."""
+        self.degraded_effect: dict[int, str] = {}
+        """Per node devheal marked degraded, the effect of its taint."""
+        self.lifts: dict[int, int] = {}
+        """Per node, how many times devheal lifted its marks (the controller keeps it on the node)."""
+        self.stepping: frozenset[int] = frozenset()
+        """Gangs whose ranks' step reports this round judges (the others' ranks show none)."""
+
+    def visible(self, state: NodeState, delay: float) -> dict[int, int]:
+        return visible_faults(self.sim, state, delay)
+
+    def _workload(self, unit: Unit) -> tuple[Workload, dict[str, str]]:
+        cached = self.workloads.get(unit.uid)
+        if cached is None:
+            cached = self.workloads[unit.uid] = unit_workload(unit)
+        return cached
+
+    def _node(self, n: int) -> Node:
+        state = self.sim.nodes[n]
+        gpus = self.sim.config.fleet.gpus_per_node
+        costs = self.sim.costs
+        failed = self.visible(state, costs.device_plugin_detect_s)
+        gap_since = min((self.sim.faults[i].time + costs.device_plugin_detect_s for i in failed.values()), default=None)
+        name = state.name
+        return Node(
+            name=name,
+            uid=f"uid-{name}",
+            labels={},
+            ready=not (state.down or state.repairing),
+            unschedulable="cordon" in state.marks,
+            taints=self._taints(n, state),
+            gpu_capacity=gpus,
+            gpu_allocatable=gpus - len(failed),
+            owned=frozenset(state.marks),
+            gap_since=gap_since,
+            lifts=self.lifts.get(n, 0),
+        )
+
+    def _taints(self, n: int, state: NodeState) -> tuple[Taint, ...]:
+        taints = [Taint(OWNED_TAINT_KEY, "true", "NoSchedule")] if "taint" in state.marks else []
+        if DEGRADED_MARK in state.marks:
+            taints.append(Taint(DEGRADED_TAINT_KEY, "true", self.degraded_effect.get(n, "PreferNoSchedule")))
+        return tuple(taints)
+
+    def _plain_node(self, n: int) -> Node:
+        """A node without faults, marks, repair or outage always looks the same: build it once."""
+        state = self.sim.nodes[n]
+        if state.faults or state.marks or state.repairing or state.down:
+            return self._node(n)
+        node = self.plain.get(n)
+        if node is None:
+            node = self.plain[n] = self._node(n)
+        return node
+
+    def _steps(self, n: int, unit: Unit | None) -> StepReport | None:
+        """The rank's step report when its gang's step times are judged this round (else none: see ``stepping``)."""
+        if unit is None or unit.uid not in self.stepping:
+            return None
+        costs = self.sim.costs
+        return step_report(unit, n, self.sim.nodes[n].slow, costs.step_s, costs.steps_publish_s, self.sim.now)
+
+    def _pod(self, n: int, steps: StepReport | None = None) -> Pod | None:
+        unit = self.sim.unit_of(n)
+        if unit is None:
+            return None
+        state = self.sim.nodes[n]
+        slot = unit.members[n]
+        workload, labels = self._workload(unit)
+        bad = self.visible(state, self.sim.costs.pod_status_detect_s)
+        devices = tuple(
+            DeviceStatus(
+                "main",
+                GPU_RESOURCE,
+                gpu_id(state.name, g),
+                DeviceHealth.UNHEALTHY if g in bad else DeviceHealth.HEALTHY,
+                self.sim.faults[bad[g]].failure_class.label if g in bad else "",
+            )
+            for g in range(unit.gpus_per_node)
+        )
+        return Pod(
+            namespace=unit.namespace,
+            name=unit.pod_name(slot),
+            uid=unit.pod_uid(slot),
+            node=state.name,
+            phase="Running",
+            labels=labels,
+            restart_policy="Always" if unit.kind is UnitKind.INFERENCE else "Never",
+            workload=workload,
+            devices=devices,
+            containers=(ContainerState("main", exit_code=self._exit_code(unit.pod_uid(slot))),),
+            gpu_request=unit.gpus_per_node,
+            steps=steps,
+            restart_generation=self.generation.get(unit.uid, 0),
+            acknowledged_generation=self.acknowledged.get(unit.uid, 0),
+        )
+
+    def _exit_code(self, pod_uid: str) -> int | None:
+        """The rank's exit code once its pod status shows it."""
+        exited = self.sim.exited.get(pod_uid)
+        if exited is None or self.sim.now < exited[1] + self.sim.costs.pod_status_detect_s:
+            return None
+        return exited[0]
+
+    def _objects(self, n: int) -> tuple[Node, Pod | None, NodeDevicesReport | None]:
+        """A watched node as the cache shows it. Reused while nothing about the node changed and every
+        fault on it is older than the slowest signal (so time alone changes nothing either)."""
+        state = self.sim.nodes[n]
+        unit = self.sim.unit_of(n)
+        pod_uid = unit.pod_uid(unit.members[n]) if unit is not None else ""
+        costs = self.sim.costs
+        slowest = max(costs.agent_detect_s, costs.pod_status_detect_s, costs.device_plugin_detect_s)
+        settled = all(self.sim.now >= self.sim.faults[i].time + slowest for i in state.faults)
+        steps = self._steps(n, unit)
+        key = (
+            tuple(state.faults),
+            tuple(sorted(state.marks)),
+            state.repairing,
+            state.down,
+            pod_uid,
+            self.lifts.get(n),
+            steps,
+            self.generation.get(unit.uid, 0) if unit is not None else 0,
+            self.acknowledged.get(unit.uid, 0) if unit is not None else 0,
+            self._exit_code(pod_uid),
+        )
+        cached = self.settled.get(n)
+        if settled and cached is not None and cached[0] == key:
+            return cached[1]
+        node = self._node(n)
+        pod = self._pod(n, steps)
+        records = (node, pod, agent_report(self.sim, self.sim.nodes[n], pod))
+        if settled:
+            self.settled[n] = (key, records)
+        return records
+
+    def view(self, watched: list[int], more_nodes: int = 0) -> ClusterView:
+        """The watched nodes with their pods and agent reports; plus ``more_nodes`` other nodes, for the
+        budget arithmetic only (unwatched nodes show no GPU fault, so their pods and reports add nothing)."""
+        nodes: dict[str, Node] = {}
+        if more_nodes:
+            taken = set(watched)
+            for n in range(len(self.sim.nodes)):
+                if len(nodes) >= more_nodes:
+                    break
+                if n not in taken:
+                    node = self._plain_node(n)
+                    nodes[node.name] = node
+        pods: dict[str, Pod] = {}
+        reports: dict[str, NodeDevicesReport] = {}
+        by_node: dict[str, frozenset[str]] = {}
+        by_device: dict[tuple[str, str], str] = {}
+        for n in watched:
+            node, pod, report = self._objects(n)
+            nodes[node.name] = node
+            if pod is not None:
+                pods[pod.key] = pod
+                by_node[node.name] = frozenset({pod.key})
+                for d in pod.devices:
+                    by_device[(node.name, d.device_id)] = pod.key
+            if report is not None:
+                reports[node.name] = report
+        return ClusterView(nodes=nodes, pods=pods, reports=reports, pods_by_node=by_node, pod_by_device=by_device)
+
+    # ---- the round's host: the engine's DecisionRound, as the controller runs it ---------------
