@@ -24,112 +24,14 @@ from devheal.kube.client import KubeClient
 from devheal.kube.informer import Reflector
 from devheal.model.cluster import (
     GPU_RESOURCE,
-    LAUNCHER_GENERATION_ANNOTATION,
-    OWNERSHIP_ANNOTATION,
-    PLACEMENT_GATE,
-    RESTART_GENERATION_ANNOTATION,
     NodeDevicesReport,
     Pod,
 )
 from devheal.model.values import INT64_MAX
-from tests.unit.fuzzing import FUZZ, LONG_NAME, json_values, shaped
+from tests.unit.fuzz.strategies import NODE, NODE_DEVICES, POD, REMEDIATION
+from tests.unit.fuzzing import FUZZ, json_values, shaped
 
-TIME = ("2024-05-01T12:00:00Z",)
-COUNT = ("8", 8, "0")
-CONTAINER = {
-    "name": ("main",),
-    "resources": {"limits": {GPU_RESOURCE: COUNT}, "requests": {GPU_RESOURCE: COUNT}},
-    "restartPolicyRules": [
-        {"action": ("RestartAllContainers",), "exitCodes": {"operator": ("In",), "values": [(88,)]}}
-    ],
-}
-POD = {
-    "kind": ("Pod",),
-    "metadata": {
-        "namespace": ("ml",),
-        "name": ("p", LONG_NAME),
-        "uid": ("u",),
-        "labels": {"app": ("a",), "devheal.io/gang": ("g",)},
-        "annotations": {RESTART_GENERATION_ANNOTATION: ("1",), LAUNCHER_GENERATION_ANNOTATION: ("1",)},
-        "ownerReferences": [{"kind": ("Job",), "name": ("j",), "uid": ("x",), "controller": (True,)}],
-        "deletionTimestamp": TIME,
-    },
-    "spec": {
-        "nodeName": ("n1", LONG_NAME),
-        "restartPolicy": ("Never", "Always"),
-        "containers": [CONTAINER],
-        "initContainers": [CONTAINER],
-        "schedulingGates": [{"name": (PLACEMENT_GATE,)}],
-    },
-    "status": {
-        "phase": ("Running",),
-        "conditions": [{"type": ("Ready",), "status": ("True",)}],
-        "containerStatuses": [
-            {
-                "name": ("main",),
-                "restartCount": (0, 3),
-                "state": {"waiting": {"reason": ("CrashLoopBackOff",)}, "terminated": {"exitCode": (74, -1)}},
-                "lastState": {"terminated": {"exitCode": (1,)}},
-                "allocatedResourcesStatus": [
-                    {
-                        "name": (GPU_RESOURCE,),
-                        "resources": [{"resourceID": ("gpu-0",), "health": ("Unhealthy",), "message": ("m",)}],
-                    }
-                ],
-            }
-        ],
-    },
-}
-NODE = {
-    "kind": ("Node",),
-    "metadata": {
-        "name": ("n1", LONG_NAME),
-        "uid": ("u",),
-        "labels": {"devheal.io/pool": ("a",)},
-        "annotations": {OWNERSHIP_ANNOTATION: ("taint,cordon",)},
-    },
-    "spec": {"unschedulable": (True,), "taints": [{"key": ("k",), "value": ("v",), "effect": ("NoSchedule",)}]},
-    "status": {
-        "capacity": {GPU_RESOURCE: COUNT},
-        "allocatable": {GPU_RESOURCE: COUNT},
-        "conditions": [{"type": ("Ready",), "status": ("True",)}],
-    },
-}
-NODE_DEVICES = {
-    "kind": ("NodeDevices",),
-    "metadata": {"name": ("n1", LONG_NAME)},
-    "spec": {"nodeName": ("n1",)},
-    "status": {
-        "devices": [
-            {
-                "id": ("GPU-1",),
-                "index": (0, "3"),
-                "health": ("Unhealthy", "Healthy"),
-                "pod": {"namespace": ("ml",), "name": ("p",)},
-                "reasons": [{"code": (79, "48"), "message": ("fell off the bus",), "firstSeen": TIME}],
-            }
-        ]
-    },
-}
-REMEDIATION = {
-    "kind": ("Remediation",),
-    "metadata": {"name": ("r",), "labels": {"devheal.io/epoch": ("0", "3")}, "creationTimestamp": TIME},
-    "spec": {
-        "action": ("Deschedule", "RemediateNode"),
-        "target": {"kind": ("Pod", "Node"), "name": ("p",), "namespace": ("ml",), "uid": ("u",), "node": ("n1",)},
-        "workload": {"kind": ("Job",), "namespace": ("ml",), "name": ("j",), "class": ("batch",)},
-        "finding": {
-            "kind": ("DeviceFailed",),
-            "source": ("s",),
-            "evidence": ("e",),
-            "since": TIME,
-            "deviceIDs": [("g",)],
-        },
-        "policy": ("p",),
-        "dryRun": (False,),
-    },
-    "status": {"phase": ("InProgress", "Succeeded"), "startedAt": TIME},
-}
+# The shapes are the fuzz suite's (tests/unit/fuzz/strategies.py): one description of each kind's fields.
 
 
 def _bounded(number: int | None) -> bool:
