@@ -52,9 +52,10 @@ def mapping(
     *,
     fields: Collection[str] | None = None,
     noun: str = "an object",
+    required: bool = False,
 ) -> Mapping[str, Any]:
-    """An object field (``{}`` when absent); with ``fields``, one that holds no other field."""
-    if value is None:
+    """An object field (``{}`` when absent, unless ``required``); with ``fields``, one that holds no other field."""
+    if value is None and not required:
         return {}
     if not isinstance(value, Mapping):
         raise error(f"{where}: expected {noun}, got {type(value).__name__}")
