@@ -25,7 +25,7 @@ bound) stay code either way; and parsing is not where time goes (the recommended
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -57,7 +57,8 @@ def mapping(
     """An object field (``{}`` when absent, unless ``required``); with ``fields``, one that holds no other field."""
     if value is None and not required:
         return {}
-    if not isinstance(value, Mapping):
+    # A dict first: the ABC's isinstance is several times slower, and projections read many objects per pod.
+    if not isinstance(value, dict) and not isinstance(value, Mapping):
         raise error(f"{where}: expected {noun}, got {type(value).__name__}")
     if fields is not None:
         check_fields(value, fields, where, error)
@@ -94,15 +95,19 @@ def choice(
     where: str,
     error: type[ValueError] = FieldError,
     *,
-    options: Iterable[C] | None = None,
+    options: Collection[C] | None = None,
 ) -> C:
     """A member of ``kind`` by its value (of ``options`` when given); absent: ``default`` (required when None)."""
     if value is None and default is not None:
         return default
-    allowed = tuple(kind if options is None else options)
-    for member in allowed:
-        if value == member.value:
+    try:
+        member = kind(value)  # the enum's own lookup by value; any other value raises ValueError
+    except ValueError:
+        pass
+    else:
+        if options is None or member in options:
             return member
+    allowed = kind if options is None else options
     raise expected(where, f"one of {', '.join(m.value for m in allowed)}", value, error)
 
 
