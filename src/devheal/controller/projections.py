@@ -81,13 +81,18 @@ def _int(value: Any, where: str, minimum: int = 0, maximum: int = INT64_MAX) -> 
 
 
 def _obj(value: Any, where: str) -> Obj:
-    """An object field; ``{}`` when absent. API objects decode to dicts: those return at once (a pod reads dozens)."""
-    return value if isinstance(value, dict) else cast(Obj, fields.mapping(value, where, ProjectionError))
+    """An object field; ``{}`` when absent. A pod reads dozens: a dict (what API objects decode to) or nothing is
+    answered here at once; anything else is the toolkit's to accept or refuse."""
+    if isinstance(value, dict):
+        return value
+    return {} if value is None else cast(Obj, fields.mapping(value, where, ProjectionError))
 
 
 def _list(value: Any, where: str) -> list[Any]:
     """A list field; ``[]`` when absent."""
-    return value if isinstance(value, list) else fields.sequence(value, where, ProjectionError)
+    if isinstance(value, list):
+        return value
+    return [] if value is None else fields.sequence(value, where, ProjectionError)
 
 
 def _objects(value: Any, where: str) -> list[Obj]:

@@ -133,5 +133,7 @@ def parse_degradation(value: Any, where: str, error: type[E]) -> DegradationRule
 
 def parse_repair(value: Any, where: str, error: type[E]) -> RepairRules:
     """``spec.repair`` -> ``RepairRules``."""
+    if value is None:
+        return RepairRules()
     spec = fields.mapping(value, where, error, fields=("action",))
     return RepairRules(fields.choice(spec.get("action"), RepairAction, RepairAction.DRAIN, f"{where}.action", error))

@@ -33,6 +33,8 @@ E = TypeVar("E", bound=ValueError)
 
 def parse_devices(value: Any, where: str, error: type[E]) -> DeviceRules:
     """The ``devices`` section (absent: the defaults); raises ``error`` naming the field."""
+    if value is None:
+        return DeviceRules()
     spec = fields.mapping(value, where, error, fields=_FIELDS)
     d = DeviceRules()
     effect = spec.get("taintEffect", d.taint_effect)

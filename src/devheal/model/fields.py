@@ -67,7 +67,10 @@ def mapping(
 
 def unknown_fields(value: Mapping[Any, Any], fields: Collection[str]) -> list[str]:
     """The names in ``value`` that are not in ``fields``, sorted."""
-    return sorted(str(k) for k in value if k not in fields)
+    for key in value:  # the common case, cheaply: every name is known
+        if key not in fields:
+            return sorted(str(k) for k in value if k not in fields)
+    return []
 
 
 def check_fields(

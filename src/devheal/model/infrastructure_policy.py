@@ -59,6 +59,8 @@ FIELDS = (
 
 def parse_infrastructure(value: Any, where: str, error: type[ValueError]) -> InfrastructureRules:
     """``spec.infrastructure`` -> ``InfrastructureRules``; raises ``error`` naming the field."""
+    if value is None:
+        return InfrastructureRules()
     spec = fields.mapping(value, where, error, fields=FIELDS)
     d = InfrastructureRules()
     return InfrastructureRules(

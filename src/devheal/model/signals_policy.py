@@ -105,6 +105,8 @@ def _classes(
 
 def parse_signals(value: Any, where: str, error: type[ValueError]) -> SignalRules:
     """``spec.signals`` -> ``SignalRules``; raises ``error`` naming ``where`` and the field."""
+    if value is None:
+        return SignalRules()
     spec = fields.mapping(value, where, error, fields=("conditions", "taints"))
     return SignalRules(
         conditions=_classes(spec.get("conditions"), f"{where}.conditions", DEFAULT_CONDITIONS, _CONDITION_TYPE, error),
