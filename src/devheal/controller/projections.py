@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, cast
 
 from devheal.engine.inplace import in_place_restart
 from devheal.engine.workloads import classify
+from devheal.model import fields
 from devheal.model.cluster import (
     DRIVER_FAILURE_REASONS,
     LAUNCHER_GENERATION_ANNOTATION,
@@ -53,7 +54,7 @@ from devheal.model.plan import (
 from devheal.model.policy import ActionKind
 from devheal.model.steps import STEPS_ANNOTATION, StepReport, parse_step_report
 from devheal.model.times import parse_time
-from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
+from devheal.model.values import INT32_MAX, INT64_MAX, show
 
 Obj = dict[str, Any]
 
@@ -77,28 +78,22 @@ def _name(obj: Obj, kind: str) -> str:
 
 def _int(value: Any, where: str, minimum: int = 0, maximum: int = INT64_MAX) -> int:
     """A whole number: an int or a string of ASCII digits (``int()`` would also take '٣' and '1_000')."""
-    number = whole_number(value, minimum=minimum, maximum=maximum, text=True)
-    if number is None:
-        raise ProjectionError(f"{where}: expected a whole number from {minimum} to {maximum}, got {show(value)}")
-    return number
+    return fields.whole(value, None, where, ProjectionError, minimum=minimum, maximum=maximum, text=True)
 
 
 def _obj(value: Any, where: str) -> Obj:
-    """An object field; ``{}`` when absent."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ProjectionError(f"{where}: expected an object, got {type(value).__name__}")
-    return value
+    """An object field; ``{}`` when absent. A pod reads dozens: a dict (what API objects decode to) or nothing is
+    answered here at once; anything else is the toolkit's to accept or refuse."""
+    if isinstance(value, dict):
+        return value
+    return {} if value is None else cast(Obj, fields.mapping(value, where, ProjectionError))
 
 
 def _list(value: Any, where: str) -> list[Any]:
     """A list field; ``[]`` when absent."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ProjectionError(f"{where}: expected a list, got {type(value).__name__}")
-    return value
+    if isinstance(value, list):
+        return value
+    return [] if value is None else fields.sequence(value, where, ProjectionError)
 
 
 def _objects(value: Any, where: str) -> list[Obj]:

@@ -28,12 +28,11 @@ the policy and the field like every other part of the policy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from devheal.model import times
+from devheal.model import fields
 from devheal.model.node_devices import Remedy
 from devheal.model.rank_action import RankAction
 from devheal.model.values import show
@@ -88,32 +87,6 @@ _FIELDS = frozenset(
 )
 
 
-def _mapping(value: Any, where: str, error: type[E]) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise error(f"{where}: expected an object, got {type(value).__name__}")
-    unknown = sorted(str(k) for k in value if k not in _FIELDS | {"action"})
-    if unknown:
-        raise error(f"{where}: unknown field(s) {', '.join(unknown)}")
-    return value
-
-
-def _duration(value: Any, default: float, where: str, error: type[E]) -> float:
-    if value is None:
-        return default
-    return times.parse_duration(value, where, error=error)
-
-
-def _choice(value: Any, kind: type[StrEnum], default: StrEnum, where: str, error: type[E]) -> Any:
-    if value is None:
-        return default
-    for member in kind:
-        if value == member.value:
-            return member
-    raise error(f"{where}: expected one of {', '.join(m.value for m in kind)}, got {show(value)}")
-
-
 def _names(value: Any, allowed: tuple[str, ...], default: frozenset[str], where: str, error: type[E]) -> frozenset[str]:
     if value is None:
         return default
@@ -124,20 +97,15 @@ def _names(value: Any, allowed: tuple[str, ...], default: frozenset[str], where:
 
 def parse_degradation(value: Any, where: str, error: type[E]) -> DegradationRules:
     """``spec.degradation`` -> ``DegradationRules``; ``error`` names ``where`` and the field."""
-    spec = _mapping(value, where, error)
-    if "action" in spec:
-        raise error(f"{where}: unknown field(s) action")
+    spec = fields.mapping(value, where, error, fields=_FIELDS)
     d = DegradationRules()
-    enter = _duration(spec.get("enterAfter"), d.enter_after, f"{where}.enterAfter", error)
-    leave = _duration(spec.get("leaveAfter"), d.leave_after, f"{where}.leaveAfter", error)
+    enter = fields.duration(spec.get("enterAfter"), d.enter_after, f"{where}.enterAfter", error)
+    leave = fields.duration(spec.get("leaveAfter"), d.leave_after, f"{where}.leaveAfter", error)
     if leave < enter:
         # Hysteresis: leaving takes at least as long as entering, so a device at the edge does not flap.
         # leaveAfter may be the default: the message says so rather than index a field that is not there.
         given = show(spec["leaveAfter"]) if spec.get("leaveAfter") is not None else f"the default ({leave:.0f}s)"
         raise error(f"{where}.leaveAfter: must be at least enterAfter ({enter:.0f}s), got {given}")
-    taint = spec.get("taint", d.taint)
-    if not isinstance(taint, bool):
-        raise error(f"{where}.taint: expected true or false, got {show(taint)}")
     return DegradationRules(
         enter_after=enter,
         leave_after=leave,
@@ -145,10 +113,12 @@ def parse_degradation(value: Any, where: str, error: type[E]) -> DegradationRule
         no_schedule_remedies=_names(
             spec.get("noScheduleRemedies"), REMEDIES, d.no_schedule_remedies, f"{where}.noScheduleRemedies", error
         ),
-        taint=taint,
-        inference=_choice(spec.get("inference"), DegradedWorkload, d.inference, f"{where}.inference", error),
-        inference_grace=_duration(spec.get("inferenceGrace"), d.inference_grace, f"{where}.inferenceGrace", error),
-        gang=_choice(spec.get("gang"), RankAction, d.gang, f"{where}.gang", error),
+        taint=fields.flag(spec.get("taint"), d.taint, f"{where}.taint", error),
+        inference=fields.choice(spec.get("inference"), DegradedWorkload, d.inference, f"{where}.inference", error),
+        inference_grace=fields.duration(
+            spec.get("inferenceGrace"), d.inference_grace, f"{where}.inferenceGrace", error
+        ),
+        gang=fields.choice(spec.get("gang"), RankAction, d.gang, f"{where}.gang", error),
     )
 
 
@@ -156,9 +126,5 @@ def parse_repair(value: Any, where: str, error: type[E]) -> RepairRules:
     """``spec.repair`` -> ``RepairRules``."""
     if value is None:
         return RepairRules()
-    if not isinstance(value, Mapping):
-        raise error(f"{where}: expected an object, got {type(value).__name__}")
-    unknown = sorted(str(k) for k in value if k != "action")
-    if unknown:
-        raise error(f"{where}: unknown field(s) {', '.join(unknown)}; expected action")
-    return RepairRules(_choice(value.get("action"), RepairAction, RepairAction.DRAIN, f"{where}.action", error))
+    spec = fields.mapping(value, where, error, fields=("action",))
+    return RepairRules(fields.choice(spec.get("action"), RepairAction, RepairAction.DRAIN, f"{where}.action", error))

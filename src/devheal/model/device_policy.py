@@ -13,13 +13,11 @@ Which policy governs a device: the one selecting the device's node (its Resource
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from devheal.model import times
+from devheal.model import fields
 from devheal.model.dra import TAINT_EFFECTS
-from devheal.model.values import show
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,16 +35,13 @@ def parse_devices(value: Any, where: str, error: type[E]) -> DeviceRules:
     """The ``devices`` section (absent: the defaults); raises ``error`` naming the field."""
     if value is None:
         return DeviceRules()
-    if not isinstance(value, Mapping):
-        raise error(f"{where}: expected an object, got {show(value)}")
-    unknown = sorted(set(value) - _FIELDS)
-    if unknown:
-        raise error(f"{where}: unknown field(s) {', '.join(map(str, unknown))}; expected {', '.join(sorted(_FIELDS))}")
-    taint = value.get("taint", True)
-    if not isinstance(taint, bool):
-        raise error(f"{where}.taint: expected true or false, got {show(taint)}")
-    effect = value.get("taintEffect", "NoSchedule")
+    spec = fields.mapping(value, where, error, fields=_FIELDS)
+    d = DeviceRules()
+    effect = spec.get("taintEffect", d.taint_effect)
     if effect not in TAINT_EFFECTS:
-        raise error(f"{where}.taintEffect: expected one of {', '.join(TAINT_EFFECTS)}, got {show(effect)}")
-    hold_down = times.parse_duration(value.get("holdDown", "2m"), f"{where}.holdDown", error=error)
-    return DeviceRules(taint=taint, taint_effect=str(effect), hold_down=hold_down)
+        raise fields.expected(f"{where}.taintEffect", f"one of {', '.join(TAINT_EFFECTS)}", effect, error)
+    return DeviceRules(
+        taint=fields.flag(spec.get("taint"), d.taint, f"{where}.taint", error),
+        taint_effect=str(effect),
+        hold_down=fields.duration(spec.get("holdDown"), d.hold_down, f"{where}.holdDown", error),
+    )

@@ -16,13 +16,11 @@ the caller's error class, so every error names the policy and the field.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
-from devheal.model import times
-from devheal.model.values import show
+from devheal.model import fields
 
 
 class AdmissionRemedy(StrEnum):
@@ -59,55 +57,37 @@ FIELDS = (
 )
 
 
-E = TypeVar("E", bound=StrEnum)
-
-
-def _choice(value: Any, where: str, enum: type[E], default: E, error: type[ValueError]) -> E:
-    if value is None:
-        return default
-    try:
-        return enum(value)
-    except ValueError:
-        raise error(f"{where}: expected one of {', '.join(e.value for e in enum)}, got {show(value)}") from None
-
-
-def _duration(value: Any, where: str, default: float, error: type[ValueError]) -> float:
-    if value is None:
-        return default
-    seconds = times.parse_duration(value, where, error=error)
-    if seconds <= 0:
-        raise error(f"{where}: expected a duration above 0s, got {show(value)}")
-    return seconds
-
-
 def parse_infrastructure(value: Any, where: str, error: type[ValueError]) -> InfrastructureRules:
     """``spec.infrastructure`` -> ``InfrastructureRules``; raises ``error`` naming the field."""
     if value is None:
         return InfrastructureRules()
-    if not isinstance(value, Mapping):
-        raise error(f"{where}: expected an object, got {type(value).__name__}")
-    unknown = sorted(str(k) for k in set(value) - set(FIELDS))
-    if unknown:
-        raise error(f"{where}: unknown field(s) {', '.join(unknown)}; expected {', '.join(sorted(FIELDS))}")
+    spec = fields.mapping(value, where, error, fields=FIELDS)
     d = InfrastructureRules()
-    force = value.get("forceDeleteStuck")
-    if force is not None and not isinstance(force, bool):
-        raise error(f"{where}.forceDeleteStuck: expected true or false, got {show(force)}")
     return InfrastructureRules(
-        admission_rejected=_choice(
-            value.get("admissionRejected"), f"{where}.admissionRejected", AdmissionRemedy, d.admission_rejected, error
+        admission_rejected=fields.choice(
+            spec.get("admissionRejected"), AdmissionRemedy, d.admission_rejected, f"{where}.admissionRejected", error
         ),
-        stuck_terminating_after=_duration(
-            value.get("stuckTerminatingAfter"), f"{where}.stuckTerminatingAfter", d.stuck_terminating_after, error
+        stuck_terminating_after=fields.duration(
+            spec.get("stuckTerminatingAfter"),
+            d.stuck_terminating_after,
+            f"{where}.stuckTerminatingAfter",
+            error,
+            positive=True,
         ),
-        force_delete_stuck=d.force_delete_stuck if force is None else force,
-        device_plugin_down_after=_duration(
-            value.get("devicePluginDownAfter"), f"{where}.devicePluginDownAfter", d.device_plugin_down_after, error
+        force_delete_stuck=fields.flag(
+            spec.get("forceDeleteStuck"), d.force_delete_stuck, f"{where}.forceDeleteStuck", error
         ),
-        driver_failure=_choice(
-            value.get("driverFailure"), f"{where}.driverFailure", DriverRemedy, d.driver_failure, error
+        device_plugin_down_after=fields.duration(
+            spec.get("devicePluginDownAfter"),
+            d.device_plugin_down_after,
+            f"{where}.devicePluginDownAfter",
+            error,
+            positive=True,
         ),
-        driver_failure_after=_duration(
-            value.get("driverFailureAfter"), f"{where}.driverFailureAfter", d.driver_failure_after, error
+        driver_failure=fields.choice(
+            spec.get("driverFailure"), DriverRemedy, d.driver_failure, f"{where}.driverFailure", error
+        ),
+        driver_failure_after=fields.duration(
+            spec.get("driverFailureAfter"), d.driver_failure_after, f"{where}.driverFailureAfter", error, positive=True
         ),
     )

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from devheal.model import times
-from devheal.model.selectors import mapping_field
+from devheal.model import fields, times
 from devheal.model.values import show
 
 
@@ -72,7 +71,7 @@ def parse_template(value: Any, where: str, error: type[ValueError]) -> TemplateR
     """``{apiVersion, kind, name, namespace}`` -> ``TemplateRef`` (None when absent); raises ``error``."""
     if value is None:
         return None
-    spec = mapping_field(value, where, error)
+    spec = fields.mapping(value, where, error)
     missing = [k for k in ("apiVersion", "kind", "name", "namespace") if not spec.get(k)]
     if missing:
         raise error(f"{where}: missing {', '.join(missing)}")
@@ -93,10 +92,7 @@ def parse_escalation(value: Any, where: str, error: type[ValueError]) -> tuple[E
     steps = []
     for i, item in enumerate(value):
         at = f"{where}[{i}]"
-        spec = mapping_field(item, at, error)
-        unknown = sorted(set(spec) - {"template", "timeout"})
-        if unknown:
-            raise error(f"{at}: unknown field(s) {', '.join(map(str, unknown))}; expected template, timeout")
+        spec = fields.mapping(item, at, error, fields=("template", "timeout"))
         template = parse_template(spec.get("template"), f"{at}.template", error)
         if template is None:
             raise error(f"{at}.template: required")

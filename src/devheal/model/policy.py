@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from devheal.model import times
+from devheal.model import fields, times
 from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
 from devheal.model.degradation_policy import DegradationRules, RepairRules, parse_degradation, parse_repair
 from devheal.model.device_policy import DeviceRules, parse_devices
@@ -40,7 +40,7 @@ from devheal.model.selectors import parse_selector
 from devheal.model.signals_policy import SignalRules, parse_signals
 from devheal.model.spares_policy import SparePool, parse_spares
 from devheal.model.straggler_policy import StragglerRules, parse_stragglers
-from devheal.model.values import INT32_MAX, INT64_MAX, show, whole_number
+from devheal.model.values import INT32_MAX, show, whole_number
 
 RESET_BREAKER_ANNOTATION = "devheal.io/reset-breaker"
 """On a policy: any new value closes an open circuit breaker (the value the controller acted on is kept in
@@ -296,31 +296,6 @@ def parse_quantity(value: Any, where: str) -> Quantity:
     return Quantity(number, percent)
 
 
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise PolicyError(f"{where}: expected an object, got {type(value).__name__}")
-    return value
-
-
-def _bool(value: Any, where: str, default: bool) -> bool:
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise PolicyError(f"{where}: expected true or false, got {show(value)}")
-    return value
-
-
-def _int(value: Any, where: str, default: int, minimum: int = 0) -> int:
-    if value is None:
-        return default
-    number = whole_number(value, minimum=minimum)
-    if number is None:
-        raise PolicyError(f"{where}: expected a whole number from {minimum} to {INT64_MAX}, got {show(value)}")
-    return number
-
-
 MAX_GRACE_SECONDS = 3600
 
 
@@ -328,7 +303,7 @@ def _grace(value: Any, prefix: str) -> int | None:
     if value is None:
         return None
     where = f"{prefix}.failedDeviceGracePeriodSeconds"
-    seconds = _int(value, where, 0, minimum=1)
+    seconds = fields.whole(value, 0, where, PolicyError, minimum=1)
     if seconds > MAX_GRACE_SECONDS:
         raise PolicyError(f"{where}: expected at most {MAX_GRACE_SECONDS} seconds, got {seconds}")
     return seconds
@@ -347,7 +322,7 @@ def _pool_label(value: Any, where: str) -> str:
 
 
 def _step_timeouts(value: Any, where: str) -> tuple[tuple[ActionKind, float], ...]:
-    given = _mapping(value, where)
+    given = fields.mapping(value, where, PolicyError)
     allowed = [kind for kind, _ in DEFAULT_STEP_TIMEOUTS]
     unknown = sorted(set(given) - {kind.value for kind in allowed})
     if unknown:
@@ -359,32 +334,31 @@ def _step_timeouts(value: Any, where: str) -> tuple[tuple[ActionKind, float], ..
         if kind.value not in given:
             timeouts.append((kind, default))
             continue
-        seconds = parse_duration(given[kind.value], f"{where}.{kind.value}")
-        if seconds <= 0:
-            raise PolicyError(f"{where}.{kind.value}: expected a duration above 0s, got {show(given[kind.value])}")
+        seconds = fields.duration(given[kind.value], default, f"{where}.{kind.value}", PolicyError, positive=True)
         timeouts.append((kind, seconds))
     return tuple(timeouts)
 
 
 def _retention(value: Any, where: str) -> Retention:
-    spec = _mapping(value, where)
-    unknown = sorted(set(spec) - {"ttlAfterFinished", "maxEndedPerTarget", "maxEnded"})
-    if unknown:
-        raise PolicyError(
-            f"{where}: unknown field(s) {', '.join(unknown)}; expected maxEnded, maxEndedPerTarget, ttlAfterFinished"
-        )
+    spec = fields.mapping(value, where, PolicyError, fields=("ttlAfterFinished", "maxEndedPerTarget", "maxEnded"))
     defaults = Retention()
-    ttl = defaults.ttl_after_finished
-    if spec.get("ttlAfterFinished") is not None:
-        ttl = parse_duration(spec["ttlAfterFinished"], f"{where}.ttlAfterFinished")
-        if ttl <= 0:
-            raise PolicyError(
-                f"{where}.ttlAfterFinished: expected a duration above 0s, got {show(spec['ttlAfterFinished'])}"
-            )
-    count = _int(spec.get("maxEndedPerTarget"), f"{where}.maxEndedPerTarget", defaults.max_ended_per_target, minimum=1)
+    ttl = fields.duration(
+        spec.get("ttlAfterFinished"),
+        defaults.ttl_after_finished,
+        f"{where}.ttlAfterFinished",
+        PolicyError,
+        positive=True,
+    )
+    count = fields.whole(
+        spec.get("maxEndedPerTarget"),
+        defaults.max_ended_per_target,
+        f"{where}.maxEndedPerTarget",
+        PolicyError,
+        minimum=1,
+    )
     if count > MAX_ENDED_PER_TARGET:
         raise PolicyError(f"{where}.maxEndedPerTarget: expected at most {MAX_ENDED_PER_TARGET}, got {count}")
-    total = _int(spec.get("maxEnded"), f"{where}.maxEnded", defaults.max_ended, minimum=1)
+    total = fields.whole(spec.get("maxEnded"), defaults.max_ended, f"{where}.maxEnded", PolicyError, minimum=1)
     if total > MAX_ENDED:
         raise PolicyError(f"{where}.maxEnded: expected at most {MAX_ENDED}, got {total}")
     return Retention(ttl_after_finished=ttl, max_ended_per_target=count, max_ended=total)
@@ -415,28 +389,24 @@ def _breaker_record(obj: Mapping[str, Any]) -> BreakerRecord:
 
 def parse_policy(obj: Mapping[str, Any]) -> Policy:
     """A ``RemediationPolicy`` object -> ``Policy``; raises ``PolicyError`` naming the field."""
-    obj = _mapping(obj, "a RemediationPolicy")
-    meta = _mapping(obj.get("metadata"), "metadata")
+    obj = fields.mapping(obj, "a RemediationPolicy", PolicyError)
+    meta = fields.mapping(obj.get("metadata"), "metadata", PolicyError)
     name = meta.get("name") or ""
     if not isinstance(name, str) or len(name) > _NAME_MAX:
         raise PolicyError(f"metadata.name: expected a string of at most {_NAME_MAX} characters, got {show(name)}")
     if not name:
         raise PolicyError("metadata.name: a policy needs a name")
-    generation = _int(meta.get("generation"), f"RemediationPolicy {name}: metadata.generation", 0)
+    generation = fields.whole(meta.get("generation"), 0, f"RemediationPolicy {name}: metadata.generation", PolicyError)
     prefix = f"RemediationPolicy {name}: spec"
-    spec = _mapping(obj.get("spec"), prefix)
-    sel = _mapping(spec.get("selector"), f"{prefix}.selector")
-    unknown = sorted(set(spec) - _SPEC_FIELDS)
-    if unknown:
-        raise PolicyError(
-            f"{prefix}: unknown field(s) {', '.join(unknown)}; expected {', '.join(sorted(_SPEC_FIELDS))}"
-        )
+    spec = fields.mapping(obj.get("spec"), prefix, PolicyError)
+    sel = fields.mapping(spec.get("selector"), f"{prefix}.selector", PolicyError)
+    fields.check_fields(spec, _SPEC_FIELDS, prefix, PolicyError)
     namespaces = sel.get("namespaces") or []
     if not isinstance(namespaces, list) or not all(isinstance(n, str) and _DNS_LABEL.fullmatch(n) for n in namespaces):
         raise PolicyError(f"{prefix}.selector.namespaces: expected a list of namespace names, got {show(namespaces)}")
 
     actions = dict(DEFAULT_ACTIONS)
-    for cls_name, value in _mapping(spec.get("actions"), f"{prefix}.actions").items():
+    for cls_name, value in fields.mapping(spec.get("actions"), f"{prefix}.actions", PolicyError).items():
         at = f"{prefix}.actions.{cls_name}"
         try:
             cls = WorkloadClass(cls_name)
@@ -455,7 +425,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
     ):
         raise PolicyError(f"{prefix}.deviceErrorExitCodes: expected exit codes between 1 and 255, got {show(codes)}")
 
-    node = _mapping(spec.get("node"), f"{prefix}.node")
+    node = fields.mapping(spec.get("node"), f"{prefix}.node", PolicyError)
     mode_value = node.get("remediation", RemediationMode.IDLE_ONLY.value)
     try:
         mode = RemediationMode(mode_value)
@@ -468,8 +438,8 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         raise PolicyError(f"{prefix}.node.template: required when node.remediation is Drain")
     defaults = NodeRules()
     node_rules = NodeRules(
-        taint=_bool(node.get("taint"), f"{prefix}.node.taint", defaults.taint),
-        cordon=_bool(node.get("cordon"), f"{prefix}.node.cordon", defaults.cordon),
+        taint=fields.flag(node.get("taint"), defaults.taint, f"{prefix}.node.taint", PolicyError),
+        cordon=fields.flag(node.get("cordon"), defaults.cordon, f"{prefix}.node.cordon", PolicyError),
         capacity_gap_after=parse_duration(node.get("capacityGapAfter", "2m"), f"{prefix}.node.capacityGapAfter"),
         remediate_after=parse_duration(node.get("remediateAfter", "5m"), f"{prefix}.node.remediateAfter"),
         remediation=mode,
@@ -478,20 +448,22 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         escalation=escalation,
     )
 
-    b = _mapping(spec.get("budgets"), f"{prefix}.budgets")
-    breaker = _mapping(b.get("circuitBreaker"), f"{prefix}.budgets.circuitBreaker")
+    b = fields.mapping(spec.get("budgets"), f"{prefix}.budgets", PolicyError)
+    breaker = fields.mapping(b.get("circuitBreaker"), f"{prefix}.budgets.circuitBreaker", PolicyError)
     bd = Budgets()
-    breaker_pct = _int(
+    breaker_pct = fields.whole(
         breaker.get("maxFaultyNodesPercent"),
-        f"{prefix}.budgets.circuitBreaker.maxFaultyNodesPercent",
         bd.breaker_max_faulty_nodes_percent,
+        f"{prefix}.budgets.circuitBreaker.maxFaultyNodesPercent",
+        PolicyError,
     )
     if breaker_pct > 100:
         raise PolicyError(f"{prefix}.budgets.circuitBreaker.maxFaultyNodesPercent: at most 100, got {breaker_pct}")
-    close_pct = _int(
+    close_pct = fields.whole(
         breaker.get("closeAtFaultyNodesPercent"),
-        f"{prefix}.budgets.circuitBreaker.closeAtFaultyNodesPercent",
         breaker_pct // 2,
+        f"{prefix}.budgets.circuitBreaker.closeAtFaultyNodesPercent",
+        PolicyError,
     )
     if close_pct > breaker_pct:
         raise PolicyError(
@@ -504,17 +476,21 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
             b.get("maxUnhealthyNodesPerPool", "50%"), f"{prefix}.budgets.maxUnhealthyNodesPerPool"
         ),
         pool_label=_pool_label(b.get("poolLabel"), f"{prefix}.budgets.poolLabel"),
-        max_concurrent_remediations=_int(
+        max_concurrent_remediations=fields.whole(
             b.get("maxConcurrentRemediations"),
-            f"{prefix}.budgets.maxConcurrentRemediations",
             bd.max_concurrent_remediations,
+            f"{prefix}.budgets.maxConcurrentRemediations",
+            PolicyError,
             minimum=1,
         ),
         workload_disruption_interval=parse_duration(
             b.get("workloadDisruptionInterval", "1m"), f"{prefix}.budgets.workloadDisruptionInterval"
         ),
-        gang_restarts_per_hour=_int(
-            b.get("gangRestartsPerHour"), f"{prefix}.budgets.gangRestartsPerHour", bd.gang_restarts_per_hour
+        gang_restarts_per_hour=fields.whole(
+            b.get("gangRestartsPerHour"),
+            bd.gang_restarts_per_hour,
+            f"{prefix}.budgets.gangRestartsPerHour",
+            PolicyError,
         ),
         breaker_max_faulty_nodes_percent=breaker_pct,
         breaker_window=parse_duration(breaker.get("window", "10m"), f"{prefix}.budgets.circuitBreaker.window"),
@@ -522,7 +498,9 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         breaker_cool_down=parse_duration(breaker.get("coolDown", "30m"), f"{prefix}.budgets.circuitBreaker.coolDown"),
         step_timeouts=_step_timeouts(b.get("stepTimeouts"), f"{prefix}.budgets.stepTimeouts"),
     )
-    annotations = _mapping(meta.get("annotations"), f"RemediationPolicy {name}: metadata.annotations")
+    annotations = fields.mapping(
+        meta.get("annotations"), f"RemediationPolicy {name}: metadata.annotations", PolicyError
+    )
     reset = annotations.get(RESET_BREAKER_ANNOTATION)
     if reset is not None and not isinstance(reset, str):
         raise PolicyError(
@@ -537,15 +515,17 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         node_selector=_selector(sel.get("nodeSelector"), f"{prefix}.selector.nodeSelector"),
         actions=actions,
         device_error_exit_codes=frozenset(codes),
-        crash_loop_restarts=_int(spec.get("crashLoopRestarts"), f"{prefix}.crashLoopRestarts", 3, minimum=1),
+        crash_loop_restarts=fields.whole(
+            spec.get("crashLoopRestarts"), 3, f"{prefix}.crashLoopRestarts", PolicyError, minimum=1
+        ),
         node=node_rules,
         budgets=budgets,
         retention=_retention(spec.get("records"), f"{prefix}.records"),
         stragglers=parse_stragglers(spec.get("stragglers"), f"{prefix}.stragglers", PolicyError),
-        allow_delete=_bool(spec.get("allowDelete"), f"{prefix}.allowDelete", False),
+        allow_delete=fields.flag(spec.get("allowDelete"), False, f"{prefix}.allowDelete", PolicyError),
         failed_device_grace_period=_grace(spec.get("failedDeviceGracePeriodSeconds"), prefix),
-        dry_run=_bool(spec.get("dryRun"), f"{prefix}.dryRun", False),
-        paused=_bool(spec.get("paused"), f"{prefix}.paused", False)
+        dry_run=fields.flag(spec.get("dryRun"), False, f"{prefix}.dryRun", PolicyError),
+        paused=fields.flag(spec.get("paused"), False, f"{prefix}.paused", PolicyError)
         or str(annotations.get(PAUSE_ANNOTATION, "")).lower() == "true",
         breaker_reset=reset or "",
         breaker_record=_breaker_record(obj),

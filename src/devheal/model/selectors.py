@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from devheal.model import fields
 from devheal.model.values import show
 
 _LABEL_OPS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -42,18 +43,10 @@ class LabelSelector:
         )
 
 
-def mapping_field(value: Any, where: str, error: type[ValueError]) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise error(f"{where}: expected an object, got {type(value).__name__}")
-    return value
-
-
 def parse_selector(value: Any, where: str, error: type[ValueError]) -> LabelSelector:
     """``matchLabels``/``matchExpressions`` -> ``LabelSelector``; raises ``error`` naming the field."""
-    spec = mapping_field(value, where, error)
-    labels = mapping_field(spec.get("matchLabels"), f"{where}.matchLabels", error)
+    spec = fields.mapping(value, where, error)
+    labels = fields.mapping(spec.get("matchLabels"), f"{where}.matchLabels", error)
     for key, val in labels.items():
         if not isinstance(val, str):
             raise error(f"{where}.matchLabels.{key}: expected a string, got {show(val)}")
@@ -63,7 +56,7 @@ def parse_selector(value: Any, where: str, error: type[ValueError]) -> LabelSele
     reqs = []
     for i, expr in enumerate(expressions):
         at = f"{where}.matchExpressions[{i}]"
-        expr = mapping_field(expr, at, error)
+        expr = fields.mapping(expr, at, error)
         op = expr.get("operator")
         if op not in _LABEL_OPS:
             raise error(f"{at}.operator: expected one of {', '.join(_LABEL_OPS)}, got {show(op)}")

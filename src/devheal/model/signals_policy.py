@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from devheal.model import fields
 from devheal.model.values import show
 
 
@@ -86,25 +87,19 @@ class SignalRules:
         return dict(self.taints).get(key, SignalClass.IGNORE)
 
 
-def _mapping(
+def _classes(
     value: Any, where: str, defaults: Mapping[str, SignalClass], name: re.Pattern[str], error: type[ValueError]
 ) -> tuple[tuple[str, SignalClass], ...]:
     if value is None:
         return tuple(sorted(defaults.items()))
-    if not isinstance(value, Mapping):
-        raise error(f"{where}: expected a map of name to class, got {show(value)}")
+    value = fields.mapping(value, where, error, noun="a map of name to class")
     if len(value) > MAX_ENTRIES:
         raise error(f"{where}: at most {MAX_ENTRIES} entries, got {len(value)}")
     merged = dict(defaults)
     for key, cls in value.items():
         if not isinstance(key, str) or not name.fullmatch(key):
             raise error(f"{where}: {show(key)} is not a valid name")
-        try:
-            merged[key] = SignalClass(cls)
-        except ValueError:
-            raise error(
-                f"{where}.{key}: expected one of {', '.join(c.value for c in SignalClass)}, got {show(cls)}"
-            ) from None
+        merged[key] = fields.choice(cls, SignalClass, None, f"{where}.{key}", error)
     return tuple(sorted(merged.items()))
 
 
@@ -112,12 +107,8 @@ def parse_signals(value: Any, where: str, error: type[ValueError]) -> SignalRule
     """``spec.signals`` -> ``SignalRules``; raises ``error`` naming ``where`` and the field."""
     if value is None:
         return SignalRules()
-    if not isinstance(value, Mapping):
-        raise error(f"{where}: expected an object, got {show(value)}")
-    unknown = sorted(set(value) - {"conditions", "taints"})
-    if unknown:
-        raise error(f"{where}: unknown field(s) {', '.join(map(str, unknown))}; expected conditions, taints")
+    spec = fields.mapping(value, where, error, fields=("conditions", "taints"))
     return SignalRules(
-        conditions=_mapping(value.get("conditions"), f"{where}.conditions", DEFAULT_CONDITIONS, _CONDITION_TYPE, error),
-        taints=_mapping(value.get("taints"), f"{where}.taints", DEFAULT_TAINTS, _TAINT_KEY, error),
+        conditions=_classes(spec.get("conditions"), f"{where}.conditions", DEFAULT_CONDITIONS, _CONDITION_TYPE, error),
+        taints=_classes(spec.get("taints"), f"{where}.taints", DEFAULT_TAINTS, _TAINT_KEY, error),
     )

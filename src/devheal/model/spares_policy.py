@@ -19,11 +19,11 @@ parser, so its messages name the policy and the field like every other part of t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from devheal.model.values import show, whole_number
+from devheal.model import fields
 
 if TYPE_CHECKING:
     from devheal.model.selectors import LabelSelector
@@ -54,20 +54,12 @@ def parse_spares(
     expected. ``selector`` parses a label selector (``matchLabels``/``matchExpressions``)."""
     if value is None:
         return None
-    if not isinstance(value, Mapping):
-        raise error(f"{where}: expected an object, got {show(value)}")
-    unknown = sorted(set(value) - _FIELDS)
-    if unknown:
-        raise error(f"{where}: unknown field(s) {', '.join(unknown)}; expected {', '.join(sorted(_FIELDS))}")
-    if value.get("nodeSelector") is None:
+    spec = fields.mapping(value, where, error, fields=_FIELDS)
+    if spec.get("nodeSelector") is None:
         raise error(
             f"{where}.nodeSelector: required: the nodes that may serve as spares, e.g. "
             '{matchLabels: {devheal.io/spare-pool: "true"}}'
         )
-    size = whole_number(value.get("size"), maximum=MAX_SIZE)
-    if size is None:
-        raise error(f"{where}.size: expected a whole number from 0 to {MAX_SIZE}, got {show(value.get('size'))}")
-    promote = value.get("promoteIdleNodes", True)
-    if not isinstance(promote, bool):
-        raise error(f"{where}.promoteIdleNodes: expected true or false, got {show(promote)}")
-    return SparePool(selector(value["nodeSelector"], f"{where}.nodeSelector"), size, promote)
+    size = fields.whole(spec.get("size"), None, f"{where}.size", error, maximum=MAX_SIZE)
+    promote = fields.flag(spec.get("promoteIdleNodes"), True, f"{where}.promoteIdleNodes", error)
+    return SparePool(selector(spec["nodeSelector"], f"{where}.nodeSelector"), size, promote)

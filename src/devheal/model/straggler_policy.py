@@ -20,14 +20,12 @@ messages name the policy and the field like every other part of the policy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
-from devheal.model import times
+from devheal.model import fields
 from devheal.model.rank_action import RankAction
-from devheal.model.values import show, whole_number
 
 
 class StallAction(StrEnum):
@@ -71,64 +69,32 @@ MAX_PERCENT = 1000
 MAX_COUNT = 10000
 
 
-def _object(value: Any, where: str, error: type[ValueError], fields: frozenset[str]) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise error(f"{where}: expected an object, got {show(value)}")
-    unknown = sorted(str(k) for k in set(value) - fields)
-    if unknown:
-        raise error(f"{where}: unknown field(s) {', '.join(unknown)}; expected {', '.join(sorted(fields))}")
-    return value
-
-
-def _count(value: Any, where: str, error: type[ValueError], default: int, minimum: int, maximum: int) -> int:
-    if value is None:
-        return default
-    number = whole_number(value, minimum=minimum, maximum=maximum)
-    if number is None:
-        raise error(f"{where}: expected a whole number from {minimum} to {maximum}, got {show(value)}")
-    return number
-
-
-E = TypeVar("E", bound=StrEnum)
-
-
-def _choice(value: Any, where: str, error: type[ValueError], kind: type[E], default: E) -> E:
-    if value is None:
-        return default
-    for option in kind:
-        if value == option.value:
-            return option
-    raise error(f"{where}: expected one of {', '.join(o.value for o in kind)}, got {show(value)}")
-
-
 def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueError) -> StragglerRules:
     """``spec.stragglers`` -> ``StragglerRules``; raises ``error`` naming the field and what was expected."""
-    spec = _object(value, where, error, _FIELDS)
+    spec = fields.mapping(value, where, error, fields=_FIELDS)
     d = StragglerRules()
-    stall_spec = _object(spec.get("stall"), f"{where}.stall", error, _STALL_FIELDS)
+    stall_spec = fields.mapping(spec.get("stall"), f"{where}.stall", error, fields=_STALL_FIELDS)
     ds = StallRules()
-    after = ds.after
-    if stall_spec.get("after") is not None:
-        after = times.parse_duration(stall_spec["after"], f"{where}.stall.after", error=error)
-        if after <= 0:
-            raise error(f"{where}.stall.after: expected a duration above 0, got {show(stall_spec['after'])}")
+    after = fields.duration(stall_spec.get("after"), ds.after, f"{where}.stall.after", error)
+    if after <= 0:
+        raise fields.expected(f"{where}.stall.after", "a duration above 0", stall_spec["after"], error)
+
+    def count(field: str, default: int, minimum: int, maximum: int = MAX_COUNT) -> int:
+        return fields.whole(spec.get(field), default, f"{where}.{field}", error, minimum=minimum, maximum=maximum)
+
     stall = StallRules(
         after=after,
-        steps=_count(stall_spec.get("steps"), f"{where}.stall.steps", error, ds.steps, 1, MAX_COUNT),
-        action=_choice(stall_spec.get("action"), f"{where}.stall.action", error, StallAction, ds.action),
+        steps=fields.whole(
+            stall_spec.get("steps"), ds.steps, f"{where}.stall.steps", error, minimum=1, maximum=MAX_COUNT
+        ),
+        action=fields.choice(stall_spec.get("action"), StallAction, ds.action, f"{where}.stall.action", error),
     )
     return StragglerRules(
-        action=_choice(spec.get("action"), f"{where}.action", error, RankAction, d.action),
-        min_slowdown_percent=_count(
-            spec.get("minSlowdownPercent"), f"{where}.minSlowdownPercent", error, d.min_slowdown_percent, 1, MAX_PERCENT
-        ),
-        outlier_mads=_count(spec.get("outlierMADs"), f"{where}.outlierMADs", error, d.outlier_mads, 0, MAX_COUNT),
-        min_samples=_count(spec.get("minSamples"), f"{where}.minSamples", error, d.min_samples, 1, MAX_COUNT),
-        sustained_reports=_count(
-            spec.get("sustainedReports"), f"{where}.sustainedReports", error, d.sustained_reports, 1, MAX_COUNT
-        ),
-        min_ranks=_count(spec.get("minRanks"), f"{where}.minRanks", error, d.min_ranks, 3, MAX_COUNT),
+        action=fields.choice(spec.get("action"), RankAction, d.action, f"{where}.action", error),
+        min_slowdown_percent=count("minSlowdownPercent", d.min_slowdown_percent, 1, MAX_PERCENT),
+        outlier_mads=count("outlierMADs", d.outlier_mads, 0),
+        min_samples=count("minSamples", d.min_samples, 1),
+        sustained_reports=count("sustainedReports", d.sustained_reports, 1),
+        min_ranks=count("minRanks", d.min_ranks, 3),
         stall=stall,
     )

@@ -5,6 +5,7 @@ The parsers (``grep -rn "def parse_\\|def project_" src``), what they read, thei
 - ``model.times``: ``parse_time`` (None), ``parse_duration`` (the caller's class), ``format_time`` (never
   raises): here, and ``tests/unit/model/test_times_input.py``.
 - ``model.values``: ``whole_number``, ``finite`` (None), ``show``, ``label_value`` (never raise): here.
+- ``model.fields``: the field readers the parsers below share (the caller's class): ``tests/unit/model/test_fields.py``.
 - ``model.steps.parse_step_report``: a pod's ``devheal.io/steps`` (None and why): here.
 - ``model.cluster.parse_generation``: restart generations (None): ``tests/unit/model/test_generation_input.py``.
 - ``model.policy.parse_policy`` and ``parse_quantity``, and the section parsers it calls with ``PolicyError``:
