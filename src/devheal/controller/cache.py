@@ -52,8 +52,8 @@ from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod, WorkloadClass
 from devheal.model.gpu_resources import DEFAULT as DEFAULT_GPUS
 from devheal.model.gpu_resources import GpuResources
-from devheal.model.plan import InFlight
-from devheal.model.policy import Policy, PolicyError, parse_policy
+from devheal.model.plan import InFlight, Phase, TargetKind
+from devheal.model.policy import ActionKind, Policy, PolicyError, parse_policy
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,40 @@ def report_unknown(obj: Obj) -> NodeDevicesReport:
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
         raise TypeError("metadata.name is not a string")  # whose report it is cannot be known either
     return NodeDevicesReport(node=meta["name"], devices=(), updated=0.0, uid=str(meta.get("uid") or ""))
+
+
+def _object(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def record_unknown(obj: Obj, now: float) -> InFlight:
+    """A Remediation that cannot be read, as a record still at work: it keeps its decision from being taken
+    again (by its name) and holds every budget its action could (the kind its ``devheal.io/action`` label names,
+    else the most disruptive), from ``now`` until a readable version arrives. Pending and with no decision to
+    resume, no round carries it on or ends it, and retention never deletes it."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise TypeError("metadata.name is not a string")  # not even its name: it leaves the cache
+    labels, spec = _object(meta.get("labels")), _object(obj.get("spec"))
+    target = _object(spec.get("target"))
+    action = next((k for k in ActionKind if k.value == labels.get("devheal.io/action")), ActionKind.REMEDIATE_NODE)
+    target_kind = next((k for k in TargetKind if k.value == labels.get("devheal.io/target-kind")), TargetKind.NODE)
+    node = _text(target.get("node"))
+    name = _text(target.get("name")) or node
+    return InFlight(
+        meta["name"],
+        action,
+        target_kind,
+        name,
+        node,
+        Phase.PENDING,
+        now,
+        policy=_text(spec.get("policy")),
+    )
 
 
 class ClusterCache:
@@ -141,7 +175,12 @@ class ClusterCache:
             client, api_path(GROUP_VERSION, "remediationpolicies"), lambda o: o, [self._on_any], kind=POLICY_KIND
         )
         self.remediations: Reflector[InFlight] = Reflector(
-            client, api_path(GROUP_VERSION, "remediations"), project_remediation, [self._on_any], kind="Remediation"
+            client,
+            api_path(GROUP_VERSION, "remediations"),
+            project_remediation,
+            [self._on_any],
+            kind="Remediation",
+            fallback=lambda obj: record_unknown(obj, self.clock()),
         )
         self.reflectors: list[Reflector[Any]] = [
             self.nodes,

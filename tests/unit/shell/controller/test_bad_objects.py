@@ -26,6 +26,7 @@ from devheal.controller.loop import ROUND_FAILURES_UNREADY
 from devheal.kube.client import KubeClient, api_path
 from devheal.model.api import GROUP_VERSION
 from devheal.model.dra import MANAGED_BY, MANAGED_BY_LABEL, RESOURCE_API
+from devheal.model.plan import Phase
 from devheal.model.steps import STEPS_ANNOTATION
 from tests.shell.memapi import MemApi
 from tests.shell.waiting import until
@@ -247,6 +248,11 @@ async def test_one_hostile_object_of_each_kind_is_told_and_the_rest_decided(
             assert view.reports["n2"].devices == ()  # not its older copy's
         else:
             assert "n2" not in view.nodes
+    elif kind == "Remediation":
+        # Never its older copy (Succeeded): a record still at work, so its decision is not taken again and it holds
+        # the budgets its action could, with nothing to carry on.
+        kept = reflector.store[key]
+        assert (kept.name, kept.phase, kept.resume, kept.active) == ("odd-record", Phase.PENDING, None, True)
     else:
         assert key not in reflector.store  # never its older copy
 
