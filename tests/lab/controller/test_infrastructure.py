@@ -234,7 +234,13 @@ async def test_a_device_plugin_that_stays_down_is_reported_and_never_remediated(
         node = await kube.get(api_path("v1", "nodes", name=NODE))
         assert OWNED_TAINT_KEY not in dict(taints(node)) and not node["spec"].get("unschedulable")
         assert {r["spec"]["action"] for r in records if r["spec"]["target"]["name"] == NODE} == {"Notify"}
-        assert [e for e in await events_on(kube, "default", NODE) if e["reason"] == "DevhealNotify"]
+        # The Event follows the record's outcome: wait for it rather than read once.
+        await wait_until(
+            lambda: events_on(kube, "default", NODE),
+            lambda events: any(e["reason"] == "DevhealNotify" for e in events),
+            timeout=20,
+            what="the DevhealNotify Event on the node",
+        )
     finally:
         faults.plugin_up(NODE)
 
