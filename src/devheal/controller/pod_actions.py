@@ -180,10 +180,10 @@ async def release_gate(client: KubeClient, release: Release) -> None:
     write that removes the gate (tolerations can be added to a pod, never removed), at the
     version read, so a concurrent change to its tolerations is not lost (a conflict: the next
     round tries again).
-    A pod that is gone or was replaced is left alone, and so is one the API server says is
-    already bound (a round that saw the gate before the cache caught up with an earlier
-    release: a bound pod has no gate left), or whose nomination the chart's admission policy refuses because
-    its gate is gone. Other failures are logged, and the next round releases the pod again.
+    A pod that is gone or was replaced is left alone, and so is one whose nomination is refused
+    while its gate is already gone (a round that saw the gate before the cache caught up with an
+    earlier release: the pod is bound, or the chart's admission policy refuses the write). Other
+    failures are logged, and the next round releases the pod again.
     """
     ns, name = split_key(release.pod)
     path = api_path("v1", "pods", namespace=ns, name=name)
@@ -195,18 +195,14 @@ async def release_gate(client: KubeClient, release: Release) -> None:
                     {"metadata": {"uid": release.uid}, "status": {"nominatedNodeName": release.node}},
                     content_type=STRATEGIC_PATCH,
                 )
-            except errors.Invalid as exc:
-                if "already bound" not in str(exc):
+            except (errors.Invalid, errors.Forbidden):
+                # A round that saw the gate before the cache caught up with an earlier release: the API server
+                # refuses a nomination on a bound pod (422), the chart's admission policy one on a pod whose gate
+                # is gone (403). Either way there is nothing left to release.
+                if _gated(await client.get(path)):
                     raise
-                log.debug("%s is already bound: nothing to release", release.pod)
+                log.debug("%s has no %s left: nothing to release", release.pod, PLACEMENT_GATE)
                 return
-            except errors.Forbidden:
-                # The chart's admission policy allows a nomination only while the gate is on: a round that
-                # saw the gate before the cache caught up with an earlier release is refused.
-                if not _gated(await client.get(path)):
-                    log.debug("%s has no %s left: nothing to release", release.pod, PLACEMENT_GATE)
-                    return
-                raise
         body: Obj = {
             "metadata": {"uid": release.uid},
             "spec": {"schedulingGates": [{"name": PLACEMENT_GATE, "$patch": "delete"}]},
