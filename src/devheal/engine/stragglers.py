@@ -225,7 +225,10 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
         reports.append((pod, r))
     if not reports:
         return None
-    medians = [r.p50 for _, r in reports if r.p50 is not None]
+    # A step as the gang runs it: the time between reports (waits included) where the launchers publish it; the
+    # reported durations may be the ranks' own work alone (docs/stragglers.md), much shorter than a step.
+    intervals = [r.interval for _, r in reports if r.interval is not None]
+    medians = intervals or [r.p50 for _, r in reports if r.p50 is not None]
     median_step = statistics.median(medians) if medians else None
     limit = rules.stall.limit(median_step)
     progress = max(r.last for _, r in reports if r.last is not None)

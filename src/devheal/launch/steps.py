@@ -4,12 +4,14 @@ The training command reports each step's duration to its launcher (``report_step
 launcher keeps the figures here, in memory, and serves them at ``GET /steps``. Pure: the
 caller passes the time, so tests use a fake clock. Nothing is ever written to the API
 server per step: the launcher publishes a compact summary (``published``: the median of
-the last ``PUBLISHED_WINDOW`` steps, the count, when the last step came) on its pod at most
+the last ``PUBLISHED_WINDOW`` steps and of the times between their reports, the count, when
+the last step came) on its pod at most
 once per publish interval (``devheal.model.steps``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -84,6 +86,8 @@ class StepStats:
         count, and (in wall-clock seconds, which the controller can compare) when the last step and the run
         began. ``now`` is monotonic, ``wall_now`` the wall clock at the same moment."""
         recent = sorted(list(self.durations)[-window:])
+        arrivals = list(self.arrivals)[-(window + 1) :]
+        gaps = sorted(b - a for a, b in itertools.pairwise(arrivals))
 
         def wall(t: float | None) -> float | None:
             return None if t is None else wall_now - (now - t)
@@ -94,6 +98,7 @@ class StepStats:
             p50=percentile(recent, 0.5) if recent else None,
             last=wall(self.last_report),
             run=wall(self.run_started),
+            interval=percentile(gaps, 0.5) if gaps else None,
         )
 
     def steps_per_second(self) -> float | None:

@@ -9,11 +9,14 @@ into ``Pod.steps``; the engine judges stragglers and stalled gangs from it
 
 The value is a JSON object::
 
-    {"count": 1234, "window": 10, "p50": 0.412, "last": 1764587000.25, "run": 1764586000.0}
+    {"count": 1234, "window": 10, "p50": 0.412, "interval": 0.6, "last": 1764587000.25, "run": 1764586000.0}
 
 - ``count``: steps reported since the launcher started (all runs);
 - ``window``: how many recent steps of the current run ``p50`` covers (0 right after a restart);
-- ``p50``: their median duration in seconds (null without steps);
+- ``p50``: their median duration in seconds (null without steps): the rank's own work, as the
+  training loop times it;
+- ``interval``: the median time between the arrivals of those reports, in seconds: the whole
+  step as the gang runs it, waits included (absent or null with fewer than two reports);
 - ``last``: when the last step report arrived (Unix seconds, the launcher's wall clock; null: none yet);
 - ``run``: when the current run of the training command started (Unix seconds).
 
@@ -47,11 +50,15 @@ class StepReport:
     p50: float | None
     last: float | None
     run: float | None = None
+    interval: float | None = None
+    """Median seconds between reports (the gang's step, waits included); None when not known."""
 
     def to_annotation(self) -> str:
         """The annotation value the launcher writes (compact JSON, short floats)."""
         body: dict[str, object] = {"count": self.count, "window": self.window}
         body["p50"] = None if self.p50 is None else round(self.p50, 6)
+        if self.interval is not None:
+            body["interval"] = round(self.interval, 6)
         body["last"] = None if self.last is None else round(self.last, 3)
         if self.run is not None:
             body["run"] = round(self.run, 3)
@@ -92,6 +99,9 @@ def parse_step_report(text: object) -> tuple[StepReport | None, str]:
     p50, why = _seconds(body, "p50", 0.0, MAX_STEP_SECONDS)
     if why:
         return None, why
+    interval, why = _seconds(body, "interval", 0.0, MAX_STEP_SECONDS)
+    if why:
+        return None, why
     last, why = _seconds(body, "last", MIN_TIMESTAMP, MAX_TIMESTAMP)
     if why:
         return None, why
@@ -100,4 +110,4 @@ def parse_step_report(text: object) -> tuple[StepReport | None, str]:
         return None, why
     if window > 0 and p50 is None:
         return None, f"p50: null although window is {window}"
-    return StepReport(count=count, window=window, p50=p50, last=last, run=run), ""
+    return StepReport(count=count, window=window, p50=p50, last=last, run=run, interval=interval), ""

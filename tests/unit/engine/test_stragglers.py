@@ -236,11 +236,14 @@ def test_the_restart_is_within_the_gang_budget() -> None:
 # ---- stalled gangs ------------------------------------------------------------------------------------
 
 
-def ranks(last: list[float], *, p50: float = 1.0, window: int = 10) -> list[Pod]:
+def ranks(last: list[float], *, p50: float = 1.0, window: int = 10, interval: float | None = None) -> list[Pod]:
     stream = GangStream(ranks=len(last), noise=0.0)
     view = next(iter(stream.views(1)))
     pods = sorted(view.pods.values(), key=lambda p: p.name)
-    return [replace(p, steps=StepReport(100, window, p50, t, EPOCH)) for p, t in zip(pods, last, strict=True)]
+    return [
+        replace(p, steps=StepReport(100, window, p50, t, EPOCH, interval=interval))
+        for p, t in zip(pods, last, strict=True)
+    ]
 
 
 def test_a_gang_silent_past_the_limit_is_stalled_and_the_rank_behind_is_named() -> None:
@@ -260,11 +263,30 @@ def test_a_stall_with_no_rank_behind_names_none() -> None:
     assert f is not None and f.pod_uid == "" and "no rank stalled first" in f.evidence
 
 
+def test_ranks_that_report_their_own_work_are_judged_by_the_time_between_reports() -> None:
+    """Measured with PyTorch DDP: each rank reports its forward pass (p50 0.005 s) once a step of 0.08 s. A rank
+    stopped after its report leaves every last report within a few ms of the others: no rank stalled first
+    (half a reported duration would have named one, a healthy rank). One that never reported the others'
+    step is a whole step behind, and is named."""
+    t = EPOCH + 1000
+    together = ranks([t, t - 0.006, t - 0.001, t - 0.003], p50=0.005, interval=0.08)
+    f = stall(together, StragglerRules(), t + 60.0)
+    assert f is not None and f.pod_uid == "" and "no rank stalled first" in f.evidence
+    behind = ranks([t - 0.08, t, t - 0.003, t - 0.001], p50=0.005, interval=0.08)
+    f = stall(behind, StragglerRules(), t + 60.0)
+    assert f is not None and f.pod_uid == "uid-llm-0"
+
+
 def test_the_stall_limit_grows_with_long_steps() -> None:
     t = EPOCH + 1000
     members = ranks([t - 20, t, t, t], p50=20.0)  # 5 steps of 20 s: 100 s
     assert stall(members, StragglerRules(), t + 90) is None
     assert stall(members, StragglerRules(), t + 101) is not None
+    # A step is the time between reports where the launchers publish it: 5 steps of 30 s, whatever the ranks'
+    # own work took.
+    paced = ranks([t - 20, t, t, t], p50=5.0, interval=30.0)
+    assert stall(paced, StragglerRules(), t + 140) is None
+    assert stall(paced, StragglerRules(), t + 151) is not None
 
 
 def test_no_stall_while_a_rank_is_restarting_pending_or_has_no_step_in_its_run() -> None:

@@ -94,6 +94,17 @@ def test_the_published_summary_is_the_recent_median_in_wall_clock_time() -> None
     report = stats.published(now=130.0, wall_now=1_900_000_030.0)
     assert (report.count, report.window, report.p50) == (30, PUBLISHED_WINDOW, 1.0), "the last 10 steps only"
     assert (report.last, report.run) == (1_900_000_029.0, 1_900_000_000.0)
+    assert report.interval == 1.0, "the median time between the last 10 reports"
     stats.new_run(140.0)
     fresh = stats.published(now=141.0, wall_now=1_900_000_041.0)
-    assert (fresh.count, fresh.window, fresh.p50, fresh.run) == (30, 0, None, 1_900_000_040.0)
+    assert (fresh.count, fresh.window, fresh.p50, fresh.run, fresh.interval) == (30, 0, None, 1_900_000_040.0, None)
+
+
+def test_the_published_interval_is_the_whole_step_when_the_rank_reports_only_its_own_work() -> None:
+    """A DDP rank reports its forward pass (0.1 s) once a step of 0.5 s: the interval says 0.5 s."""
+    stats = StepStats()
+    stats.new_run(0.0)
+    for i in range(12):
+        stats.record(0.1, i, 1.0 + 0.5 * i)
+    report = stats.published(now=7.0, wall_now=1_900_000_007.0)
+    assert (report.p50, report.interval) == (0.1, 0.5)

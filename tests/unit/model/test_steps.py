@@ -16,6 +16,14 @@ def test_round_trip() -> None:
     assert parse_step_report(text) == (StepReport(1234, 10, 0.412346, T, T - 1000), "")
 
 
+def test_the_interval_between_reports_round_trips_and_is_optional() -> None:
+    report = StepReport(count=1234, window=10, p50=0.1, last=T, run=T - 1000, interval=0.6)
+    text = report.to_annotation()
+    assert '"interval":0.6' in text
+    assert parse_step_report(text) == (report, "")
+    assert parse_step_report('{"count":5,"window":5,"p50":1,"interval":null}')[0] == StepReport(5, 5, 1.0, None)
+
+
 def test_a_new_run_has_an_empty_window() -> None:
     report = StepReport(count=50, window=0, p50=None, last=T, run=T)
     assert parse_step_report(report.to_annotation()) == (report, "")
@@ -40,6 +48,8 @@ def test_a_new_run_has_an_empty_window() -> None:
         ('{"count":5,"window":5,"p50":Infinity}', "p50: expected a finite number or null"),
         ('{"count":5,"window":5,"p50":1,"last":12}', "last: expected a number within 1e+09..1e+11"),
         ('{"count":5,"window":5,"p50":null}', "p50: null although window is 5"),
+        ('{"count":5,"window":5,"p50":1,"interval":-1}', "interval: expected a number within 0..86400"),
+        ('{"count":5,"window":5,"p50":1,"interval":"1"}', "interval: expected a finite number or null"),
     ],
 )
 def test_bad_values_are_refused_with_the_reason(text: object, why: str) -> None:

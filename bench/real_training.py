@@ -1,0 +1,445 @@
+"""Benchmark: a real PyTorch gang (CPU, gloo) under ``devheal launch``, five real faults, what devheal sees and does.
+
+    python -m bench.real_training --ranks 4 [--shapes ddp,fsdp] [--faults hang,crash,...]
+
+One lab (simulated nodes, real control plane) with the controller running; an indexed Job of
+``--ranks`` pods, one whole 8-GPU node each, whose containers run here as real processes
+(``devheal.lab.rank_processes``): ``devheal launch`` around ``devheal.lab.torch_training``, a
+small model trained with DDP or FSDP2 over gloo, checkpointing every ``--checkpoint-every``
+steps to local disk. Each fault hits rank 1 of a gang that is stepping:
+
+- ``hang``: its training process stopped (SIGSTOP) mid-step;
+- ``crash-kill``: its training process killed (SIGKILL); ``crash-exit``: it exits with 79, an
+  exit code the policy and the Job declare a device error;
+- ``slow-1.3``, ``slow-2``: its GPUs slowed (``faults.degrade``): its compute takes 1.3x / 2x;
+- ``network``: every packet its node's processes send on loopback dropped (an owner match
+  on the node's user, ``devheal.lab.network_cut``), the launcher's own API traffic aside:
+  a dead NIC. It stays cut until the rank has left the node, so a restart in place meets it
+  again at its rendezvous;
+- ``device``: an XID 79 on its GPU (the node agent and the pod's status see it) and its
+  process killed, as a driver does with the processes on a GPU that fell off the bus.
+
+For each fault and shape: ``detected_s`` (from the fault until the first Remediation of the
+gang), ``named`` (the rank the Remediation replaces: ``right``, ``wrong``, or ``none``),
+``action``, ``recovered`` (every rank stepping again in a new process within ``--timeout``),
+``recovered_s``, ``steps_lost`` (steps done before the restart and done again after it) and
+``pods_recreated``. The policy: ``actions.gang: RestartGang``, stragglers replaced at once,
+stalls after ``--stall-after``, exit code 79 a device error, no budgets in the way. Writes
+bench/results/real_training.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.report import write_results
+from devheal.kube.client import KubeClient, api_path
+from devheal.kube.crds import install_crds
+from devheal.lab import network_cut
+from devheal.lab.cluster import Lab, LabSpec
+from devheal.lab.faults import Faults
+from devheal.lab.rank_processes import RankProcesses, python
+from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_policy_observed, wait_until
+from devheal.model.api import GROUP_VERSION
+
+RESULTS = Path(__file__).parent / "results"
+NS = "train"
+JOB = "llm"
+VICTIM = 1
+FAULTS = ("hang", "crash-kill", "crash-exit", "slow-1.3", "slow-2", "network", "device")
+SHAPES = ("ddp", "fsdp")
+DEVICE_ERROR_EXIT = 79
+NODE_UID_BASE = 20000
+
+
+@dataclass
+class Row:
+    fault: str
+    shape: str
+    detected_s: float | None
+    named: str
+    action: str
+    recovered: bool
+    recovered_s: float | None
+    steps_lost: int | None
+    pods_recreated: int
+    evidence: str
+
+
+def policy(stall_after: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": {"namespaces": [NS]},
+        "actions": {"gang": "RestartGang"},
+        "deviceErrorExitCodes": [DEVICE_ERROR_EXIT],
+        "stragglers": {"action": "ReplaceNow", "sustainedReports": 2, "stall": {"after": stall_after}},
+        "budgets": {
+            "gangRestartsPerHour": 1000,
+            "workloadDisruptionInterval": "0s",
+            "circuitBreaker": {"maxFaultyNodesPercent": 100},
+        },
+    }
+    return {"apiVersion": GROUP_VERSION, "kind": "RemediationPolicy", "metadata": {"name": "bench"}, "spec": spec}
+
+
+def job(ranks: int) -> dict[str, Any]:
+    """An indexed Job, one 8-GPU node per rank, as docs/gangs.md configures it: device errors (exit code 79 or
+    devheal's DeviceFailed condition) do not count against its backoff limit; other failures do."""
+    body = gpu_job(JOB, ranks=ranks, gpus=8, indexed=True)
+    body["spec"]["backoffLimit"] = 20
+    body["spec"]["podFailurePolicy"]["rules"].append(
+        {"action": "Ignore", "onExitCodes": {"containerName": "train", "operator": "In", "values": [DEVICE_ERROR_EXIT]}}
+    )
+    return body
+
+
+class Events:
+    """Every rank's training events (one JSON line each, ``devheal.lab.torch_training --events``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+        path.chmod(0o666)
+
+    def read(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return out
+
+
+def recovery(events: list[dict[str, Any]], ranks: int, fault_at: float) -> tuple[float | None, int | None]:
+    """When every rank stepped again in a process started after the fault, and how many steps were done again."""
+    new_pids = {e["pid"] for e in events if e["event"] == "start" and e["t"] > fault_at}
+    first_step: dict[int, float] = {}
+    for e in events:
+        if e["event"] == "step" and e["pid"] in new_pids:
+            first_step.setdefault(e["rank"], e["t"])
+    if len(first_step) < ranks:
+        return None, None
+    before = max((e["step"] for e in events if e["event"] == "step" and e["pid"] not in new_pids), default=-1)
+    resumed = min(e["step"] for e in events if e["event"] == "resumed" and e["pid"] in new_pids)
+    return max(first_step.values()) - fault_at, max(0, before + 1 - resumed)
+
+
+class Gang:
+    """The Job, its processes and its events."""
+
+    def __init__(self, lab: Lab, kube: KubeClient, args: argparse.Namespace, shape: str, work: Path) -> None:
+        self.lab, self.kube, self.args, self.shape = lab, kube, args, shape
+        self.work = work
+        work.mkdir(mode=0o777, parents=True, exist_ok=True)
+        work.chmod(0o777)
+        (work / "checkpoints").mkdir(mode=0o777, exist_ok=True)
+        (work / "checkpoints").chmod(0o777)
+        self.events = Events(work / "events.jsonl")
+        self.processes = RankProcesses(
+            lab,
+            kube,
+            NS,
+            JOB,
+            args.ranks,
+            command=self.command,
+            launcher_args=(
+                "--gang-label",
+                "job-name",
+                "--grace",
+                "5",
+                "--steps-publish-interval",
+                "1",
+                "--device-error-exit-codes",
+                str(DEVICE_ERROR_EXIT),
+            ),
+            logs=work,
+            uid_of_node=node_uid,
+            env={"HOME": str(work)},
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    def command(self, index: int, node: str) -> list[str]:
+        return [
+            python(),
+            "-m",
+            "devheal.lab.torch_training",
+            "--shape",
+            self.shape,
+            "--checkpoint-dir",
+            str(self.work / "checkpoints"),
+            "--checkpoint-every",
+            str(self.args.checkpoint_every),
+            "--timeout",
+            str(self.args.collective_timeout),
+            "--events",
+            str(self.events.path),
+        ]
+
+    async def start(self) -> None:
+        await self.kube.create(api_path("batch/v1", "jobs", namespace=NS), job(self.args.ranks))
+        self.task = asyncio.ensure_future(self.processes.run())
+        await self.stepping(after=0.0, timeout=self.args.timeout + 120)
+
+    async def stepping(self, *, after: float, timeout: float) -> None:
+        """Until every rank has reported steps past its first checkpoint, in processes started after ``after``."""
+
+        async def read() -> dict[int, int]:
+            pids = {e["pid"] for e in self.events.read() if e["event"] == "start" and e["t"] > after}
+            steps: dict[int, int] = {}
+            for e in self.events.read():
+                if e["event"] == "step" and e["pid"] in pids:
+                    steps[e["rank"]] = max(steps.get(e["rank"], 0), e["step"])
+            return steps
+
+        want = self.args.checkpoint_every + 2
+        await wait_until(
+            read,
+            lambda s: len(s) == self.args.ranks and min(s.values()) >= want,
+            timeout=timeout,
+            what=f"every rank stepping past step {want}",
+            interval=0.5,
+        )
+        await asyncio.sleep(3)  # a few step-time publications of this run
+
+    async def pods(self) -> dict[int, dict[str, Any]]:
+        pods = await pods_of(self.kube, NS, f"job-name={JOB}")
+        return {
+            int(p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]): p
+            for p in pods
+            if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        }
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        with contextlib.suppress(Exception):
+            await self.kube.request(
+                "DELETE",
+                api_path("batch/v1", "jobs", namespace=NS, name=JOB),
+                params={"propagationPolicy": "Background"},
+            )
+
+        async def gone() -> int:
+            return len(await pods_of(self.kube, NS))
+
+        await wait_until(gone, lambda n: n == 0, timeout=60, what="the Job's pods gone", interval=0.5)
+
+
+def node_uid(node: str) -> int:
+    """The user a node's ranks run as: one per node, so a network cut follows the node, not the rank."""
+    return NODE_UID_BASE + int(node.rsplit("-", 1)[-1])
+
+
+async def remediations(kube: KubeClient) -> list[dict[str, Any]]:
+    items, _ = await kube.list_all(api_path(GROUP_VERSION, "remediations"))
+    return items
+
+
+async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any]) -> Callable[[], None]:
+    """Inject ``fault`` on the victim's rank; returns what undoes it, where something must (a cut)."""
+    rank = gang.processes.rank(VICTIM)
+    assert rank is not None
+    training = _training_pid(gang.events.read(), rank.proc.pid)
+    node = victim["spec"]["nodeName"]
+    gpu = await asyncio.to_thread(faults.gpu_index, node, pod_devices(victim)[0].device_id)
+    if fault == "hang":
+        os.kill(training, signal.SIGSTOP)
+    elif fault == "crash-kill":
+        os.kill(training, signal.SIGKILL)
+    elif fault == "crash-exit":
+        # What a training loop does on a CUDA/NCCL device error: exit with the declared code.
+        os.kill(training, signal.SIGUSR1)
+    elif fault.startswith("slow-"):
+        await asyncio.to_thread(faults.degrade, node, gpu, float(fault.removeprefix("slow-")))
+        return lambda: faults.recover(node, gpu)
+    elif fault == "network":
+        network_cut.cut(node_uid(node))
+        return lambda: network_cut.restore(node_uid(node))
+    elif fault == "device":
+        await asyncio.to_thread(faults.xid, node, gpu, 79)
+        os.kill(training, signal.SIGKILL)
+        return lambda: faults.recover(node, gpu)
+    else:
+        raise ValueError(f"unknown fault {fault!r}")
+    return lambda: None
+
+
+def _training_pid(events: list[dict[str, Any]], launcher: int) -> int:
+    """The newest training process started under the launcher ``launcher`` (its child)."""
+    children = _children(launcher)
+    starts = [e["pid"] for e in events if e["event"] == "start" and e["pid"] in children]
+    if not starts:
+        raise RuntimeError(f"no training process under launcher {launcher}")
+    return starts[-1]
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def judge(record: dict[str, Any] | None, victim: dict[str, Any]) -> tuple[str, str, str]:
+    """(named, action, evidence) of the gang's first Remediation after the fault."""
+    if record is None:
+        return "none", "none", ""
+    finding = record["spec"]["finding"]
+    uid = finding.get("podUID") or ""
+    pod = finding.get("pod") or ""
+    replaces = record["spec"]["action"] != "RestartGang" or bool(uid)
+    if not pod or not replaces:
+        named = "none"
+    else:
+        named = (
+            "right" if uid == victim["metadata"]["uid"] or pod.endswith("/" + victim["metadata"]["name"]) else "wrong"
+        )
+    return named, record["spec"]["action"], finding.get("kind", "") + ": " + finding.get("evidence", "")
+
+
+async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> Row:
+    kube = gang.kube
+    before = await gang.pods()
+    victim = before[VICTIM]
+    seen = {r["metadata"]["uid"] for r in await remediations(kube)}
+    undo = await inject(fault, gang, faults, victim)
+    fault_at = time.time()
+    detected: float | None = None
+    first: dict[str, Any] | None = None
+    recovered_s: float | None = None
+    lost: int | None = None
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if first is None:
+                new = [r for r in await remediations(kube) if r["metadata"]["uid"] not in seen]
+                if new:
+                    first = min(new, key=lambda r: r["metadata"]["creationTimestamp"])
+                    detected = time.time() - fault_at
+            recovered_s, lost = recovery(gang.events.read(), gang.args.ranks, fault_at)
+            if recovered_s is not None:
+                break
+            await asyncio.sleep(0.25)
+    finally:
+        undo()
+    after = await gang.pods()
+    recreated = len({p["metadata"]["uid"] for p in before.values()} - {p["metadata"]["uid"] for p in after.values()})
+    named, action, evidence = judge(first, victim)
+    return Row(
+        fault=fault,
+        shape=gang.shape,
+        detected_s=None if detected is None else round(detected, 2),
+        named=named,
+        action=action,
+        recovered=recovered_s is not None,
+        recovered_s=None if recovered_s is None else round(recovered_s, 2),
+        steps_lost=lost,
+        pods_recreated=recreated,
+        evidence=evidence[:300],
+    )
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    import torch  # the version goes into the results; imported here so --help stays fast
+
+    lab = Lab(Path(tempfile.mkdtemp(prefix="devheal-bench-", dir="/tmp")))
+    nodes = args.ranks + 4
+    await asyncio.to_thread(lab.up, LabSpec(nodes=nodes, pod_resources_sockets=False), None, 600)
+    controller = None
+    rows: list[Row] = []
+    try:
+        lab.dir.chmod(0o755)  # the ranks run as the users of their nodes
+        async with await KubeClient.connect(str(lab.kubeconfig)) as kube:
+            await install_crds(kube)
+            await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": NS}})
+            await kube.create(api_path(GROUP_VERSION, "remediationpolicies"), policy(args.stall_after))
+            controller = await asyncio.to_thread(
+                lab.spawn_devheal, "controller", "--no-leader-elect", "--log-level=WARNING"
+            )
+            await wait_policy_observed(kube, "bench", timeout=120)
+            faults = Faults(lab)
+            for shape in args.shapes:
+                gang: Gang | None = None
+                for fault in args.faults:
+                    if gang is None:
+                        gang = Gang(lab, kube, args, shape, lab.dir / f"{shape}-{len(rows)}")
+                        await gang.start()
+                    row = await run_fault(fault, gang, faults, args.timeout)
+                    rows.append(row)
+                    print(_line(row), flush=True)
+                    try:
+                        if not row.recovered:
+                            raise TimeoutError
+                        await gang.stepping(after=time.time() - (row.recovered_s or 0) - 0.1, timeout=60)
+                    except (TimeoutError, AssertionError):
+                        await gang.stop()  # start the next fault on a fresh gang
+                        gang = None
+                if gang is not None:
+                    await gang.stop()
+    finally:
+        network_cut.restore_all()
+        if controller is not None:
+            controller.terminate()
+            controller.wait(timeout=20)
+        await asyncio.to_thread(lab.down)
+        if not args.keep:
+            shutil.rmtree(lab.dir, ignore_errors=True)
+    return {"torch_version": torch.__version__, "ranks": args.ranks, "rows": [asdict(r) for r in rows]}
+
+
+def _line(row: Row) -> str:
+    def s(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    return (
+        f"{row.fault:<11} {row.shape:<5} detected {s(row.detected_s):>5}s  named {row.named:<5} "
+        f"{row.action:<12} recovered {('yes' if row.recovered else 'no'):<3} {s(row.recovered_s):>5}s  "
+        f"steps lost {row.steps_lost if row.steps_lost is not None else '-':>3}  pods recreated {row.pods_recreated}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: ddp, fsdp")
+    parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, of: " + ", ".join(FAULTS))
+    parser.add_argument("--stall-after", default="10s", help="the policy's stragglers.stall.after")
+    parser.add_argument("--checkpoint-every", type=int, default=20)
+    parser.add_argument("--collective-timeout", type=float, default=120.0, help="gloo's timeout in the ranks")
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds a fault has to be recovered from")
+    parser.add_argument("--keep", action="store_true", help="keep the lab's directory (logs, events)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "real_training.json")
+    args = parser.parse_args()
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    args.faults = [f for f in args.faults.split(",") if f]
+    for s in args.shapes:
+        if s not in SHAPES:
+            parser.error(f"--shapes: {s!r} is not one of {', '.join(SHAPES)}")
+    for f in args.faults:
+        if f not in FAULTS:
+            parser.error(f"--faults: {f!r} is not one of {', '.join(FAULTS)}")
+    if not 2 <= args.ranks <= 16:
+        parser.error("--ranks must be 2-16")
+    result = asyncio.run(bench(args))
+    recovered = [r for r in result["rows"] if r["recovered"]]
+    if recovered:
+        print(f"median recovery {statistics.median(r['recovered_s'] for r in recovered):.1f}s over {len(recovered)}")
+    write_results(args.out, "real_training", {"result": result})
+
+
+if __name__ == "__main__":
+    main()

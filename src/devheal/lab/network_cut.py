@@ -1,0 +1,59 @@
+"""Cut one simulated node's network: drop every packet its processes send on this machine's loopback.
+
+The lab's ranks share this machine's loopback, so a node's network is its user: the ranks of
+node N run as their own user (``devheal.lab.rank_processes``), and an iptables owner match on
+that user drops what they send (their gloo and rendezvous traffic, and the acknowledgements
+of what they receive), as a dead NIC would. The launcher runs as root, so its own traffic (the
+API server) passes, as a pod's control traffic would on a management network. Every rule
+carries a comment naming the lab, so ``restore_all`` finds them.
+
+Needs root and iptables (Debian's ``iptables`` package); a missing one is a clear error.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+COMMENT = "devheal-lab-cut"
+
+
+class NetworkCutError(RuntimeError):
+    """iptables is missing or refused a rule."""
+
+
+def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("iptables")
+    if binary is None:
+        raise NetworkCutError("iptables is not installed: apt-get install iptables (a network cut needs it)")
+    done = subprocess.run([binary, "-w", *args], capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise NetworkCutError(f"iptables {' '.join(args)}: {done.stderr.strip() or done.returncode}")
+    return done
+
+
+def cut(uid: int) -> None:
+    """Drop what ``uid`` sends on loopback."""
+    tag = ["-m", "comment", "--comment", f"{COMMENT}-{uid}"]
+    _iptables("-I", "OUTPUT", "-o", "lo", "-m", "owner", "--uid-owner", str(uid), *tag, "-j", "DROP")
+
+
+def restore(uid: int) -> None:
+    """Remove ``uid``'s cut (nothing when there is none)."""
+    _remove(f"{COMMENT}-{uid}")
+
+
+def restore_all() -> None:
+    """Remove every cut the lab made (after a crash, too)."""
+    if shutil.which("iptables") is not None:
+        _remove(COMMENT)
+
+
+def _remove(prefix: str) -> None:
+    listing = _iptables("-S", "OUTPUT").stdout.splitlines()
+    for line in listing:
+        parts = line.split()
+        if parts[:2] != ["-A", "OUTPUT"]:
+            continue
+        if any(p.strip('"').startswith(prefix) for p in parts):
+            _iptables("-D", "OUTPUT", *[p.strip('"') for p in parts[2:]], check=False)

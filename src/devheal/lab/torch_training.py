@@ -1,0 +1,185 @@
+"""A small PyTorch training job for the lab: one rank per process, on the CPU with gloo.
+
+    python -m devheal.lab.torch_training --shape ddp --checkpoint-dir DIR [--events FILE]
+
+Each rank is started the way torchrun starts a worker (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT`` in the environment), typically under ``devheal launch``.
+Two shapes of synchronous training:
+
+- ``ddp``: DistributedDataParallel, one gradient all-reduce per step (in the backward pass);
+- ``fsdp``: FSDP2 (``fully_shard`` per layer): all-gathers inside the forward and backward
+  passes, a reduce-scatter per layer in the backward pass.
+
+It checkpoints every ``--checkpoint-every`` steps to local disk (one file per rank, written
+atomically; a step counts once every rank's file is there) and resumes from the newest
+complete checkpoint when it starts, so a restarted gang loses only the steps since then. It
+reports each step to the launcher with ``devheal.launch.report_step`` as docs/stragglers.md
+asks: with DDP the forward pass, reported before the backward pass (where the all-reduce runs);
+with FSDP the whole step, since every phase of it waits on collectives. A lab fault that slows the rank's GPUs
+(``DEVHEAL_LAB_DEVICES``/``DEVHEAL_LAB_POD``, ``devheal.lab.slowdown``) stretches its compute.
+
+``--events FILE`` appends one JSON line per event (``start``, ``joined``, ``resumed``,
+``step``, ``checkpoint``) with the wall time, for benchmarks that measure a recovery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from devheal.lab.slowdown import PodSlowdown
+from devheal.launch import report_step
+
+SHAPES = ("ddp", "fsdp")
+
+
+class Events:
+    """The rank's event log (one JSON object a line), or nowhere."""
+
+    def __init__(self, path: str | None, rank: int) -> None:
+        self.path = Path(path) if path else None
+        self.rank = rank
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"t": time.time(), "event": event, "rank": self.rank, "pid": os.getpid(), **fields})
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+
+
+def _model(width: int, layers: int) -> nn.Sequential:
+    torch.manual_seed(0)  # every rank starts from the same weights, as a broadcast would give
+    blocks: list[nn.Module] = []
+    for _ in range(layers):
+        blocks += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*blocks, nn.Linear(width, 1))
+
+
+def _wrap(model: nn.Sequential, shape: str) -> nn.Module:
+    if shape == "ddp":
+        return nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _checkpoint_steps(root: Path, world: int) -> list[int]:
+    """Steps for which every rank's checkpoint file exists, oldest first."""
+    steps = []
+    for d in root.glob("step-*"):
+        try:
+            step = int(d.name.removeprefix("step-"))
+        except ValueError:
+            continue
+        if all((d / f"rank-{r}.pt").exists() for r in range(world)):
+            steps.append(step)
+    return sorted(steps)
+
+
+def _save(root: Path, step: int, rank: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    d = root / f"step-{step}"
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".rank-{rank}.pt.tmp"
+    torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
+    tmp.replace(d / f"rank-{rank}.pt")
+
+
+def _resume(root: Path, rank: int, world: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Load the newest checkpoint every rank has; the step to run next (0: none).
+
+    Every rank must resume from the same step: the ranks agree on the smallest of their newest
+    complete checkpoints (an all-reduce), since a rank may see a checkpoint another wrote late."""
+    steps = _checkpoint_steps(root, world)
+    mine = torch.tensor([steps[-1] if steps else -1], dtype=torch.int64)
+    dist.all_reduce(mine, op=dist.ReduceOp.MIN)
+    step = int(mine.item())
+    if step < 0:
+        return 0
+    state = torch.load(root / f"step-{step}" / f"rank-{rank}.pt", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return step + 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devheal.lab.torch_training", description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=SHAPES, default="ddp")
+    parser.add_argument("--checkpoint-dir", required=True, help="local directory for the checkpoints")
+    parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints (default 20)")
+    parser.add_argument("--steps", type=int, default=0, help="stop after this step (0: run until stopped)")
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--timeout", type=float, default=300.0, help="gloo's collective timeout, seconds")
+    parser.add_argument("--events", help="append one JSON line per event to this file")
+    parser.add_argument(
+        "--device-error-exit-code",
+        type=int,
+        default=79,
+        help="on SIGUSR1, exit with this code: the lab's stand-in for a loop that caught a CUDA/NCCL device error",
+    )
+    args = parser.parse_args(argv)
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    events = Events(args.events, rank)
+    events("start", restarts=int(os.environ.get("DEVHEAL_LAUNCHER_RESTARTS", "0")))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # stop at once: the last checkpoint stands
+    signal.signal(signal.SIGUSR1, lambda *_: os._exit(args.device_error_exit_code))
+    torch.set_num_threads(1)
+    os.umask(0)  # the lab's ranks run as their nodes' users and share one checkpoint directory
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    events("joined")
+    model = _wrap(_model(args.width, args.layers), args.shape)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    root = Path(args.checkpoint_dir)
+    step = _resume(root, rank, world, model, optimizer)
+    events("resumed", step=step)
+    slowdown = PodSlowdown.from_env()
+    data = torch.Generator().manual_seed(rank)
+    while args.steps == 0 or step <= args.steps:
+        began = time.monotonic()
+        x = torch.randn(args.batch, args.width, generator=data)
+        loss = model(x).pow(2).mean()
+        factor = slowdown.factor()
+        if factor > 1.0:  # a slowed GPU: the rank's own compute takes longer
+            time.sleep((time.monotonic() - began) * (factor - 1.0))
+        if args.shape == "ddp":
+            # The rank's own work, reported before the backward pass, where DDP's all-reduce runs: a rank
+            # that hangs before it has not reported the step its peers did (docs/stragglers.md).
+            report_step(time.monotonic() - began, step)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if args.shape == "fsdp":
+            # Every phase holds collectives (all-gathers in the forward pass too): no part of the step is free
+            # of waiting for the others, so the whole step is what a user without a profiler can report.
+            report_step(time.monotonic() - began, step)
+        events("step", step=step)
+        if step > 0 and step % args.checkpoint_every == 0:
+            _save(root, step, rank, model, optimizer)
+            events("checkpoint", step=step)
+        step += 1
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
