@@ -47,6 +47,7 @@ from devheal.model.plan import (
     Decision,
     Finding,
     FindingKind,
+    FindingSource,
     InFlight,
     Phase,
     TargetKind,
@@ -440,6 +441,20 @@ def _epoch(value: str, where: str) -> int:
     return _int(value, where)
 
 
+_SOURCES = {s.value: s for s in FindingSource}
+
+
+def _finding_sources(value: Any, where: str) -> tuple[FindingSource, ...]:
+    """``spec.finding.source`` as ``Finding.source`` writes it: signals joined by commas (``pod-status,nodedevices``);
+    none when absent. A word this version does not know is an error, not a guess."""
+    if value is None or value == "":
+        return ()
+    parts = value.split(",") if isinstance(value, str) else None
+    if parts is None or any(part not in _SOURCES for part in parts):
+        raise fields.expected(where, f"one or more of {', '.join(_SOURCES)} joined by commas", value, ProjectionError)
+    return tuple(_SOURCES[part] for part in parts)
+
+
 def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target: str) -> Action | None:
     """Rebuild the decision a Remediation records (enough to carry it out again)."""
     where = _name(obj, "Remediation")
@@ -471,7 +486,7 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
         finding=Finding(
             kind=finding_kind,
             node=node,
-            source=str(finding.get("source") or ""),
+            sources=_finding_sources(finding.get("source"), f"{where}: spec.finding.source"),
             evidence=str(finding.get("evidence") or ""),
             since=parse_time(finding.get("since")) or 0.0,
             pod=target if target_kind is TargetKind.POD else str(finding.get("pod") or ""),
