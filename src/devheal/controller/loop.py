@@ -4,8 +4,8 @@ Level-triggered: any change in the cache runs one decision round (``devheal.engi
 the same rounds the simulator runs) over the current view; so does the time the last round
 asked to run again at (``RoundResult.next_wake``: a policy duration coming due), and, at the
 latest, a one-second tick (for the waits the round does not name). Only the leader acts.
-Every piece of work the round hands out (carry out or carry on a remediation, record a blocked decision,
-release a placement gate, publish a policy's status) goes into one keyed work queue:
+Every piece of work the round hands out (carry out or carry on a remediation, record a
+blocked decision, release a placement gate, publish a policy's status) goes into one keyed work queue:
 one worker per key at a time, failures retried after a per-key backoff, and nothing
 kept for a key once its work is done. Remediations left Pending/InProgress by an
 earlier run (or by a crashed leader) are carried on from their records; disruptive
