@@ -27,6 +27,7 @@ from devheal.model.cluster import (
     NodeDevicesReport,
     Pod,
 )
+from devheal.model.plan import Phase
 from devheal.model.values import INT64_MAX, show
 from tests.unit.fuzz.strategies import NODE, NODE_DEVICES, POD, REMEDIATION
 from tests.unit.fuzzing import FUZZ, json_values, shaped
@@ -155,13 +156,22 @@ def _record_of(source: Any) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("source", ["pod-status,nvml", "nodedevices,", "pod-status nodedevices", 7, ["pod-status"]])
-def test_a_record_naming_a_signal_this_version_does_not_know_is_rejected_naming_the_field(source: Any) -> None:
+@pytest.mark.parametrize("source", [7, ["pod-status"], {"a": 1}])
+def test_a_record_whose_signals_are_not_text_is_rejected_naming_the_field(source: Any) -> None:
     with pytest.raises(ProjectionError) as refused:
         project_remediation(_record_of(source))
-    message = str(refused.value)
-    assert message.startswith("Remediation r: spec.finding.source: expected one or more of pod-status, nodedevices")
-    assert message.endswith(f"joined by commas, got {show(source)}")
+    assert (
+        str(refused.value)
+        == f"Remediation r: spec.finding.source: expected signals joined by commas (text), got {show(source)}"
+    )
+
+
+@pytest.mark.parametrize("source", ["pod-status,nvml", "nodedevices,", "pod-status nodedevices"])
+def test_a_record_naming_a_signal_this_version_does_not_know_still_counts_but_is_not_carried_on(source: Any) -> None:
+    """A newer version's signal: the record stays in the cache (the rails count it), its decision is not rebuilt."""
+    record = project_remediation(_record_of(source))
+    assert (record.phase, record.node) == (Phase.IN_PROGRESS, "n1")
+    assert record.resume is None
 
 
 def test_the_informer_logs_a_rejected_object_and_drops_the_previous_copy(caplog: pytest.LogCaptureFixture) -> None:
