@@ -37,7 +37,7 @@ from devheal.model.cluster import (
     Workload,
     WorkloadClass,
 )
-from devheal.model.plan import Finding, FindingKind, InFlight, InFlightRecords, Phase, TargetKind
+from devheal.model.plan import Finding, FindingKind, FindingSource, InFlight, InFlightRecords, Phase, TargetKind
 from devheal.model.policy import ActionKind, parse_policy
 
 RESULTS = Path(__file__).parent / "results"
@@ -71,9 +71,19 @@ def cluster(nodes: int) -> tuple[ClusterView, list[Finding]]:
         pods[pod.key] = pod
         if broken:
             since = NOW - 600
-            findings.append(Finding(FindingKind.NODE_DEVICES_FAILED, name, "nodedevices", "XID 79", since))
             findings.append(
-                Finding(FindingKind.DEVICE_FAILED, name, "pod-status", "XID 79", since, pod=pod.key, pod_uid=pod.uid)
+                Finding(FindingKind.NODE_DEVICES_FAILED, name, (FindingSource.NODE_DEVICES,), "XID 79", since)
+            )
+            findings.append(
+                Finding(
+                    FindingKind.DEVICE_FAILED,
+                    name,
+                    (FindingSource.POD_STATUS,),
+                    "XID 79",
+                    since,
+                    pod=pod.key,
+                    pod_uid=pod.uid,
+                )
             )
     by_node = {p.node: frozenset({p.key}) for p in pods.values()}
     return ClusterView(nodes=node_map, pods=pods, pods_by_node=by_node), findings

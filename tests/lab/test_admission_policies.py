@@ -45,7 +45,7 @@ from devheal.model.cluster import (
     PLACEMENT_GATE,
     RESTART_GENERATION_ANNOTATION,
 )
-from devheal.model.plan import Action, Finding, FindingKind, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, TargetKind
 from devheal.model.policy import ActionKind
 from devheal.model.steps import STEPS_ANNOTATION
 
@@ -164,7 +164,7 @@ def node_action(kind: ActionKind, node: str, finding: FindingKind = FindingKind.
         target_kind=TargetKind.NODE,
         target=node,
         node=node,
-        finding=Finding(finding, node, "nodedevices", "8 of 8 GPUs failed", 0.0),
+        finding=Finding(finding, node, (FindingSource.NODE_DEVICES,), "8 of 8 GPUs failed", 0.0),
         policy="p",
         reason="its GPUs failed",
     )

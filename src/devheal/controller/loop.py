@@ -1,10 +1,11 @@
 """The controller: watch everything, decide with the engine's rounds, act through a work queue.
 
-Level-triggered: any change in the cache (or a one-second tick, for durations and
-hold-downs) runs one decision round (``devheal.engine.rounds``, the same rounds the
-simulator runs) over the current view. Only the leader acts. Every piece of work the
-round hands out (carry out or carry on a remediation, record a blocked decision,
-release a placement gate, publish a policy's status) goes into one keyed work queue:
+Level-triggered: any change in the cache runs one decision round (``devheal.engine.rounds``,
+the same rounds the simulator runs) over the current view; so does the time the last round
+asked to run again at (``RoundResult.next_wake``: a policy duration coming due), and, at the
+latest, a one-second tick (for the waits the round does not name). Only the leader acts.
+Every piece of work the round hands out (carry out or carry on a remediation, record a
+blocked decision, release a placement gate, publish a policy's status) goes into one keyed work queue:
 one worker per key at a time, failures retried after a per-key backoff, and nothing
 kept for a key once its work is done. Remediations left Pending/InProgress by an
 earlier run (or by a crashed leader) are carried on from their records; disruptive
@@ -76,6 +77,9 @@ ROUND_BACKOFF_MAX = 15.0
 that keeps failing never has the process restarted in a crash loop."""
 ROUND_FAILURES_UNREADY = 3
 """Failed rounds in a row from which /readyz fails."""
+WAKE_FLOOR = 0.01
+"""The shortest wait for a round's wake time: one that has just passed (the round ran a moment before it) never
+makes the loop spin."""
 
 
 @dataclass
@@ -90,6 +94,8 @@ class ControllerOptions:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     tick: float = 1.0
+    """The longest the loop waits between two rounds with nothing changed and no wake time sooner: the waits the
+    round does not name (detection windows, a retried step's pace, step timeouts, retention) are seen this late."""
     max_parallel_actions: int = 32
     retry_after: float = 5.0
     gang_restart_timeout: float = 900.0
@@ -174,6 +180,8 @@ class Controller:
         """Decisions this process made whose records the watch has not delivered yet."""
         self._workers: asyncio.Task[None] | None = None
         self._now = clock()
+        self._next_wake: float | None = None
+        """When the last round asked to run again though nothing changes (``RoundResult.next_wake``)."""
         self._next_retention = 0.0
         self._current = CurrentRecords(clock)
         self.cache.remediations.handlers.append(self._current.changed)
@@ -291,6 +299,7 @@ class Controller:
     def reconcile_once(self, now: float) -> None:
         metrics.RECONCILES.inc()
         self._now = now
+        self._next_wake = None  # a round that raises asks for nothing
         self._policies = self.current_policies()
         for key, work in self.bad_objects.check(self.cache):  # objects left out as unreadable, once per error
             self._submit(key, work)
@@ -318,6 +327,7 @@ class Controller:
             self._release(release)
         for change in result.spare_changes:
             self._keep_spare(change)
+        self._next_wake = result.next_wake
 
     def _keep_spare(self, change: SpareChange) -> None:
         """Reserve a node as a warm spare or release it from its pool (``engine.spares``), once at a time per node."""
@@ -417,7 +427,7 @@ class Controller:
                 if failed.done():
                     failed.result()  # raises the loop's LoopFailed: the process exits with it
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.cache.changed.wait(), timeout=self.options.tick)
+                    await asyncio.wait_for(self.cache.changed.wait(), timeout=self._wait())
                 self.cache.changed.clear()
                 if stop.is_set():
                     break
@@ -442,6 +452,13 @@ class Controller:
             await self.loops.stop()
             failed.cancel()
             await asyncio.gather(failed, return_exceptions=True)
+
+    def _wait(self) -> float:
+        """Seconds until the next round, unless the cache changes first: until the last round's wake time (at least
+        ``WAKE_FLOOR``), and at most a tick. Only the leader runs rounds: the others wait a tick."""
+        if not self.leading or self._next_wake is None:
+            return self.options.tick
+        return min(max(self._next_wake - self.clock(), WAKE_FLOOR), self.options.tick)
 
     def _guarded_round(self) -> bool:
         """One decision round; False when it raised (logged with its traceback when the error is new, counted)."""

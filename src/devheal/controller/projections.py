@@ -47,6 +47,7 @@ from devheal.model.plan import (
     Decision,
     Finding,
     FindingKind,
+    FindingSource,
     InFlight,
     Phase,
     TargetKind,
@@ -440,6 +441,18 @@ def _epoch(value: str, where: str) -> int:
     return _int(value, where)
 
 
+def _finding_sources(value: Any, where: str) -> str:
+    """``spec.finding.source`` as ``Finding.source`` writes it: signals joined by commas (``pod-status,nodedevices``);
+    "" when absent; not text: an error naming the field. ``FindingSource`` reads the words: one this version
+    does not know (a newer version wrote it) is a ValueError, so the record still counts against the rails but
+    is not carried on, as with a finding kind this version does not know."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str):
+        raise fields.expected(where, "signals joined by commas (text)", value, ProjectionError)
+    return value
+
+
 def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target: str) -> Action | None:
     """Rebuild the decision a Remediation records (enough to carry it out again)."""
     where = _name(obj, "Remediation")
@@ -448,8 +461,10 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
     finding = _obj(spec.get("finding"), f"{where}: spec.finding")
     tgt = _obj(spec.get("target"), f"{where}: spec.target")
     wl = _obj(spec.get("workload"), f"{where}: spec.workload")
+    source = _finding_sources(finding.get("source"), f"{where}: spec.finding.source")
     try:
         finding_kind = FindingKind(str(finding.get("kind")))
+        sources = tuple(FindingSource(part) for part in source.split(",")) if source else ()
         workload = (
             Workload(
                 str(wl.get("namespace") or ""),
@@ -471,7 +486,7 @@ def _recorded_action(obj: Obj, kind: ActionKind, target_kind: TargetKind, target
         finding=Finding(
             kind=finding_kind,
             node=node,
-            source=str(finding.get("source") or ""),
+            sources=sources,
             evidence=str(finding.get("evidence") or ""),
             since=parse_time(finding.get("since")) or 0.0,
             pod=target if target_kind is TargetKind.POD else str(finding.get("pod") or ""),

@@ -16,6 +16,7 @@ fails the action.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from devheal.controller import metrics
@@ -26,7 +27,16 @@ from devheal.engine.retention import ended_at
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.api import GROUP_VERSION
-from devheal.model.plan import DECISION_ANNOTATION, Action, Blocked, Decision, EventReason, Phase, TargetKind
+from devheal.model.plan import (
+    DECISION_ANNOTATION,
+    Action,
+    Blocked,
+    Decision,
+    EventReason,
+    FindingSource,
+    Phase,
+    TargetKind,
+)
 from devheal.model.times import format_time
 from devheal.model.values import INT64_MAX, label_value
 
@@ -52,6 +62,18 @@ def _clip(text: str, limit: int) -> str:
     """``text`` within the Remediation CRD's ``maxLength`` for its field: a longer value (from a report or an
     object no API server would hold) must not make the API server refuse the whole record."""
     return text[:limit]
+
+
+def _signals_within(sources: Sequence[FindingSource], limit: int) -> str:
+    """``Finding.source`` within ``limit`` characters, whole signals only: a record must read back
+    (``projections`` refuses a signal it does not know, and a cut one is such)."""
+    text = ""
+    for source in sources:
+        longer = f"{text},{source}" if text else str(source)
+        if len(longer) > limit:
+            break
+        text = longer
+    return text
 
 
 def remediation_body(action: Action, decision: Decision = Decision.ACT) -> Obj:
@@ -91,7 +113,7 @@ def remediation_body(action: Action, decision: Decision = Decision.ACT) -> Obj:
             "target": target,
             "finding": {
                 "kind": action.finding.kind.value,
-                "source": _clip(action.finding.source, 63),
+                "source": _signals_within(action.finding.sources, 63),
                 "evidence": _clip(action.finding.evidence, 1000),
                 "deviceIDs": [_clip(d, 128) for d in action.finding.device_ids[:64]],
                 "since": format_time(action.finding.since),

@@ -130,7 +130,7 @@ class DegradationTracker:
                         Finding(
                             kind=FindingKind.DEVICE_NEEDS_REPAIR,
                             node=node.name,
-                            source=FindingSource.NODE_DEVICES,
+                            sources=(FindingSource.NODE_DEVICES,),
                             evidence=f"node agent says to send {', '.join(repair)} for repair (remedy ReplaceHardware"
                             + "".join(f"; {d.reason}" for d in report.devices if d.device_id == repair[0] and d.reason)
                             + ")",
@@ -171,7 +171,7 @@ class DegradationTracker:
                 Finding(
                     kind=FindingKind.DEGRADATION_RECOVERED,
                     node=node.name,
-                    source=FindingSource.NODE_DEVICES,
+                    sources=(FindingSource.NODE_DEVICES,),
                     evidence=f"no degraded or failed device since {now - since:.0f}s",
                     since=since,
                 )
@@ -189,7 +189,7 @@ def _device_findings(
     node_finding = Finding(
         kind=FindingKind.DEVICE_DEGRADED,
         node=report.node,
-        source=FindingSource.NODE_DEVICES,
+        sources=(FindingSource.NODE_DEVICES,),
         evidence=evidence + ("; severe (noScheduleRemedies): NoSchedule" if found.severe else ""),
         since=found.since,
         device_ids=(dev.device_id,),

@@ -49,7 +49,7 @@ __all__ = [
     "users",
 ]
 from devheal.model.node_devices import KIND as NODE_DEVICES
-from devheal.model.plan import Action, Finding, FindingKind, FindingSource, TargetKind, joined
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node
 
@@ -249,7 +249,7 @@ def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Fi
             Finding(
                 kind=FindingKind.DRA_DEVICE_FAILED,
                 node=failure.node,
-                source=joined(failure.sources),
+                sources=tuple(failure.sources),
                 evidence=f"DRA device {device_id} failed: {'; '.join(failure.evidence)}; "
                 f"{users(view, failure.node, device_id)}",
                 since=failure.since if failure.since is not None else now,
@@ -264,7 +264,7 @@ def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Fi
             Finding(
                 kind=FindingKind.DRA_DEVICE_RECOVERED,
                 node=published.node,
-                source=FindingSource.RESOURCE_SLICE,
+                sources=(FindingSource.RESOURCE_SLICE,),
                 evidence=f"DRA device {device_id} is published without a driver taint and no pod or agent "
                 f"reports it failed (DeviceTaintRule {rule.name})",
                 since=now,

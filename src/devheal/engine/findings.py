@@ -27,7 +27,7 @@ from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
 from devheal.model.cluster import ClusterView, DeviceHealth, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARKS
 from devheal.model.gpu_resources import shares_physical
-from devheal.model.plan import Finding, FindingKind, FindingSource, joined
+from devheal.model.plan import Finding, FindingKind, FindingSource
 from devheal.model.policy import Policy
 from devheal.model.policy_set import policy_for_node, policy_for_pod
 
@@ -136,7 +136,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             found[(FindingKind.UNKNOWN_XID, pod.key)] = Finding(
                 kind=FindingKind.UNKNOWN_XID,
                 node=pod.node,
-                source=FindingSource.POD_STATUS,
+                sources=(FindingSource.POD_STATUS,),
                 evidence=f"pod status reports {', '.join(bad)} Unhealthy, but the node agent reports only an "
                 "XID it has no row for (UnknownXid)" + (f" ({messages})" if messages else ""),
                 since=now,
@@ -148,7 +148,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             found[(FindingKind.DEVICE_FAILED, pod.key)] = Finding(
                 kind=FindingKind.DEVICE_FAILED,
                 node=pod.node,
-                source=FindingSource.POD_STATUS,
+                sources=(FindingSource.POD_STATUS,),
                 evidence=f"pod status reports {', '.join(bad)} Unhealthy" + (f" ({messages})" if messages else ""),
                 since=now,
                 pod=pod.key,
@@ -176,7 +176,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
                 Finding(
                     kind=kind,
                     node=pod.node,
-                    source=source,
+                    sources=(source,),
                     evidence=evidence,
                     since=now,
                     pod=pod.key,
@@ -197,7 +197,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
                 found[(FindingKind.DEVICE_FAILED, pod.key)] = Finding(
                     kind=FindingKind.DEVICE_FAILED,
                     node=report.node,
-                    source=FindingSource.NODE_DEVICES,
+                    sources=(FindingSource.NODE_DEVICES,),
                     evidence=f"node agent reports {dev.device_id} Unhealthy"
                     + (f": {dev.reason}" if dev.reason else ""),
                     since=dev.since if dev.since is not None else now,
@@ -267,7 +267,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
             Finding(
                 kind=FindingKind.NODE_DEVICES_FAILED,
                 node=node.name,
-                source=joined(sources),
+                sources=tuple(sources),
                 evidence=(
                     f"{failed_count} of {total} GPUs failed; allocatable {node.gpu_allocatable}/{node.gpu_capacity}"
                     + ("; node idle" if idle else "; node busy")
@@ -330,7 +330,7 @@ class FindingTracker:
                     Finding(
                         kind=FindingKind.NODE_RECOVERED,
                         node=name,
-                        source=FindingSource.NODE_CAPACITY,
+                        sources=(FindingSource.NODE_CAPACITY,),
                         evidence=f"all {node.gpu_capacity} GPUs healthy since {now - clean_since:.0f}s",
                         since=clean_since,
                     )

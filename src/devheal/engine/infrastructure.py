@@ -69,7 +69,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
                 Finding(
                     kind=FindingKind.ADMISSION_REJECTED,
                     node=pod.node,
-                    source=FindingSource.POD_STATUS,
+                    sources=(FindingSource.POD_STATUS,),
                     evidence=f"kubelet on {pod.node} rejected the pod at admission ({ADMISSION_REJECTED_REASON})",
                     since=now,
                     pod=pod.key,
@@ -92,7 +92,7 @@ def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> 
             Finding(
                 kind=FindingKind.STUCK_TERMINATING,
                 node=pod.node,
-                source=FindingSource.POD_DELETION,
+                sources=(FindingSource.POD_DELETION,),
                 evidence=f"still terminating {late:.0f}s past its deletion time on {pod.node}, where {why}",
                 since=pod.deletion_at,
                 pod=pod.key,
@@ -119,7 +119,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
                 Finding(
                     kind=FindingKind.NODE_DRIVER_FAILED,
                     node=name,
-                    source=FindingSource.NODE_DEVICES,
+                    sources=(FindingSource.NODE_DEVICES,),
                     evidence=f"node agent: {reason}: {message}"[:1000],
                     since=since,
                 )
@@ -135,7 +135,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
             Finding(
                 kind=FindingKind.DEVICE_PLUGIN_DOWN,
                 node=name,
-                source=FindingSource.NODE_CAPACITY,
+                sources=(FindingSource.NODE_CAPACITY,),
                 evidence=(
                     f"node agent sees {len(report.devices)} GPUs, none failed, but the node has advertised "
                     f"{node.gpu_allocatable}/{node.gpu_capacity} allocatable for {held:.0f}s: "

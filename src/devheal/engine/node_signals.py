@@ -85,7 +85,7 @@ def with_node_signals(
                 f = out[at]
                 out[at] = replace(
                     f,
-                    source=f"{f.source},{FindingSource.NODE_SIGNAL}",
+                    sources=(*f.sources, FindingSource.NODE_SIGNAL),
                     evidence=f"{f.evidence}; {evidence}",
                     since=min(f.since, since),
                 )
@@ -95,7 +95,7 @@ def with_node_signals(
                     Finding(
                         kind=FindingKind.NODE_DEVICES_FAILED,
                         node=node.name,
-                        source=FindingSource.NODE_SIGNAL,
+                        sources=(FindingSource.NODE_SIGNAL,),
                         evidence=f"{evidence}" + ("; node idle" if idle else "; node busy"),
                         since=since,
                         node_idle=idle,
@@ -106,7 +106,7 @@ def with_node_signals(
                 Finding(
                     kind=FindingKind.NODE_SIGNAL,
                     node=node.name,
-                    source=FindingSource.NODE_SIGNAL,
+                    sources=(FindingSource.NODE_SIGNAL,),
                     evidence="; ".join(s.describe() for s in others),
                     since=_since(others, now),
                 )

@@ -181,7 +181,7 @@ class StragglerTracker:
                 Finding(
                     kind=FindingKind.STRAGGLER,
                     node=pod.node,
-                    source=FindingSource.STEP_TIMES,
+                    sources=(FindingSource.STEP_TIMES,),
                     evidence=f"rank {pod.key}'s median step {report.p50:.3f}s is {ratio:.2f}x its gang's median "
                     f"{bound.centre:.3f}s (limit {bound.limit:.3f}s: {rules.outlier_mads} MADs of "
                     f"{bound.mad:.3f}s, at least +{rules.min_slowdown_percent}%) in {streak.outliers} reports "
@@ -249,7 +249,7 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
     return Finding(
         kind=FindingKind.GANG_STALLED,
         node=first.node,
-        source=FindingSource.STEP_TIMES,
+        sources=(FindingSource.STEP_TIMES,),
         evidence=f"no rank of gang {first.workload.key} reported a step for {quiet:.0f}s (limit {limit:.0f}s); "
         f"{len(reports)} ranks running; {who}",
         since=progress + limit,

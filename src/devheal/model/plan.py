@@ -66,7 +66,7 @@ code or crash loop accuses): its degraded taint is marked ``suspect`` and not li
 
 
 class FindingSource(StrEnum):
-    """Which signal found a finding (``Finding.source``, and a Remediation's ``spec.finding.source``)."""
+    """Which signal found a finding (``Finding.sources``; joined by commas, a Remediation's ``spec.finding.source``)."""
 
     POD_STATUS = "pod-status"
     """A pod's KEP-4680 device health, or its ``status.reason`` (rejected at admission)."""
@@ -85,18 +85,14 @@ class FindingSource(StrEnum):
     """Another tool's node condition or taint (``spec.signals``)."""
 
 
-def joined(sources: Sequence[FindingSource]) -> str:
-    """``Finding.source`` of a finding several signals agree on, in the order given."""
-    return ",".join(sources)
-
-
 @dataclass(frozen=True, slots=True)
 class Finding:
     kind: FindingKind
     node: str
-    source: str
-    """Which signal found it: a ``FindingSource``, or several joined by ``joined`` (``pod-status,nodedevices``).
-    A record keeps it as evidence; nothing decides on it."""
+    sources: tuple[FindingSource, ...]
+    """Which signals found it: one, or several that agree, in the order the detector asked them. A record keeps
+    them as evidence (``source``); nothing decides on them. Empty only when read back from a record that named
+    none."""
     evidence: str
     since: float
     pod: str = ""
@@ -109,6 +105,11 @@ class Finding:
     """Node findings: since when every device has been unhealthy (kept by the FindingTracker)."""
     node_idle: bool = False
     """Node findings: no active pod uses a GPU on the node."""
+
+    @property
+    def source(self) -> str:
+        """``sources`` as records, Events and evidence show them: joined by commas (``pod-status,nodedevices``)."""
+        return ",".join(self.sources)
 
     @property
     def key(self) -> str:

@@ -16,7 +16,7 @@ from devheal.kube.crds import install_crds
 from devheal.lab.workloads import wait_until
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import LIFTS_ANNOTATION, OWNED_TAINT_KEY
-from devheal.model.plan import DECISION_ANNOTATION, Action, Decision, Finding, FindingKind, TargetKind
+from devheal.model.plan import DECISION_ANNOTATION, Action, Decision, Finding, FindingKind, FindingSource, TargetKind
 from devheal.model.policy import ActionKind
 from devheal.model.values import LABEL_VALUE_MAX
 
@@ -121,7 +121,7 @@ async def test_a_blocked_decision_whose_status_never_came_is_not_carried_out(
     harness.policies.append(policy)
     await idle(kube, name)
     target = await node(kube, name)
-    finding = Finding(FindingKind.NODE_DEVICES_FAILED, name, "nodedevices", "XID 79", time.time())
+    finding = Finding(FindingKind.NODE_DEVICES_FAILED, name, (FindingSource.NODE_DEVICES,), "XID 79", time.time())
     action = Action(
         ActionKind.TAINT,
         TargetKind.NODE,

@@ -18,7 +18,7 @@ from devheal.model.cluster import (
     Workload,
     WorkloadClass,
 )
-from devheal.model.plan import Action, Finding, FindingKind, InFlight, Phase
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, InFlight, Phase
 from devheal.model.policy import Policy, parse_policy
 
 POOL_LABEL = "devheal.io/pool"
@@ -171,7 +171,7 @@ def node_failed(
     return Finding(
         kind=FindingKind.NODE_DEVICES_FAILED,
         node=node_name,
-        source="nodedevices",
+        sources=(FindingSource.NODE_DEVICES,),
         evidence="test",
         since=since,
         device_ids=tuple(devices),
@@ -181,11 +181,11 @@ def node_failed(
 
 
 def node_recovered(node_name: str, *, since: float) -> Finding:
-    return Finding(FindingKind.NODE_RECOVERED, node_name, "node-capacity", "test", since)
+    return Finding(FindingKind.NODE_RECOVERED, node_name, (FindingSource.NODE_CAPACITY,), "test", since)
 
 
 def pod_failed(p: Pod, *, since: float = NOW, kind: FindingKind = FindingKind.DEVICE_FAILED) -> Finding:
-    return Finding(kind, p.node, "pod-status", "test", since, pod=p.key, pod_uid=p.uid)
+    return Finding(kind, p.node, (FindingSource.POD_STATUS,), "test", since, pod=p.key, pod_uid=p.uid)
 
 
 def in_flight(action: Action, phase: Phase = Phase.IN_PROGRESS, *, started: float = NOW) -> InFlight:

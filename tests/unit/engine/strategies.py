@@ -10,7 +10,7 @@ from devheal.engine.decide import Settings, decide
 from devheal.engine.findings import detect
 from devheal.model.cluster import ClusterView, ContainerState, DeviceHealth, NodeDevicesReport, Pod, WorkloadClass
 from devheal.model.effects import KIND_EFFECTS, takes_node
-from devheal.model.plan import POD_FINDINGS, Finding, InFlight, Phase
+from devheal.model.plan import POD_FINDINGS, Finding, FindingSource, InFlight, Phase
 from devheal.model.policy import (
     DEFAULT_STEP_TIMEOUTS,
     POD_ACTIONS,
@@ -184,7 +184,7 @@ def findings_for(draw: st.DrawFn, v: ClusterView, ps: tuple[Policy, ...]) -> tup
         if draw(rarely()):
             p = v.pods[key]
             kind = draw(st.sampled_from(sorted(POD_FINDINGS)))
-            found.append(Finding(kind, p.node, "pod-status", "random", NOW, pod=p.key, pod_uid=p.uid))
+            found.append(Finding(kind, p.node, (FindingSource.POD_STATUS,), "random", NOW, pod=p.key, pod_uid=p.uid))
     return tuple(found)
 
 

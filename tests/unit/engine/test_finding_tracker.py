@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from devheal.engine.findings import FindingTracker, detect
 from devheal.model.cluster import ClusterView, DeviceHealth
-from devheal.model.plan import Finding, FindingKind
+from devheal.model.plan import Finding, FindingKind, FindingSource
 from devheal.model.policy import Policy
 
 from .builders import device, gpu_id, node, pod, policy, view
@@ -36,7 +36,7 @@ def test_since_stays_at_the_first_observation() -> None:
 def test_an_earlier_since_from_the_signal_wins() -> None:
     tracker, ps = FindingTracker(), [policy()]
     observe(tracker, sick_view(), ps, 100)
-    f = Finding(FindingKind.DEVICE_FAILED, "n1", "nodedevices", "e", 40, pod="default/p")
+    f = Finding(FindingKind.DEVICE_FAILED, "n1", (FindingSource.NODE_DEVICES,), "e", 40, pod="default/p")
     [out] = tracker.observe([f], sick_view(), ps, 120)
     assert out.since == 40
 

@@ -15,7 +15,7 @@ from devheal.model.cluster import DeviceHealth, NodeDevicesReport, ReportedDevic
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY
 from devheal.model.effects import KIND_EFFECTS, Effect, effects_of
 from devheal.model.node_devices import Remedy
-from devheal.model.plan import Finding, FindingKind, InFlight, Phase, Rail, TargetKind
+from devheal.model.plan import Finding, FindingKind, FindingSource, InFlight, Phase, Rail, TargetKind
 from devheal.model.policy import ActionKind, Policy
 
 from .builders import NOW, gpu_id, node, node_failed, pod, pod_failed, policy, view, workload
@@ -56,7 +56,7 @@ def dra_failed(node_name: str) -> Finding:
     return Finding(
         FindingKind.DRA_DEVICE_FAILED,
         node_name,
-        "resourceslice",
+        (FindingSource.RESOURCE_SLICE,),
         "test",
         NOW,
         device_ids=(f"gpu.example.com/{node_name}/d0",),

@@ -10,7 +10,7 @@ from devheal.engine.placement import Release, Vacancy
 from devheal.engine.rounds import DUE_SLACK, DecisionRound, Pacing, Placement, due_times
 from devheal.engine.spares import SPARE_TAINT_KEY, SpareChange
 from devheal.model.cluster import Node, Pod, Taint, WorkloadClass
-from devheal.model.plan import Finding, FindingKind, InFlight, Phase, TargetKind
+from devheal.model.plan import Finding, FindingKind, FindingSource, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind
 
 from .builders import NOW, node, node_failed, pod, policy, view, workload
@@ -65,7 +65,9 @@ def test_the_round_wakes_when_a_policy_duration_comes_due() -> None:
     p = laddered()
     v = view([node("n1", owned=["taint"]), node("n2", owned=["taint"])])
     idle = node_failed("n1", since=NOW - 60, idle=True)
-    recovered = Finding(FindingKind.NODE_RECOVERED, "n2", source="node-capacity", evidence="", since=NOW - 10)
+    recovered = Finding(
+        FindingKind.NODE_RECOVERED, "n2", sources=(FindingSource.NODE_CAPACITY,), evidence="", since=NOW - 10
+    )
     remediate_after, hold_down = p.node.remediate_after, p.node.hold_down
     assert due_times(v, [idle, recovered], [p], [], NOW) == [
         NOW - 60 + remediate_after + DUE_SLACK,

@@ -13,7 +13,7 @@ from devheal.engine.decide import Overdue, Settings
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.model.cluster import ClusterView, DeviceHealth, WorkloadClass
 from devheal.model.effects import effects_of, stopped_by_breaker
-from devheal.model.plan import Action, Blocked, Finding, FindingKind, InFlight, Phase, Rail, TargetKind
+from devheal.model.plan import Action, Blocked, Finding, FindingKind, FindingSource, InFlight, Phase, Rail, TargetKind
 from devheal.model.policy import ActionKind, BreakerRecord, Policy
 
 from .builders import (
@@ -318,14 +318,18 @@ POD_KINDS = frozenset(
 def recorded(kind: ActionKind, phase: Phase) -> InFlight:
     """The record a process that died left of a decision of ``kind`` about node n1 (or its pod serve-1)."""
     if kind in POD_KINDS:
-        finding = Finding(FindingKind.DEVICE_FAILED, "n1", "pod-status", "XID 79", NOW - 60, "default/serve-1", "uid-1")
+        finding = Finding(
+            FindingKind.DEVICE_FAILED, "n1", (FindingSource.POD_STATUS,), "XID 79", NOW - 60, "default/serve-1", "uid-1"
+        )
         target_kind, target, wl = TargetKind.POD, "default/serve-1", INFERENCE
     elif kind is ActionKind.RESTART_GANG:
-        finding = Finding(FindingKind.DEVICE_FAILED, "n1", "pod-status", "XID 79", NOW - 60, "default/train-1", "uid-2")
+        finding = Finding(
+            FindingKind.DEVICE_FAILED, "n1", (FindingSource.POD_STATUS,), "XID 79", NOW - 60, "default/train-1", "uid-2"
+        )
         target_kind, target, wl = TargetKind.GANG, GANG.key, GANG
     else:
         found = FindingKind.NODE_RECOVERED if kind in RECOVERY_KINDS else FindingKind.NODE_DEVICES_FAILED
-        finding = Finding(found, "n1", "nodedevices", "test", NOW - 3600)
+        finding = Finding(found, "n1", (FindingSource.NODE_DEVICES,), "test", NOW - 3600)
         device = kind in (ActionKind.TAINT_DEVICE, ActionKind.UNTAINT_DEVICE)
         target_kind, target, wl = (
             (TargetKind.DEVICE, "gpu.example.com/n1/gpu-0", None) if device else (TargetKind.NODE, "n1", None)

@@ -303,7 +303,7 @@ REMEDIATION = {
         "workload": {"kind": ("Job",), "namespace": ("ml",), "name": ("j",), "class": ("batch", "gang")},
         "finding": {
             "kind": ("DeviceFailed",),
-            "source": ("s",),
+            "source": ("pod-status", "pod-status,nodedevices"),
             "evidence": ("e",),
             "since": TIME,
             "deviceIDs": [("g",)],

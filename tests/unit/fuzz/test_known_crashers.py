@@ -25,7 +25,7 @@ from devheal.controller.events import event_name_prefix
 from devheal.controller.projections import project_node_devices, project_pod, project_remediation
 from devheal.controller.records import remediation_body
 from devheal.model.cluster import Workload, WorkloadClass
-from devheal.model.plan import Action, Finding, FindingKind, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, TargetKind
 from devheal.model.policy import ActionKind, PolicyError, parse_policy
 from devheal.model.steps import STEPS_ANNOTATION, parse_step_report
 from devheal.model.times import format_time, parse_time
@@ -80,7 +80,7 @@ def _reported_since(text: str) -> float:
 
 
 def _taint(since: float, epoch: int) -> Action:
-    finding = Finding(FindingKind.NODE_DEVICES_FAILED, "n1", "nodedevices", "XID 79", since)
+    finding = Finding(FindingKind.NODE_DEVICES_FAILED, "n1", (FindingSource.NODE_DEVICES,), "XID 79", since)
     return Action(ActionKind.TAINT, TargetKind.NODE, "n1", "n1", finding, "p", epoch=epoch)
 
 
@@ -105,7 +105,8 @@ def test_a_negative_epoch_is_written_as_a_valid_label_and_read_back() -> None:
 
 
 def test_strings_past_the_crds_lengths_are_cut_to_them() -> None:
-    finding = Finding(FindingKind.DEVICE_FAILED, "n1", "s" * 100, "e" * 5000, 0.0, device_ids=("d" * 300,) * 100)
+    every = tuple(FindingSource)  # 120 characters joined
+    finding = Finding(FindingKind.DEVICE_FAILED, "n1", every, "e" * 5000, 0.0, device_ids=("d" * 300,) * 100)
     workload = Workload("ml", "K" * 100, "w" * 300, WorkloadClass.GANG)
     action = Action(
         ActionKind.DESCHEDULE,

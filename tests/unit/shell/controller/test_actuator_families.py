@@ -18,7 +18,7 @@ from devheal.engine.placement import Release
 from devheal.kube.client import KubeClient, api_path
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, GPU_RESOURCE, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
-from devheal.model.plan import Action, Blocked, Finding, FindingKind, Phase, Rail, TargetKind
+from devheal.model.plan import Action, Blocked, Finding, FindingKind, FindingSource, Phase, Rail, TargetKind
 from devheal.model.policy import ActionKind, Policy, parse_policy
 from tests.shell.fixtures import EPOCH, unix_clock
 from tests.shell.memapi import MemApi
@@ -73,7 +73,9 @@ def pod_action(kind: ActionKind, target: Obj) -> Action:
         target_kind=TargetKind.POD,
         target=key,
         node="n1",
-        finding=Finding(FindingKind.DEVICE_FAILED, "n1", "pod-status", "GPU-0 Unhealthy", EPOCH.timestamp(), pod=key),
+        finding=Finding(
+            FindingKind.DEVICE_FAILED, "n1", (FindingSource.POD_STATUS,), "GPU-0 Unhealthy", EPOCH.timestamp(), pod=key
+        ),
         policy="p",
         target_uid=target["metadata"]["uid"],
         reason="its GPU failed",
@@ -87,7 +89,7 @@ def node_action(kind: ActionKind, target: Obj, finding: FindingKind = FindingKin
         target_kind=TargetKind.NODE,
         target=name,
         node=name,
-        finding=Finding(finding, name, "nodedevices", "8 of 8 GPUs failed", EPOCH.timestamp()),
+        finding=Finding(finding, name, (FindingSource.NODE_DEVICES,), "8 of 8 GPUs failed", EPOCH.timestamp()),
         policy="p",
         target_uid=target["metadata"]["uid"],
         reason="its GPUs failed",

@@ -14,7 +14,7 @@ from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, GPU_RESOURCE
-from devheal.model.plan import Action, Finding, FindingKind, Phase, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, Phase, TargetKind
 from devheal.model.policy import ActionKind, Policy, parse_policy
 from tests.shell.fixtures import EPOCH, unix_clock
 from tests.shell.memapi import MemApi
@@ -58,7 +58,7 @@ def deschedule(pod: Obj, uid: str | None = None) -> Action:
     finding = Finding(
         kind=FindingKind.DEVICE_FAILED,
         node="n1",
-        source="pod-status",
+        sources=(FindingSource.POD_STATUS,),
         evidence="GPU-0 Unhealthy",
         since=EPOCH.timestamp(),
         pod=key,

@@ -10,7 +10,7 @@ import pytest
 
 from devheal.controller.actuators import Actuators
 from devheal.controller.device_taints import NOT_PUBLISHED, RULES, SLICES
-from devheal.model.plan import Action, Finding, FindingKind, Phase, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, Phase, TargetKind
 from devheal.model.policy import ActionKind, parse_policy
 from tests.shell.fixtures import EPOCH, unix_clock
 from tests.shell.memapi import MemApi
@@ -37,7 +37,12 @@ def resource_slice(node: str, *devices: str) -> Obj:
 
 def taint(device: str, node: str = "n1") -> Action:
     finding = Finding(
-        FindingKind.DRA_DEVICE_FAILED, node, "nodedevices", "XID 79", EPOCH.timestamp(), device_ids=(device,)
+        FindingKind.DRA_DEVICE_FAILED,
+        node,
+        (FindingSource.NODE_DEVICES,),
+        "XID 79",
+        EPOCH.timestamp(),
+        device_ids=(device,),
     )
     return Action(
         kind=ActionKind.TAINT_DEVICE,

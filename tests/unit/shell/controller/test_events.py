@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from devheal.controller.events import BURST, REFILL, WINDOW, EventRecorder
 from devheal.controller.records import Records
 from devheal.kube.client import KubeClient, api_path
-from devheal.model.plan import Action, Blocked, EventReason, Finding, FindingKind, Rail, TargetKind
+from devheal.model.plan import Action, Blocked, EventReason, Finding, FindingKind, FindingSource, Rail, TargetKind
 from devheal.model.policy import ActionKind
 from tests.shell.fixtures import EPOCH, unix_clock
 from tests.shell.memapi import MemApi
@@ -160,7 +160,9 @@ async def test_memory_is_bounded_least_recently_used_forgotten_first(api: MemApi
 
 
 def blocked_action() -> Action:
-    finding = Finding(FindingKind.DEVICE_FAILED, "n1", "pod-status", "GPU-0 Unhealthy", EPOCH.timestamp(), "ml/p")
+    finding = Finding(
+        FindingKind.DEVICE_FAILED, "n1", (FindingSource.POD_STATUS,), "GPU-0 Unhealthy", EPOCH.timestamp(), "ml/p"
+    )
     return Action(ActionKind.DESCHEDULE, TargetKind.POD, "ml/p", "n1", finding, "p", target_uid="u1")
 
 

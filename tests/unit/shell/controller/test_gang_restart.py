@@ -28,7 +28,7 @@ from devheal.model.cluster import (
     Workload,
     WorkloadClass,
 )
-from devheal.model.plan import Action, Finding, FindingKind, Phase, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, Phase, TargetKind
 from devheal.model.policy import ActionKind, parse_policy
 from tests.shell.fixtures import EPOCH, unix_clock
 from tests.shell.memapi import MemApi
@@ -84,7 +84,9 @@ def restart(rank_key: str = "ml/rank-1") -> Action:
         target_kind=TargetKind.GANG,
         target=GANG.key,
         node="n1",
-        finding=Finding(FindingKind.DEVICE_FAILED, "n1", "pod-status", "GPU-1 Unhealthy", EPOCH.timestamp(), rank_key),
+        finding=Finding(
+            FindingKind.DEVICE_FAILED, "n1", (FindingSource.POD_STATUS,), "GPU-1 Unhealthy", EPOCH.timestamp(), rank_key
+        ),
         policy="p",
         workload=GANG,
         reason="a rank's GPU failed",
@@ -154,7 +156,9 @@ async def test_a_rank_accused_only_by_its_exit_code_leaves_no_vacancy_on_its_hea
     )
     async with synced(kube) as cache:
         acting = Actuators(kube, lambda: {"p": declared}, unix_clock, cache=cache)
-        exit_finding = Finding(FindingKind.DEVICE_ERROR_EXIT, "n1", "container-exit", "exit 75", EPOCH.timestamp())
+        exit_finding = Finding(
+            FindingKind.DEVICE_ERROR_EXIT, "n1", (FindingSource.CONTAINER_EXIT,), "exit 75", EPOCH.timestamp()
+        )
         action = replace(restart(), finding=replace(exit_finding, pod="ml/rank-1"))
         outcome = await acting.execute(action)
     assert outcome.phase is Phase.IN_PROGRESS

@@ -11,7 +11,7 @@ from devheal.controller.actuators import Actuators
 from devheal.kube.client import KubeClient, api_path
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import ADMISSION_REJECTED_CONDITION, GPU_RESOURCE
-from devheal.model.plan import Action, Finding, FindingKind, Phase, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, Phase, TargetKind
 from devheal.model.policy import ActionKind, parse_policy
 from tests.shell.fixtures import EPOCH, unix_clock
 from tests.shell.memapi import MemApi
@@ -55,7 +55,9 @@ def action(kind: ActionKind, target: Obj, finding: FindingKind) -> Action:
         target_kind=TargetKind.POD,
         target=key,
         node="n1",
-        finding=Finding(finding, "n1", "pod-status", "rejected at admission", EPOCH.timestamp(), pod=key),
+        finding=Finding(
+            finding, "n1", (FindingSource.POD_STATUS,), "rejected at admission", EPOCH.timestamp(), pod=key
+        ),
         policy="p",
         target_uid=target["metadata"]["uid"],
         reason="test",

@@ -19,8 +19,9 @@ from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
 from devheal.model.plan import Action, FindingKind, Phase
 from devheal.model.policy import ActionKind
+from devheal.model.times import parse_time
 from devheal.model.values import label_value
-from tests.shell.fixtures import unix_clock
+from tests.shell.fixtures import EPOCH, unix_clock
 from tests.shell.memapi import MemApi
 from tests.shell.store import ApiError
 from tests.shell.waiting import until
@@ -564,9 +565,8 @@ RESETS = api_path("remediation.example.com/v1", "gpuresetremediations", namespac
 RESET_TEMPLATES = api_path("remediation.example.com/v1", "gpuresetremediationtemplates", namespace="ops")
 
 
-async def test_a_node_not_back_within_a_steps_timeout_gets_the_next_step_and_both_go_once_it_is(
-    api: MemApi, kube: KubeClient
-) -> None:
+def two_step_ladder(api: MemApi) -> None:
+    """A node whose GPUs all failed under a policy of two steps: a GPU reset for ten minutes, then a reboot."""
     api.create(NODES, gpu_node(gpus=2))
     ladder = [
         {
@@ -598,13 +598,29 @@ async def test_a_node_not_back_within_a_steps_timeout_gets_the_next_step_and_bot
     api.create(REPORTS, failed_report())
     api.create(RESET_TEMPLATES, {"metadata": {"name": "reset"}, "spec": {"template": {"spec": {}}}})
     template(api)
+
+
+def first_step_timeout(api: MemApi) -> float:
+    """When the first step's ten minutes are up, in loop time: they count from its record's ``startedAt``."""
+    [first] = remediation_records(api)
+    started = parse_time(first["status"]["startedAt"])
+    assert started is not None
+    return started - EPOCH.timestamp() + 600
+
+
+async def test_a_node_not_back_within_a_steps_timeout_gets_the_next_step_and_both_go_once_it_is(
+    api: MemApi, kube: KubeClient
+) -> None:
+    two_step_ladder(api)
+    loop = asyncio.get_running_loop()
     async with running(kube):
         await until(lambda: has(api, f"{RESETS}/n1"), "the first step's object")
-        started = asyncio.get_running_loop().time()
-        await asyncio.sleep(590)
+        await until(lambda: "startedAt" in remediation_records(api)[0].get("status", {}), "the first step's start")
+        timeout = first_step_timeout(api)
+        await asyncio.sleep(timeout - 10 - loop.time())
         assert not has(api, f"{REBOOTS}/n1"), "the first step has its ten minutes"
         await until(lambda: has(api, f"{REBOOTS}/n1"), "the second step's object", timeout=60)
-        assert asyncio.get_running_loop().time() - started >= 600
+        assert loop.time() >= timeout
         records = remediation_records(api)
         assert sorted(r["metadata"]["labels"].get("devheal.io/step", "0") for r in records) == ["0", "1"]
         assert len(api.calls("create", RESETS)) == 1 and len(api.calls("create", REBOOTS)) == 1
@@ -613,3 +629,19 @@ async def test_a_node_not_back_within_a_steps_timeout_gets_the_next_step_and_bot
         await until(
             lambda: all(r["status"]["phase"] == "Succeeded" for r in remediation_records(api)), "both records to end"
         )
+
+
+async def test_a_steps_timeout_is_acted_on_when_it_comes_due_not_at_the_next_tick(
+    api: MemApi, kube: KubeClient
+) -> None:
+    """The round says when it wants to run again (``RoundResult.next_wake``: here, the first step's timeout); the
+    loop wakes then, however long its tick (7 minutes here: ticks alone would give the second step at 14)."""
+    two_step_ladder(api)
+    loop = asyncio.get_running_loop()
+    async with running(kube, tick=420.0):
+        await until(lambda: has(api, f"{RESETS}/n1"), "the first step's object")
+        await until(lambda: "startedAt" in remediation_records(api)[0].get("status", {}), "the first step's start")
+        timeout = first_step_timeout(api)
+        await until(lambda: has(api, f"{REBOOTS}/n1"), "the second step's object", timeout=1200)
+        assert timeout <= loop.time() < timeout + 1
+        assert len(api.calls("create", REBOOTS)) == 1

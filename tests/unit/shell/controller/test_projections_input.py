@@ -27,7 +27,8 @@ from devheal.model.cluster import (
     NodeDevicesReport,
     Pod,
 )
-from devheal.model.values import INT64_MAX
+from devheal.model.plan import Phase
+from devheal.model.values import INT64_MAX, show
 from tests.unit.fuzz.strategies import NODE, NODE_DEVICES, POD, REMEDIATION
 from tests.unit.fuzzing import FUZZ, json_values, shaped
 
@@ -139,6 +140,38 @@ def test_a_malformed_report_is_rejected_naming_the_device() -> None:
     obj = {"kind": "NodeDevices", "metadata": {"name": "n"}, "status": {"devices": [{"reasons": {"code": 1}}]}}
     with pytest.raises(ProjectionError, match=r"NodeDevices n: status.devices\[0\].reasons: expected a list"):
         project_node_devices(obj)
+
+
+def _record_of(source: Any) -> dict[str, Any]:
+    """An active Remediation (its decision is rebuilt) whose finding names ``source``."""
+    return {
+        "kind": "Remediation",
+        "metadata": {"name": "r", "annotations": {"devheal.io/decision": "Act"}},
+        "spec": {
+            "action": "Taint",
+            "target": {"kind": "Node", "name": "n1", "node": "n1"},
+            "finding": {"kind": "NodeDevicesFailed", "source": source},
+        },
+        "status": {"phase": "InProgress"},
+    }
+
+
+@pytest.mark.parametrize("source", [7, ["pod-status"], {"a": 1}])
+def test_a_record_whose_signals_are_not_text_is_rejected_naming_the_field(source: Any) -> None:
+    with pytest.raises(ProjectionError) as refused:
+        project_remediation(_record_of(source))
+    assert (
+        str(refused.value)
+        == f"Remediation r: spec.finding.source: expected signals joined by commas (text), got {show(source)}"
+    )
+
+
+@pytest.mark.parametrize("source", ["pod-status,nvml", "nodedevices,", "pod-status nodedevices"])
+def test_a_record_naming_a_signal_this_version_does_not_know_still_counts_but_is_not_carried_on(source: Any) -> None:
+    """A newer version's signal: the record stays in the cache (the rails count it), its decision is not rebuilt."""
+    record = project_remediation(_record_of(source))
+    assert (record.phase, record.node) == (Phase.IN_PROGRESS, "n1")
+    assert record.resume is None
 
 
 def test_the_informer_logs_a_rejected_object_and_drops_the_previous_copy(caplog: pytest.LogCaptureFixture) -> None:

@@ -19,7 +19,16 @@ from devheal.controller.projections import project_node, project_remediation
 from devheal.controller.records import Records, remediation_body
 from devheal.kube.client import KubeClient
 from devheal.model.cluster import LIFTS_ANNOTATION, Workload, WorkloadClass
-from devheal.model.plan import DECISION_ANNOTATION, Action, Decision, Finding, FindingKind, Phase, TargetKind
+from devheal.model.plan import (
+    DECISION_ANNOTATION,
+    Action,
+    Decision,
+    Finding,
+    FindingKind,
+    FindingSource,
+    Phase,
+    TargetKind,
+)
 from devheal.model.policy import ActionKind
 from devheal.model.times import format_time
 from devheal.model.values import LABEL_VALUE_MAX
@@ -52,7 +61,7 @@ def failed_gpus(node: Obj) -> Obj:
 
 
 def node_action(kind: ActionKind, node: str = "n1", policy: str = "p") -> Action:
-    finding = Finding(FindingKind.NODE_DEVICES_FAILED, node, "node-capacity", "8 GPUs gone", 0.0)
+    finding = Finding(FindingKind.NODE_DEVICES_FAILED, node, (FindingSource.NODE_CAPACITY,), "8 GPUs gone", 0.0)
     return Action(kind, TargetKind.NODE, node, node, finding, policy, target_uid=f"uid-{node}")
 
 
@@ -161,7 +170,7 @@ async def test_lift_numbers_the_next_episode_on_the_node(api: MemApi, kube: Kube
 def add_record(api: MemApi, name: str, phase: str, ended: float, *, node: str = "n1", policy: str = "p") -> None:
     """A Remediation of a node as the controller writes them (created, then its status), ended (or started)
     at ``ended``."""
-    finding = Finding(FindingKind.NODE_DEVICES_FAILED, node, "node-capacity", "gone", ended)
+    finding = Finding(FindingKind.NODE_DEVICES_FAILED, node, (FindingSource.NODE_CAPACITY,), "gone", ended)
     # A Notify: no decision reads an ended one beyond its name (a Taint that succeeded is read for a day), so
     # only the retention rules keep it.
     action = Action(ActionKind.NOTIFY, TargetKind.NODE, node, node, finding, policy, epoch=int(name.split("-")[-1]))
@@ -239,14 +248,38 @@ async def test_a_record_taken_up_again_before_its_deletion_stays(api: MemApi, ku
 
 def test_a_gang_records_the_rank_that_named_it() -> None:
     """Gang restarts are named by the gang's generation and the failing rank, kept in the spec to rebuild it."""
-    rank = Finding(FindingKind.DEVICE_FAILED, "n1", "pod-status", "XID 79", 0.0, pod="ml/w-0", pod_uid="uid-w0")
+    rank = Finding(
+        FindingKind.DEVICE_FAILED, "n1", (FindingSource.POD_STATUS,), "XID 79", 0.0, pod="ml/w-0", pod_uid="uid-w0"
+    )
     gang = Workload("ml", "JobSet", "train", WorkloadClass.GANG)
     action = Action(ActionKind.RESTART_GANG, TargetKind.GANG, gang.key, "n1", rank, "p", workload=gang, epoch=3)
     body = remediation_body(action)
     assert body["spec"]["finding"]["podUID"] == "uid-w0"
     assert project_remediation(body).resume == action
-    other_rank = Finding(FindingKind.DEVICE_FAILED, "n2", "pod-status", "XID 79", 0.0, pod="ml/w-1", pod_uid="uid-w1")
+    other_rank = Finding(
+        FindingKind.DEVICE_FAILED, "n2", (FindingSource.POD_STATUS,), "XID 79", 0.0, pod="ml/w-1", pod_uid="uid-w1"
+    )
     assert Action(**{**_fields(action), "finding": other_rank}).name != action.name
+
+
+def test_a_finding_several_signals_agree_on_is_recorded_joined_and_read_back_as_those_signals() -> None:
+    signals = (FindingSource.POD_STATUS, FindingSource.NODE_DEVICES, FindingSource.NODE_CAPACITY)
+    finding = Finding(FindingKind.NODE_DEVICES_FAILED, "n1", signals, "8 of 8 GPUs failed", 0.0)
+    action = node_action(ActionKind.TAINT)
+    action = dataclasses.replace(action, finding=finding)
+    body = remediation_body(action)
+    assert body["spec"]["finding"]["source"] == "pod-status,nodedevices,node-capacity"
+    resumed = project_remediation(body).resume
+    assert resumed == action and resumed.finding.sources == signals
+
+
+def test_a_record_that_names_no_signal_reads_back_with_none() -> None:
+    """Written by hand, or by a version that kept no source: the decision is still the one the record names."""
+    action = node_action(ActionKind.TAINT)
+    body = remediation_body(action)
+    del body["spec"]["finding"]["source"]
+    resumed = project_remediation(body).resume
+    assert resumed is not None and resumed.finding.sources == () and resumed.name == action.name
 
 
 def _fields(action: Action) -> dict[str, Any]:
@@ -266,7 +299,7 @@ async def test_a_round_walks_only_current_records_and_still_finds_an_old_decisio
     for i in range(300):
         add_record(api, f"old-{i}", "Succeeded", now - 30 * 24 * 3600 - i, node=f"n{i}")
     add_record(api, "recent-0", "Succeeded", now - 600, node="n2")
-    finding = Finding(FindingKind.DEVICE_FAILED, "n1", "pod-status", "XID 79", now - 90 * 24 * 3600)
+    finding = Finding(FindingKind.DEVICE_FAILED, "n1", (FindingSource.POD_STATUS,), "XID 79", now - 90 * 24 * 3600)
     workload = Workload("ml", "ReplicaSet", "infer-7c9", WorkloadClass.INFERENCE)
     decided = Action(
         ActionKind.DESCHEDULE,

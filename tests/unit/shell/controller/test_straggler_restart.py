@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from devheal.kube.client import KubeClient
-from devheal.model.plan import Action, Finding, FindingKind, Phase, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, Phase, TargetKind
 from devheal.model.policy import ActionKind
 from tests.shell.fixtures import EPOCH
 from tests.shell.memapi import MemApi
@@ -29,7 +29,7 @@ def step_restart(kind: FindingKind, uid: str, pod: str = "ml/rank-2") -> Action:
         target_kind=TargetKind.GANG,
         target=GANG.key,
         node="n2",
-        finding=Finding(kind, "n2", "step-times", "slow", EPOCH.timestamp(), pod, uid),
+        finding=Finding(kind, "n2", (FindingSource.STEP_TIMES,), "slow", EPOCH.timestamp(), pod, uid),
         policy="p",
         workload=GANG,
         reason="a slow rank",
