@@ -77,6 +77,8 @@ class Row:
     steps_lost: int | None
     pods_recreated: int
     evidence: str
+    milestones: dict[str, float]
+    """Seconds from the fault until every rank's new process had started, joined, resumed, stepped."""
 
 
 def policy(stall_after: str) -> dict[str, Any]:
@@ -123,16 +125,28 @@ class Events:
 
 def recovery(events: list[dict[str, Any]], ranks: int, fault_at: float) -> tuple[float | None, int | None]:
     """When every rank stepped again in a process started after the fault, and how many steps were done again."""
-    new_pids = {e["pid"] for e in events if e["event"] == "start" and e["t"] > fault_at}
-    first_step: dict[int, float] = {}
-    for e in events:
-        if e["event"] == "step" and e["pid"] in new_pids:
-            first_step.setdefault(e["rank"], e["t"])
-    if len(first_step) < ranks:
+    phases = milestones(events, ranks, fault_at)
+    if "stepping" not in phases:
         return None, None
+    new_pids = {e["pid"] for e in events if e["event"] == "start" and e["t"] > fault_at}
     before = max((e["step"] for e in events if e["event"] == "step" and e["pid"] not in new_pids), default=-1)
     resumed = min(e["step"] for e in events if e["event"] == "resumed" and e["pid"] in new_pids)
-    return max(first_step.values()) - fault_at, max(0, before + 1 - resumed)
+    return phases["stepping"], max(0, before + 1 - resumed)
+
+
+MILESTONES = {"start": "started", "joined": "joined", "resumed": "resumed", "step": "stepping"}
+"""Event -> milestone: every rank's new process started (interpreter and torch imported), joined the process
+group (gloo's rendezvous), loaded the checkpoint, and stepped."""
+
+
+def milestones(events: list[dict[str, Any]], ranks: int, fault_at: float) -> dict[str, float]:
+    """Seconds from the fault until every rank reached each milestone in a process started after the fault."""
+    new_pids = {e["pid"] for e in events if e["event"] == "start" and e["t"] > fault_at}
+    first: dict[str, dict[int, float]] = {}
+    for e in events:
+        if e["pid"] in new_pids and e["event"] in MILESTONES:
+            first.setdefault(MILESTONES[e["event"]], {}).setdefault(e["rank"], e["t"])
+    return {name: round(max(at.values()) - fault_at, 2) for name, at in first.items() if len(at) == ranks}
 
 
 class Gang:
@@ -313,7 +327,9 @@ def judge(record: dict[str, Any] | None, victim: dict[str, Any]) -> tuple[str, s
 
 async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> Row:
     kube = gang.kube
-    before = await gang.pods()
+    before = await wait_until(
+        gang.pods, lambda pods: len(pods) == gang.args.ranks, timeout=60, what="every rank's pod running"
+    )
     victim = before[VICTIM]
     seen = {r["metadata"]["uid"] for r in await remediations(kube)}
     undo = await inject(fault, gang, faults, victim)
@@ -350,7 +366,79 @@ async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> R
         steps_lost=lost,
         pods_recreated=recreated,
         evidence=evidence[:300],
+        milestones=milestones(gang.events.read(), gang.args.ranks, fault_at),
     )
+
+
+async def set_paused(kube: KubeClient, paused: bool) -> None:
+    """Pause or resume the benchmark's policy and wait until the controller took it up."""
+    await kube.patch(api_path(GROUP_VERSION, "remediationpolicies", name="bench"), {"spec": {"paused": paused}})
+    await wait_policy_observed(kube, "bench", timeout=60)
+
+
+async def recreate_all(gang: Gang, faults: Faults, timeout: float) -> Row:
+    """The device fault of ``run_fault`` answered by deleting every pod of the gang (devheal's policy paused), as a
+    plain failure policy or a JobSet restart does: every rank pays a new pod and a new process."""
+    kube = gang.kube
+    await set_paused(kube, True)
+    try:
+        before = await wait_until(
+            gang.pods, lambda pods: len(pods) == gang.args.ranks, timeout=60, what="every rank's pod running"
+        )
+        victim = before[VICTIM]
+        undo = await inject("device", gang, faults, victim)
+        fault_at = time.time()
+        await kube.request("DELETE", api_path("v1", "pods", namespace=NS), params={"labelSelector": f"job-name={JOB}"})
+        recovered_s: float | None = None
+        lost: int | None = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and recovered_s is None:
+            await asyncio.sleep(0.25)
+            recovered_s, lost = recovery(gang.events.read(), gang.args.ranks, fault_at)
+        undo()
+        after = await gang.pods()
+        return Row(
+            fault="device",
+            shape=gang.shape,
+            detected_s=None,
+            named="none",
+            action="recreate-all",
+            recovered=recovered_s is not None,
+            recovered_s=None if recovered_s is None else round(recovered_s, 2),
+            steps_lost=lost,
+            pods_recreated=len(
+                {p["metadata"]["uid"] for p in before.values()} - {p["metadata"]["uid"] for p in after.values()}
+            ),
+            evidence="",
+            milestones=milestones(gang.events.read(), gang.args.ranks, fault_at),
+        )
+    finally:
+        await set_paused(kube, False)
+
+
+def comparison(rows: list[Row]) -> dict[str, Any]:
+    """Medians of each path's milestones, side by side, and their ratio."""
+    out: dict[str, Any] = {}
+    for path, mine in (
+        ("in_place", [r for r in rows if r.action != "recreate-all"]),
+        ("recreate_all", [r for r in rows if r.action == "recreate-all"]),
+    ):
+        done = [r for r in mine if r.recovered]
+        out[path] = {
+            "runs": len(mine),
+            "recovered": len(done),
+            "actions": sorted({r.action for r in mine}),
+            "median_recovered_s": statistics.median(r.recovered_s for r in done if r.recovered_s) if done else None,
+            "median_milestones_s": {
+                m: statistics.median(r.milestones[m] for r in done if m in r.milestones)
+                for m in MILESTONES.values()
+                if any(m in r.milestones for r in done)
+            },
+            "pods_recreated": [r.pods_recreated for r in mine],
+        }
+    a, b = out["in_place"]["median_recovered_s"], out["recreate_all"]["median_recovered_s"]
+    out["ratio"] = round(b / a, 2) if a and b else None
+    return out
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -372,14 +460,21 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             )
             await wait_policy_observed(kube, "bench", timeout=120)
             faults = Faults(lab)
+            compared: dict[str, Any] = {}
             for shape in args.shapes:
                 gang: Gang | None = None
-                for fault in args.faults:
+                runs = [(fault, False) for fault in args.faults]
+                runs += [(path, True) for _ in range(args.compare) for path in ("device", "recreate-all")]
+                pairs: list[Row] = []
+                for fault, paired in runs:
                     if gang is None:
-                        gang = Gang(lab, kube, args, shape, lab.dir / f"{shape}-{len(rows)}")
+                        gang = Gang(lab, kube, args, shape, lab.dir / f"{shape}-{len(rows) + len(pairs)}")
                         await gang.start()
-                    row = await run_fault(fault, gang, faults, args.timeout)
-                    rows.append(row)
+                    if fault == "recreate-all":
+                        row = await recreate_all(gang, faults, args.timeout)
+                    else:
+                        row = await run_fault(fault, gang, faults, args.timeout)
+                    (pairs if paired else rows).append(row)
                     print(_line(row), flush=True)
                     try:
                         if not row.recovered:
@@ -390,6 +485,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         gang = None
                 if gang is not None:
                     await gang.stop()
+                if pairs:
+                    compared[shape] = comparison(pairs) | {"rows": [asdict(r) for r in pairs]}
     finally:
         network_cut.restore_all()
         if controller is not None:
@@ -398,7 +495,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.to_thread(lab.down)
         if not args.keep:
             shutil.rmtree(lab.dir, ignore_errors=True)
-    return {"torch_version": torch.__version__, "ranks": args.ranks, "rows": [asdict(r) for r in rows]}
+    return {
+        "torch_version": torch.__version__,
+        "ranks": args.ranks,
+        "rows": [asdict(r) for r in rows],
+        "in_place_vs_recreate": compared,
+    }
 
 
 def _line(row: Row) -> str:
@@ -421,6 +523,13 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--collective-timeout", type=float, default=120.0, help="gloo's timeout in the ranks")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds a fault has to be recovered from")
+    parser.add_argument(
+        "--compare",
+        type=int,
+        default=0,
+        help="then, per shape, this many pairs of a device fault answered in place by devheal vs by recreating "
+        "every pod (--faults '' for the pairs alone)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the lab's directory (logs, events)")
     parser.add_argument("--out", type=Path, default=RESULTS / "real_training.json")
     args = parser.parse_args()
@@ -432,12 +541,17 @@ def main() -> None:
     for f in args.faults:
         if f not in FAULTS:
             parser.error(f"--faults: {f!r} is not one of {', '.join(FAULTS)}")
+    if args.compare < 0:
+        parser.error("--compare must be >= 0")
     if not 2 <= args.ranks <= 16:
         parser.error("--ranks must be 2-16")
     result = asyncio.run(bench(args))
-    recovered = [r for r in result["rows"] if r["recovered"]]
-    if recovered:
-        print(f"median recovery {statistics.median(r['recovered_s'] for r in recovered):.1f}s over {len(recovered)}")
+    for shape, c in result["in_place_vs_recreate"].items():
+        print(
+            f"{shape}: in place {c['in_place']['median_recovered_s']}s {c['in_place']['median_milestones_s']} vs "
+            f"recreate all {c['recreate_all']['median_recovered_s']}s {c['recreate_all']['median_milestones_s']}: "
+            f"{c['ratio']}x"
+        )
     write_results(args.out, "real_training", {"result": result})
 
 

@@ -433,7 +433,7 @@ class MemApi:
             return s.get(ref), 200
         if verb == "create":
             if ref.subresource == "eviction":
-                return s.evict(ref, body), 201
+                return s.evict(ref, body, dry_run=params.get("dryRun") == "All"), 201
             if ref.subresource:
                 raise ApiError(405, "MethodNotAllowed", f"POST is not allowed on {ref.subresource}")
             return s.create(ref, body), 201

@@ -397,11 +397,18 @@ class Store:
             return self._record("MODIFIED", ref.key, new, current)
         return self._record("DELETED", ref.key, None, current)
 
-    def evict(self, ref: Ref, body: Any) -> Obj:
-        """POST pods/NAME/eviction: deletes the pod (PodDisruptionBudgets are a test's fault to inject)."""
+    def evict(self, ref: Ref, body: Any, *, dry_run: bool = False) -> Obj:
+        """POST pods/NAME/eviction: deletes the pod (PodDisruptionBudgets are a test's fault to inject); a dry run
+        (``?dryRun=All``) only checks that the pod is there and its UID precondition holds."""
         pod = Ref(ref.prefix, ref.plural, ref.namespace, ref.name)
         if ref.plural != "pods":
             raise ApiError(404, "NotFound", f"{ref.plural} have no eviction subresource")
         options = (body or {}).get("deleteOptions") if isinstance(body, dict) else None
+        if dry_run:
+            current = self.get(pod)
+            uid = ((options or {}).get("preconditions") or {}).get("uid")
+            if uid and current["metadata"].get("uid") != uid:
+                raise ApiError(409, "Conflict", f"precondition failed: UID in precondition: {uid}")
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         self.delete(pod, options)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}

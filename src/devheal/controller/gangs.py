@@ -4,13 +4,16 @@ One ``RestartGang`` remediation carries a gang from the failure to "all ranks ru
 again", over several passes (it stays ``InProgress`` in between, with ``status.reason``
 showing the stage: ``Restarting`` -> ``WaitingForReplacement`` -> ``Running``):
 
-1. every member devheal has a pod finding about (``POD_FINDINGS``: a failed device, a
-   device-error exit, a crash loop on a device) gets ``devheal.io/DeviceFailed`` and is
-   evicted (its owner recreates it; the scheduler places it on a healthy device);
+1. whether every member devheal has a pod finding about (``POD_FINDINGS``: a failed
+   device, a device-error exit, a crash loop on a device) may be evicted is asked first, as
+   a dry run (a PodDisruptionBudget that keeps one leaves the gang as it runs);
 2. the gang's restart generation is bumped once per remediation: the new number is
    written on the Remediation first (so a restarted controller reuses it), then as the
-   annotation ``devheal.io/restart-generation`` on every member: their launchers
-   restart the training process in place;
+   annotation ``devheal.io/restart-generation`` on every other member: their launchers
+   restart the training process in place; then each broken member gets
+   ``devheal.io/DeviceFailed`` and is evicted (its owner recreates it; the scheduler places
+   it on a healthy device). Told after the eviction, the others' training processes would
+   fail with the evicted rank's collectives and end their pods first;
 3. replacements get the same generation once they exist; when every member runs with it,
    the remediation succeeds. A rank that fails meanwhile joins the same remediation.
 
@@ -302,9 +305,17 @@ class GangRestarter:
         return notes
 
     async def _evict(
-        self, pods: Sequence[Pod], action: Action, grace: int | None, now: float, moved: set[str] | None = None
+        self,
+        pods: Sequence[Pod],
+        action: Action,
+        grace: int | None,
+        now: float,
+        moved: set[str] | None = None,
+        *,
+        dry_run: bool = False,
     ) -> list[Pod]:
-        """Mark and evict each broken rank whose backoff allows it; returns those still refused."""
+        """Mark and evict each broken rank whose backoff allows it; returns those still refused. ``dry_run``: only
+        ask whether each may be evicted (the API server's dry run: its PodDisruptionBudgets answer), marking none."""
         refused = []
         for pod in pods:
             refusal = self.refused.get(pod.uid)
@@ -312,6 +323,15 @@ class GangRestarter:
                 refused.append(pod)
                 continue
             try:
+                if dry_run:
+                    with contextlib.suppress(errors.NotFound, errors.Conflict):  # gone or replaced already
+                        await self.client.request(
+                            "POST",
+                            api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="eviction"),
+                            body=eviction(pod.namespace, pod.name, pod.uid, grace),
+                            params={"dryRun": "All"},
+                        )
+                    continue
                 await self._mark_and_evict(pod, action, grace, vacate=pod.uid not in (moved or set()))
             except errors.TooManyRequests as exc:
                 tries = refusal.tries + 1 if refusal is not None else 1
@@ -409,16 +429,25 @@ class GangRestarter:
         moved |= suspect  # accused by an exit code or a crash loop only: no vacancy on a GPU that looks healthy
         broken_uids |= moved
         broken = [p for p in active if p.uid in broken_uids]
+        healthy = [p for p in active if p.uid not in broken_uids]
+        # The healthy ranks are told before a broken one goes: an evicted rank takes its peers' collectives
+        # down with it (gloo fails them at once), and a training process that fails that way ends its pod before
+        # its launcher hears of the restart (measured with PyTorch: bench.real_training). Whether the broken
+        # ranks may go at all is asked first, as a dry run, so a PodDisruptionBudget that keeps one still leaves
+        # the others running as they were.
+        refused = await self._evict(broken, action, grace, now, moved, dry_run=True)
+        elapsed = self.clock() - started
+        if refused:
+            return self._refused(action, refused, generation, elapsed), steps
+        behind = self._behind(healthy, generation, now)
+        await asyncio.gather(*(self._set_generation(p, generation) for p in behind))
+        if behind:
+            steps.append(f"generation {generation} on {len(behind)} pods")
         refused = await self._evict(broken, action, grace, now, moved)
         steps += [f"replace {p.name}" for p in broken if p not in refused]
         elapsed = self.clock() - started
         if refused:
             return self._refused(action, refused, generation, elapsed), steps
-        healthy = [p for p in active if p.uid not in broken_uids]
-        behind = self._behind(healthy, generation, now)
-        await asyncio.gather(*(self._set_generation(p, generation) for p in behind))
-        if behind:
-            steps.append(f"generation {generation} on {len(behind)} pods")
         mechanisms = [InPlaceRestart(p.in_place) for p in healthy]
         agents = any(m is not InPlaceRestart.NONE for m in mechanisms)
         back = {p.uid for p, m in zip(healthy, mechanisms, strict=True) if _back(p, m, generation, agents)}

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-dir", required=True, help="local directory for the checkpoints")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints (default 20)")
     parser.add_argument("--steps", type=int, default=0, help="stop after this step (0: run until stopped)")
-    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=300.0, help="gloo's collective timeout, seconds")

@@ -112,7 +112,21 @@ async def synced(kube: KubeClient) -> AsyncIterator[ClusterCache]:
 
 
 def evicted(api: MemApi) -> list[str]:
-    return [c.path.split("/")[-2] for c in api.calls("create", PODS) if c.path.endswith("/eviction")]
+    """Pods evicted, in order (not the dry runs that first ask whether each may go)."""
+    return [
+        c.path.split("/")[-2]
+        for c in api.calls("create", PODS)
+        if c.path.endswith("/eviction") and c.params.get("dryRun") != "All"
+    ]
+
+
+def asked_to_evict(api: MemApi) -> list[str]:
+    """Pods a dry-run eviction asked about, in order."""
+    return [
+        c.path.split("/")[-2]
+        for c in api.calls("create", PODS)
+        if c.path.endswith("/eviction") and c.params.get("dryRun") == "All"
+    ]
 
 
 def generation_writes(api: MemApi) -> list[str]:
@@ -135,9 +149,10 @@ async def test_the_vacancy_is_there_before_the_eviction_is_asked_for(api: MemApi
             lambda: seen.append([v.node for v in acting.gangs.vacancies]),
             verb="create",
             path=f"{PODS}/rank-1/eviction",
+            times=2,
         )
         await acting.execute(restart())
-    assert seen == [["n1"]]
+    assert seen == [[], ["n1"]], "the dry run that asks whether the rank may go first vacates nothing"
     assert [v.node for v in acting.gangs.vacancies] == ["n1"]
 
 
@@ -182,6 +197,23 @@ async def test_only_the_rank_with_a_finding_is_replaced_and_the_rest_get_the_new
     assert [v.node for v in acting.gangs.vacancies] == ["n1"]
     # The gang came from the cache: the only pod list is the cache's own, of every pod.
     assert [c.params.get("labelSelector") for c in api.calls("list", api_path("v1", "pods"))] == [None]
+
+
+async def test_the_healthy_ranks_are_told_before_the_broken_one_is_evicted(api: MemApi, kube: KubeClient) -> None:
+    """Measured with a real PyTorch gang (bench.real_training): evicted first, the broken rank took its peers'
+    gloo collectives down before their launchers heard of the restart, and every pod failed. So: ask whether it
+    may go (a dry run), tell the others, then evict it."""
+    gang(api, broken=1)
+    async with synced(kube) as cache:
+        await actuators(kube, cache).execute(restart())
+    order = [
+        ("dry run" if c.params.get("dryRun") == "All" else "evict") if c.path.endswith("/eviction") else "generation"
+        for c in api.requests
+        if (c.verb == "create" and c.path.endswith("/eviction"))
+        or (c.verb == "patch" and c.path.startswith(PODS) and not c.path.endswith("/status"))
+    ]
+    assert order == ["dry run", "generation", "generation", "evict"]
+    assert asked_to_evict(api) == evicted(api) == ["rank-1"]
 
 
 async def test_a_failed_device_the_node_agent_reports_makes_its_rank_broken(api: MemApi, kube: KubeClient) -> None:
