@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.lab.cluster import Lab
+from devheal.lab.cluster import Lab, free_port
 from devheal.lab.nodesim.pods import EXIT_CODE_ANNOTATION, RUN_SECONDS_ANNOTATION
 from devheal.lab.slowdown import DEVICES_ENV, POD_ENV
 from devheal.lab.workloads import get_path, pods_of
@@ -63,7 +63,8 @@ class RankProcesses:
     """The training command of a rank (its index and node), run under ``devheal launch``."""
     launcher_args: Sequence[str] = ()
     logs: Path = Path("/tmp")
-    master_port: int = 29500
+    master_port: int = field(default_factory=free_port)
+    """The rendezvous port (rank 0's TCPStore): a free one, so that gangs side by side do not meet."""
     grace: float = 5.0
     uid_of_node: Callable[[str], int | None] = lambda _node: None
     """The user a node's ranks run as (None: this process's own)."""
