@@ -24,7 +24,9 @@ gang), ``named`` (the rank the Remediation replaces: ``right``, ``wrong``, or ``
 ``action``, ``recovered`` (every rank stepping again in a new process within ``--timeout``),
 ``recovered_s``, ``steps_lost`` (steps done before the restart and done again after it) and
 ``pods_recreated``. The policy: ``actions.gang: RestartGang``, stragglers replaced at once,
-stalls after ``--stall-after``, exit code 79 a device error, no budgets in the way. Writes
+stalls after ``--stall-after``, exit code 79 a device error, no budgets in the way. With
+``--hold-failed N`` the launchers hold a crashed run for an in-place restart (docs/gangs.md);
+without it (0) a crash fails every pod and the Job recreates the gang. Writes
 bench/results/real_training.json.
 """
 
@@ -176,6 +178,8 @@ class Gang:
                 "1",
                 "--device-error-exit-codes",
                 str(DEVICE_ERROR_EXIT),
+                "--hold-failed",
+                str(args.hold_failed),
             ),
             logs=work,
             uid_of_node=node_uid,
@@ -529,6 +533,12 @@ def main() -> None:
         default=0,
         help="then, per shape, this many pairs of a device fault answered in place by devheal vs by recreating "
         "every pod (--faults '' for the pairs alone)",
+    )
+    parser.add_argument(
+        "--hold-failed",
+        type=float,
+        default=0.0,
+        help="the launchers' --hold-failed: seconds a failed run waits for an in-place restart (0: exit at once)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the lab's directory (logs, events)")
     parser.add_argument("--out", type=Path, default=RESULTS / "real_training.json")

@@ -8,10 +8,10 @@ attacker holding them would send them:
 - devheal's controller: its node actuators (Taint, Cordon, the degraded taint, spares, Lift) go
   through; a node's other labels, other taints, podCIDR, a whole-node PUT, a pod's other conditions
   or containers' statuses are refused;
-- a launcher: its own pod's devheal.io/launcher-generation and devheal.io/steps, written by the
-  launcher's own code (and by `devheal launch` processes restarting a gang in place), go through; a
-  peer's annotations or image, its own labels, image or restart generation, and anything from a
-  token bound to no pod are refused.
+- a launcher: its own pod's devheal.io/launcher-generation, devheal.io/steps and
+  devheal.io/launcher-failed, written by the launcher's own code (and by `devheal launch`
+  processes restarting a gang in place), go through; a peer's annotations or image, its own
+  labels, image or restart generation, and anything from a token bound to no pod are refused.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from devheal.model.cluster import (
 )
 from devheal.model.plan import Action, Finding, FindingKind, FindingSource, TargetKind
 from devheal.model.policy import ActionKind
+from devheal.model.run_failure import RUN_FAILURE_ANNOTATION
 from devheal.model.steps import STEPS_ANNOTATION
 
 from .launch.conftest import GangHarness
@@ -330,18 +331,24 @@ async def test_a_launcher_writes_only_its_own_pods_annotations(
         await gang.publish_steps('{"n":3}')
         own = (await kube.get(f"{pods}/rank-0"))["metadata"]["annotations"]
         assert own[LAUNCHER_GENERATION_ANNOTATION] == "1" and own[STEPS_ANNOTATION] == '{"n":3}'
+        await gang.publish_failure('{"code":1}')  # a failed run it holds, removed by the next acknowledgement
+        assert (await kube.get(f"{pods}/rank-0"))["metadata"]["annotations"][RUN_FAILURE_ANNOTATION] == '{"code":1}'
+        await gang.acknowledge(2, clear_failure=True)
+        own = (await kube.get(f"{pods}/rank-0"))["metadata"]["annotations"]
+        assert own[LAUNCHER_GENERATION_ANNOTATION] == "2" and RUN_FAILURE_ANNOTATION not in own
 
         image = [{"name": created["rank-1"]["spec"]["containers"][0]["name"], "image": "evil:latest"}]
         refused = {
             "a peer's image": (peer, {"spec": {"containers": image}}, "may only change its own pod"),
             "a peer's labels": (peer, {"metadata": {"labels": {GANG_LABEL: "other"}}}, "may only change its own pod"),
             "a peer's step times": (peer, {"metadata": {"annotations": {STEPS_ANNOTATION: "{}"}}}, "its own pod"),
+            "a peer's failed run": (peer, {"metadata": {"annotations": {RUN_FAILURE_ANNOTATION: "{}"}}}, "its own pod"),
             "its own image": (f"{pods}/rank-0", {"spec": {"containers": image}}, "may not change a pod's spec"),
             "its own labels": (f"{pods}/rank-0", {"metadata": {"labels": {GANG_LABEL: "other"}}}, "labels"),
             "its own restart generation": (
                 f"{pods}/rank-0",
                 {"metadata": {"annotations": {RESTART_GENERATION_ANNOTATION: "7"}}},
-                "launcher-generation and devheal.io/steps annotations",
+                "launcher-generation, devheal.io/steps and devheal.io/launcher-failed annotations",
             ),
         }
         for what, (path, body, expected) in refused.items():

@@ -107,10 +107,22 @@ def launch(
             "for the controller's straggler and stall detection; 0: never publish."
         ),
     ] = 10.0,
+    hold_failed: Annotated[
+        float,
+        typer.Option(
+            help="When CMD exits by itself with a non-zero code, publish the failed run on the pod "
+            "(devheal.io/launcher-failed) and wait up to this many seconds for the controller to restart the "
+            "gang: CMD then starts again in place; with no restart in time, exit with CMD's code. "
+            "0: exit at once (within 0..86400)."
+        ),
+    ] = 0.0,
     log_level: logs.LogLevel = "INFO",
     log_format: logs.LogFormatOption = logs.LogFormat.AUTO,
 ) -> None:
     """Run CMD; restart it in place when the gang's restart generation rises; exit with CMD's exit code.
+
+    With --hold-failed N, a failed CMD (non-zero exit) waits up to N seconds to be restarted in place by the
+    controller before the launcher exits with its code.
 
     Example: devheal launch --device-error-exit-codes 74,79 -- python train.py --epochs 3
     """
@@ -127,6 +139,8 @@ def launch(
             f"must be 0 (never) or within 1..3600 seconds, got {steps_publish_interval}",
             param_hint="--steps-publish-interval",
         )
+    if not 0 <= hold_failed <= 86400:
+        raise typer.BadParameter(f"must be within 0..86400 seconds, got {hold_failed}", param_hint="--hold-failed")
     try:
         codes = parse_exit_codes(device_error_exit_codes)
     except ValueError as exc:
@@ -148,6 +162,7 @@ def launch(
         steps_port=port,
         steps_window=steps_window,
         steps_publish_interval=steps_publish_interval,
+        hold_failed=hold_failed,
     )
     try:
         code = asyncio.run(_run(options, kubeconfig, context, namespace, pod, gang_label))

@@ -250,7 +250,13 @@ class GangRestarter:
             "status": "True",
             "reason": action.finding.kind.value,
             "message": f"rank of gang {action.target} "
-            + ("on a failed device" if vacate else "slow, hung, or on a degraded or suspect GPU")
+            + (
+                "on a failed device"
+                if vacate
+                else "failed first with a device-error exit code"
+                if action.finding.kind is FindingKind.RANK_FAILED and pod.uid == action.finding.pod_uid
+                else "slow, hung, or on a degraded or suspect GPU"
+            )
             + "; replaced, the gang restarts in place",
         }
         await self.client.patch(
@@ -421,7 +427,8 @@ class GangRestarter:
         # pass would take a replacement that landed on the same GPU for one); their node is left no vacancy.
         moved = degraded_ranks(view, active, ordered, now) - broken_uids if beginning else set()
         # Slow ranks (``engine.stragglers``) likewise; the rank a step-time finding of this restart names
-        # (a straggler, the rank that stalled first) on every pass until it is gone.
+        # (a straggler, the rank that stalled first, the rank that failed first with a device-error code) on every
+        # pass until it is gone.
         slow = set(self.slow_ranks()) if beginning else set()
         if action.finding.kind in STEP_FINDINGS and action.finding.pod_uid:
             slow.add(action.finding.pod_uid)

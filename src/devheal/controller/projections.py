@@ -53,6 +53,7 @@ from devheal.model.plan import (
     TargetKind,
 )
 from devheal.model.policy import ActionKind
+from devheal.model.run_failure import RUN_FAILURE_ANNOTATION, RunFailure, parse_run_failure
 from devheal.model.steps import STEPS_ANNOTATION, StepReport, parse_step_report
 from devheal.model.times import parse_time
 from devheal.model.values import INT32_MAX, INT64_MAX, show
@@ -223,6 +224,7 @@ def project_pod(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Pod:
         controlled=owner is not None,
         deletion_at=parse_time(meta.get("deletionTimestamp")),
         steps=_steps(annotations.get(STEPS_ANNOTATION), f"{namespace}/{name}"),
+        run_failure=_run_failure(annotations.get(RUN_FAILURE_ANNOTATION), f"{namespace}/{name}"),
     )
 
 
@@ -230,6 +232,8 @@ log = logging.getLogger(__name__)
 _REFUSED_STEPS: dict[str, str] = {}
 """Pod key -> the step report last refused for it, so each bad value is logged once, not at every update."""
 _REFUSED_STEPS_MAX = 10_000
+_REFUSED_FAILURES: dict[str, str] = {}
+"""Pod key -> the failed-run annotation last refused for it (logged once, as for step reports)."""
 
 
 def _steps(value: object, pod: str) -> StepReport | None:
@@ -243,6 +247,19 @@ def _steps(value: object, pod: str) -> StepReport | None:
         _REFUSED_STEPS[pod] = why
         log.warning("pod %s: annotation %s ignored: %s", pod, STEPS_ANNOTATION, why)
     return report
+
+
+def _run_failure(value: object, pod: str) -> RunFailure | None:
+    """The failed run the pod's launcher holds, or None (absent, or refused with a warning: no failed run)."""
+    if value is None:
+        return None
+    failure, why = parse_run_failure(value)
+    if failure is None and _REFUSED_FAILURES.get(pod) != why:
+        if len(_REFUSED_FAILURES) >= _REFUSED_STEPS_MAX:
+            _REFUSED_FAILURES.clear()
+        _REFUSED_FAILURES[pod] = why
+        log.warning("pod %s: annotation %s ignored: %s", pod, RUN_FAILURE_ANNOTATION, why)
+    return failure
 
 
 MALFORMED_GENERATION = -1

@@ -37,14 +37,16 @@ NOT_DEVICE_FAULTS = frozenset(
         FindingKind.DRA_DEVICE_RECOVERED,
         FindingKind.STRAGGLER,
         FindingKind.GANG_STALLED,
+        FindingKind.RANK_FAILED,
         FindingKind.ADMISSION_REJECTED,
         FindingKind.STUCK_TERMINATING,
         FindingKind.DEVICE_PLUGIN_DOWN,
         FindingKind.NODE_SIGNAL,
     }
 )
-"""Findings the breaker does not count: recoveries, a workload's own behaviour (slow, hung), the kubelet's and the
-device plugin's troubles, other tools' signals mapped to Degraded or Notify. Every kind is in one of the two sets."""
+"""Findings the breaker does not count: recoveries, a workload's own behaviour (slow, hung, a crashed run its
+launcher holds), the kubelet's and the device plugin's troubles, other tools' signals mapped to Degraded or
+Notify. Every kind is in one of the two sets."""
 
 
 def gpu_nodes(view: ClusterView, policies: Sequence[Policy]) -> list[Node]:

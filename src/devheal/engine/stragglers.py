@@ -16,12 +16,22 @@ is a robust outlier among its gang's ranks:
   own (a new report: its step count moved); one report within the bound starts it over.
 
 A gang is **stalled** when every active member runs and has reported steps in its current
-run, no restart is under way, and no rank has reported a step for ``stall.limit`` (the policy's
-``after``, or ``steps`` of the gang's median step when longer). The rank that stalled first is
-the one whose last report is older than every other's by at least half a median step: with
-``report_step`` called after the rank's own compute and before its collectives, the others
-have reported the step that rank never finished and wait for it in the collective. When no
-rank stands out, the whole gang restarts in place and nobody is replaced.
+run, no restart is under way, no launcher holds a failed run, and no rank has reported a step
+for ``stall.limit`` (the policy's ``after``, or ``steps`` of the gang's median step when
+longer). The rank that stalled first is the one whose last report is older than every
+other's by at least half a median step: with ``report_step`` called after the rank's own
+compute and before its collectives, the others have reported the step that rank never
+finished and wait for it in the collective. When no rank stands out, the whole gang restarts
+in place and nobody is replaced.
+
+A gang's rank has **failed** (``RankFailed``) when its launcher holds a failed run of the
+pod's current generation (``devheal launch --hold-failed``: the training command exited by
+itself with a non-zero code; ``Pod.run_failure``) and no restart is under way. The finding
+is on the rank that failed first (its ``at``), once the earliest failure is ``FAILED_RUN_SETTLE``
+old: a crashed rank's peers fail in their collectives milliseconds later, and their
+publications must be in before the first is named. That rank is replaced when its code is one
+of the policy's ``deviceErrorExitCodes`` (and its node steered away from); otherwise no rank
+is, and the whole gang restarts in place.
 
 Pure; the tracker keeps the streaks between rounds, and time is passed in.
 """
@@ -42,12 +52,17 @@ from devheal.model.policy_set import policy_for_node, policy_for_pod
 from devheal.model.rank_action import RankAction
 from devheal.model.steps import StepReport
 from devheal.model.straggler_policy import StallAction, StragglerRules
+from devheal.model.times import format_time
 
 MAD_SCALE = 1.4826
 """MAD x 1.4826 estimates the standard deviation of normally distributed values."""
 POOLED_SPREADS = 20
 """A gang's MADs of this many recent reports are pooled into the spread its ranks are judged by."""
-STEP_FINDINGS = frozenset({FindingKind.STRAGGLER, FindingKind.GANG_STALLED})
+STEP_FINDINGS = frozenset({FindingKind.STRAGGLER, FindingKind.GANG_STALLED, FindingKind.RANK_FAILED})
+"""Findings about a gang's ranks from what their launchers publish (``step_action`` decides on them)."""
+FAILED_RUN_SETTLE = 2.0
+"""Seconds after a gang's earliest held failed run before it is judged: its peers' failures (they fail in the
+collective within milliseconds) are published by then, so the rank that failed first is the one named."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +155,7 @@ class StragglerTracker:
             stalled = stall(members, rules, now)
             if stalled is not None:
                 found.append(stalled)
+        found += failed_runs(view, policies, now)
         for uid in [u for u in self.streaks if u not in seen]:
             del self.streaks[uid]
         for gang in [g for g in self.spreads if g not in gangs_seen]:
@@ -222,6 +238,8 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
             return None  # a rank not running or not reporting in this run yet: nothing to judge
         if pod.restart_generation > pod.acknowledged_generation:
             return None  # a restart is under way
+        if holds_failed_run(pod):
+            return None  # not hung: a run failed, and RankFailed says so (``failed_runs``)
         reports.append((pod, r))
     if not reports:
         return None
@@ -259,9 +277,69 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
     )
 
 
+def holds_failed_run(pod: Pod) -> bool:
+    """The pod's launcher holds a failed run of the pod's current generation, and no restart is under way."""
+    failure = pod.run_failure
+    return (
+        failure is not None
+        and pod.active
+        and pod.phase == "Running"
+        and failure.generation == pod.restart_generation
+        and pod.restart_generation <= pod.acknowledged_generation
+    )
+
+
+def failed_runs(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
+    """One ``RankFailed`` finding per gang where a launcher holds a failed run (``holds_failed_run``), on the rank
+    that failed first; its ``pod_uid`` is set (the rank is replaced) when its code is one of the policy's
+    ``deviceErrorExitCodes``."""
+    gang = WorkloadClass.GANG
+    failed_gangs = sorted({p.workload.key for p in view.pods.values() if p.run_failure and p.workload.cls is gang})
+    found = []
+    for key in failed_gangs:
+        if view.gangs is not None and key in view.gangs:
+            pods = [view.pods[k] for k in view.gangs[key] if k in view.pods]
+        else:
+            pods = [p for p in view.pods.values() if p.workload.key == key]
+        members = sorted((p for p in pods if p.active), key=lambda p: p.key)
+        failed = sorted(
+            ((p, p.run_failure) for p in members if holds_failed_run(p) and p.run_failure is not None),
+            key=lambda pf: (pf[1].at, pf[0].key),
+        )
+        if not failed or now - failed[0][1].at < FAILED_RUN_SETTLE:
+            continue
+        first, failure = failed[0]
+        policy = policy_for_pod(policies, first, view.nodes.get(first.node))
+        if policy is None:
+            continue
+        replace = failure.code in policy.device_error_exit_codes
+        ranks = ", ".join(f"{p.key} exited {f.code} at {format_time(f.at, micro=True)}" for p, f in failed[:10])
+        more = f" and {len(failed) - 10} more" if len(failed) > 10 else ""
+        cause = (
+            f"code {failure.code} is a device error (policy {policy.name}'s deviceErrorExitCodes)"
+            if replace
+            else f"code {failure.code} is not a device error"
+        )
+        found.append(
+            Finding(
+                kind=FindingKind.RANK_FAILED,
+                node=first.node,
+                sources=(FindingSource.LAUNCHER,),
+                evidence=f"the launchers of {len(failed)} of {len(members)} ranks of gang {key} hold failed runs of "
+                f"generation {failure.generation}: {ranks}{more}; rank {first.key} failed first: {cause}",
+                since=failure.at,
+                pod=first.key,
+                pod_uid=first.uid if replace else "",
+                device_ids=tuple(sorted({d.device_id for d in first.devices})) if replace else (),
+            )
+        )
+    return found
+
+
 def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy], epoch: int) -> Action | None:
     """What a policy makes of a step-time finding: a RestartGang that replaces the rank (``ReplaceNow``, a
-    stall with ``RestartGang``), else a Notify on the rank (the record and its Event say it)."""
+    stall with ``RestartGang``, a failed run with ``actions.gang: RestartGang``), else a Notify on the rank (the
+    record and its Event say it)."""
     pod = view.pods.get(finding.pod)
     if pod is None or not pod.active:
         return None
@@ -271,6 +349,7 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
     rules = policy.stragglers
     gang = finding.kind is FindingKind.STRAGGLER and rules.action is RankAction.REPLACE_NOW
     gang |= finding.kind is FindingKind.GANG_STALLED and rules.stall.action is StallAction.RESTART_GANG
+    gang |= finding.kind is FindingKind.RANK_FAILED and policy.actions[pod.workload.cls] is ActionKind.RESTART_GANG
     if gang:
         replaced = f"replace rank {pod.key}" if finding.pod_uid else "replace no rank"
         return Action(
@@ -295,7 +374,8 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
         finding,
         policy.name,
         epoch=epoch,
-        reason=f"{finding.kind} on rank {pod.key}: policy {policy.name} says Notify{later}",
+        reason=f"{finding.kind} on rank {pod.key}: policy {policy.name} says Notify{later}"
+        + (": the held launchers exit after their hold" if finding.kind is FindingKind.RANK_FAILED else ""),
     )
 
 
@@ -320,6 +400,8 @@ def steer_away(
             return None
         why = f"slow rank {finding.pod} on this node"
     elif finding.kind in SUSPECT_FINDINGS:  # a pod's GPU accused by its own container
+        if finding.kind is FindingKind.RANK_FAILED and not finding.pod_uid:
+            return None  # not a device-error code: no rank is replaced
         pod = view.pods.get(finding.pod)
         if pod is None or policy.actions[pod.workload.cls] is ActionKind.NOTIFY:
             return None

@@ -46,8 +46,9 @@ _HEADERS = {
     ),
     "launcher-admission-policy.yaml": (
         "# devheal launcher admission policy: holds every training pod's launcher (service account devheal-launcher,\n"
-        "# any namespace; its Role is deploy/launcher-rbac.yaml) to its own pod's devheal.io/launcher-generation and\n"
-        "# devheal.io/steps annotations. Cluster-wide: apply once. docs/security.md explains it.\n"
+        "# any namespace; its Role is deploy/launcher-rbac.yaml) to its own pod's devheal.io/launcher-generation,\n"
+        "# devheal.io/steps and devheal.io/launcher-failed annotations. Cluster-wide: apply once. docs/security.md\n"
+        "# explains it.\n"
     ),
     "monitoring.yaml": (
         "# devheal monitoring: a ServiceMonitor (controller) and a PodMonitor (agents), the PrometheusRule with\n"

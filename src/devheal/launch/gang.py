@@ -6,7 +6,9 @@ Three things, each as cheap for the API server as it can be:
 - the gang's pods (same gang label value), list+watch only while waiting at a barrier;
 - one merge patch of its own pod's ``devheal.io/launcher-generation`` per restart;
 - its step-time summary (``devheal.io/steps``), one merge patch at most per publish interval
-  and only when it changed (every step time stays in the launcher's memory).
+  and only when it changed (every step time stays in the launcher's memory);
+- a failed run it holds for a restart (``devheal.io/launcher-failed``, ``--hold-failed``): one
+  merge patch when the command fails, removed by the acknowledgement of the restart.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.informer import Reflector
 from devheal.launch.restarts import LAUNCHER_GENERATION_ANNOTATION, PodView, acknowledgements, pod_view
+from devheal.model.run_failure import RUN_FAILURE_ANNOTATION
 from devheal.model.steps import STEPS_ANNOTATION
 
 log = logging.getLogger(__name__)
@@ -95,17 +98,29 @@ class KubeGang:
         path = api_path("v1", "pods", namespace=self.namespace, name=self.pod)
         await self.kube.patch(path, {"metadata": {"annotations": {STEPS_ANNOTATION: report}}})
 
-    async def acknowledge(self, generation: int, steps: str | None = None) -> None:
+    async def acknowledge(self, generation: int, steps: str | None = None, clear_failure: bool = False) -> None:
         """Set ``devheal.io/launcher-generation`` on the launcher's own pod; retries temporary errors until done.
 
         ``steps``: a step-time summary written in the same patch (the new run's, with no step yet), so the
         controller never sees the generation acknowledged next to the last run's step times.
+        ``clear_failure``: remove the held failed run (``devheal.io/launcher-failed``) in the same patch: this
+        restart supersedes it.
         Raises ``devheal.kube.errors.PermanentError`` (e.g. Forbidden: RBAC lacks ``patch`` on pods).
         """
-        path = api_path("v1", "pods", namespace=self.namespace, name=self.pod)
-        notes = {LAUNCHER_GENERATION_ANNOTATION: str(generation)}
+        notes: dict[str, str | None] = {LAUNCHER_GENERATION_ANNOTATION: str(generation)}
         if steps is not None:
             notes[STEPS_ANNOTATION] = steps
+        if clear_failure:
+            notes[RUN_FAILURE_ANNOTATION] = None  # a merge patch's null removes it
+        await self._patch_notes(notes, f"acknowledge generation {generation}")
+
+    async def publish_failure(self, failure: str) -> None:
+        """Write the failed run the launcher holds (``devheal.io/launcher-failed``) on its own pod; retries
+        temporary errors until done. Raises ``devheal.kube.errors.PermanentError``."""
+        await self._patch_notes({RUN_FAILURE_ANNOTATION: failure}, "publish the failed run")
+
+    async def _patch_notes(self, notes: dict[str, str | None], what: str) -> None:
+        path = api_path("v1", "pods", namespace=self.namespace, name=self.pod)
         body = {"metadata": {"annotations": notes}}
         delay = 0.2
         while True:
@@ -113,6 +128,6 @@ class KubeGang:
                 await self.kube.patch(path, body)
                 return
             except errors.TemporaryError as exc:
-                log.warning("cannot acknowledge generation %d yet: %s; retrying in %.1fs", generation, exc, delay)
+                log.warning("cannot %s yet: %s; retrying in %.1fs", what, exc, delay)
                 await asyncio.sleep(max(exc.delay, delay) * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, 10.0)

@@ -30,12 +30,14 @@ from devheal.launch.restarts import (
     Exit,
     Phase,
     PodView,
+    PublishFailure,
     RestartCycle,
     StartChild,
     StopChild,
 )
 from devheal.launch.steps import DEFAULT_WINDOW, StepStats
 from devheal.launch.steps_server import StepsServer
+from devheal.model.run_failure import RunFailure
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +60,11 @@ class GangPods(Protocol):
 
     async def watch_members(self, gang: str | None, on_members: Callable[[dict[str, int]], None]) -> None: ...
 
-    async def acknowledge(self, generation: int, steps: str | None = None) -> None: ...
+    async def acknowledge(self, generation: int, steps: str | None = None, clear_failure: bool = False) -> None: ...
 
     async def publish_steps(self, report: str) -> None: ...
+
+    async def publish_failure(self, failure: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,9 @@ class LaunchOptions:
     steps_window: int = DEFAULT_WINDOW
     steps_publish_interval: float = DEFAULT_PUBLISH_INTERVAL
     """Seconds between publications of the step-time summary on the pod (``devheal.io/steps``); 0: never."""
+    hold_failed: float = 0.0
+    """Seconds to hold a run that exited by itself with a non-zero code for an in-place restart (published as
+    ``devheal.io/launcher-failed``) before exiting with its code; 0: exit at once."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -138,7 +145,7 @@ class Launcher:
         self.gang = gang
         self.clock = clock
         self.wall = wall
-        self.cycle = RestartCycle(options.barrier_timeout)
+        self.cycle = RestartCycle(options.barrier_timeout, options.hold_failed)
         self.stats = StepStats(window=options.steps_window)
         self.server = StepsServer(
             self.stats, options.steps_host, options.steps_port, extra=self._launcher_facts, clock=clock
@@ -152,6 +159,10 @@ class Launcher:
         self._barrier_id = 0
         self._seen_pod = False
         self._warned_malformed: str | None = None
+        self._exited_at = 0.0
+        """Wall-clock time the child last exited (a held failed run's ``at``)."""
+        self._failure_task: asyncio.Task[None] | None = None
+        self._failure_published = False
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -220,6 +231,7 @@ class Launcher:
         if isinstance(event, _ChildEnded):
             if event.child is not self.child:
                 return []
+            self._exited_at = self.wall()
             return self.cycle.child_exited(event.code, now)
         if isinstance(event, _MembersSeen):
             if event.barrier != self._barrier_id or self._member_task is None:
@@ -278,6 +290,8 @@ class Launcher:
                 self._pid(),
                 self.cycle.restarts,
             )
+        elif isinstance(action, PublishFailure):
+            self._publish_failure(action)
         elif isinstance(action, Exit):
             if action.by_itself:
                 self._child_exited_by_itself(action.code)
@@ -285,6 +299,25 @@ class Launcher:
                 log.info("exiting with code %d", action.code)
             return action.code
         return None
+
+    def _publish_failure(self, action: PublishFailure) -> None:
+        log.warning(
+            "%s exited with code %d; holding the failed run of generation %d up to %.0fs for a restart in place",
+            self._shown(),
+            action.code,
+            action.generation,
+            self.options.hold_failed,
+        )
+        failure = RunFailure(code=action.code, at=self._exited_at, generation=action.generation).to_annotation()
+        self._failure_published = True
+
+        async def patch() -> None:
+            try:
+                await self.gang.publish_failure(failure)
+            except errors.PermanentError as exc:
+                log.error("cannot publish the failed run on the pod: %s", exc)
+
+        self._failure_task = self._spawn(patch(), "publish failure")
 
     def _child_exited_by_itself(self, code: int) -> None:
         if code in self.options.device_error_exit_codes:
@@ -350,6 +383,12 @@ class Launcher:
     def _acknowledge(self, generation: int) -> None:
         if self._ack_task is not None and not self._ack_task.done():
             self._ack_task.cancel()
+        clear_failure = self._failure_published
+        if clear_failure:
+            # The restart the held run waited for: its failure is superseded, removed in the same patch.
+            self._failure_published = False
+            if self._failure_task is not None and not self._failure_task.done():
+                self._failure_task.cancel()
         steps = None
         if self.child is None or not self.child.running:
             # The run stopped: its step times go with the acknowledgement, an empty window in their place, so
@@ -359,7 +398,7 @@ class Launcher:
 
         async def patch() -> None:
             try:
-                await self.gang.acknowledge(generation, steps)
+                await self.gang.acknowledge(generation, steps, clear_failure)
             except errors.PermanentError as exc:
                 log.error("cannot acknowledge restart generation %d on the pod: %s", generation, exc)
                 return

@@ -13,7 +13,11 @@ Rules kept here:
   or waiting at the barrier only raise the target (one restart, to the newest generation);
 - after the child stopped, the target is acknowledged and the barrier waits until every
   active gang member acknowledged at least the target, or ``barrier_timeout`` passes;
-- a child that exits on its own ends the launcher with its exit code;
+- a child that exits on its own ends the launcher with its exit code; with a hold
+  (``devheal launch --hold-failed``) a non-zero code is published as a failed run instead and
+  the launcher waits up to the hold for a higher generation, which restarts the child in
+  place (acknowledge, barrier, start) as any bump does; none within the hold, or a
+  termination request, ends the launcher with the child's code;
 - a termination request stops the child (or ends at once when none runs).
 """
 
@@ -77,6 +81,8 @@ class Phase(StrEnum):
     """The child was asked to stop for a restart."""
     BARRIER = "Barrier"
     """The child has stopped; waiting for the gang to acknowledge the target generation."""
+    HOLDING = "Holding"
+    """The child exited by itself with a non-zero code; its failure is published, waiting for a restart."""
     TERMINATING = "Terminating"
     """The launcher was told to stop; waiting for the child to exit."""
     DONE = "Done"
@@ -109,7 +115,15 @@ class Exit:
     """True when the child ended on its own (not stopped by the launcher)."""
 
 
-Action = StartChild | StopChild | Acknowledge | Exit
+@dataclass(frozen=True, slots=True)
+class PublishFailure:
+    """Publish on the pod that the child of ``generation`` exited by itself with ``code`` (the launcher holds)."""
+
+    code: int
+    generation: int
+
+
+Action = StartChild | StopChild | Acknowledge | Exit | PublishFailure
 
 
 class RestartCycle:
@@ -119,17 +133,23 @@ class RestartCycle:
     once); its generation is unknown until the first ``generation_seen``.
     """
 
-    def __init__(self, barrier_timeout: float) -> None:
+    def __init__(self, barrier_timeout: float, hold_failed: float = 0.0) -> None:
         if barrier_timeout < 0:
             raise ValueError(f"barrier_timeout must be >= 0, got {barrier_timeout}")
+        if hold_failed < 0:
+            raise ValueError(f"hold_failed must be >= 0, got {hold_failed}")
         self.barrier_timeout = barrier_timeout
+        self.hold_failed = hold_failed
+        """Seconds to hold a failed run (non-zero exit) for a restart before exiting; 0: exit at once."""
+        self.failed: int | None = None
+        """While holding: the failed run's exit code."""
         self.phase = Phase.RUNNING
         self.running: int | None = None
         """The generation the running child was started for (None until the first pod view)."""
         self.target: int | None = None
         """The highest generation seen."""
         self.deadline: float | None = None
-        """While at the barrier: when to give up waiting."""
+        """While at the barrier: when to give up waiting; while holding: when to exit."""
         self.members: dict[str, int] | None = None
         """While at the barrier: acknowledgements of the gang's active members (None until known)."""
         self.restarts = 0
@@ -140,8 +160,11 @@ class RestartCycle:
             return []
         if self.target is None:
             self.target = generation
-            if self.phase is Phase.RUNNING:
+            if self.phase in (Phase.RUNNING, Phase.HOLDING):
                 self.running = generation
+            if self.phase is Phase.HOLDING and self.failed is not None:
+                # The child failed before the pod was read: its failure belongs to the generation it ran.
+                return [Acknowledge(generation), PublishFailure(self.failed, generation)]
             return [Acknowledge(generation)]
         if generation <= self.target:
             return []
@@ -149,6 +172,11 @@ class RestartCycle:
         if self.phase is Phase.RUNNING:
             self.phase = Phase.STOPPING
             return [StopChild(generation)]
+        if self.phase is Phase.HOLDING:
+            # The restart the failed run waited for: no child to stop, straight to the barrier.
+            self.failed = None
+            self._enter_barrier(now)
+            return [Acknowledge(generation), *self._check_barrier(now)]
         if self.phase is Phase.BARRIER:
             # A newer restart while waiting: acknowledge it and wait for the gang to catch up to it.
             self.deadline = now + self.barrier_timeout
@@ -158,6 +186,13 @@ class RestartCycle:
     def child_exited(self, code: int, now: float) -> list[Action]:
         """The child process ended with ``code`` (128+N for signal N)."""
         if self.phase is Phase.RUNNING:
+            if code != 0 and self.hold_failed > 0:
+                self.phase = Phase.HOLDING
+                self.failed = code
+                self.deadline = now + self.hold_failed
+                if self.target is None:
+                    return []  # its generation is not known yet: published once the pod is seen
+                return [PublishFailure(code, self.running if self.running is not None else self.target)]
             self.phase = Phase.DONE
             return [Exit(code, by_itself=True)]
         if self.phase is Phase.TERMINATING:
@@ -165,11 +200,14 @@ class RestartCycle:
             return [Exit(code, by_itself=False)]
         if self.phase is Phase.STOPPING:
             assert self.target is not None
-            self.phase = Phase.BARRIER
-            self.deadline = now + self.barrier_timeout
-            self.members = None
+            self._enter_barrier(now)
             return [Acknowledge(self.target), *self._check_barrier(now)]
         return []
+
+    def _enter_barrier(self, now: float) -> None:
+        self.phase = Phase.BARRIER
+        self.deadline = now + self.barrier_timeout
+        self.members = None
 
     def members_seen(self, members: Mapping[str, int], now: float) -> list[Action]:
         """The gang's active members and the generation each acknowledged (the launcher's own pod included)."""
@@ -179,9 +217,13 @@ class RestartCycle:
         return self._check_barrier(now)
 
     def tick(self, now: float) -> list[Action]:
-        """Time passed; gives up waiting at the barrier once its deadline is reached."""
-        if self.phase is Phase.BARRIER and self.deadline is not None and now >= self.deadline:
+        """Time passed; gives up waiting at the barrier, or holding a failed run, once its deadline is reached."""
+        if self.deadline is None or now < self.deadline:
+            return []
+        if self.phase is Phase.BARRIER:
             return self._start(timed_out=True)
+        if self.phase is Phase.HOLDING:
+            return self._exit_failed()
         return []
 
     def terminate(self) -> list[Action]:
@@ -195,7 +237,17 @@ class RestartCycle:
         if self.phase is Phase.BARRIER:
             self.phase = Phase.DONE
             return [Exit(SIGTERM_EXIT_CODE, by_itself=False)]
+        if self.phase is Phase.HOLDING:
+            return self._exit_failed()
         return []
+
+    def _exit_failed(self) -> list[Action]:
+        """End a hold: the launcher exits as the failed run did."""
+        assert self.failed is not None
+        code = self.failed
+        self.phase = Phase.DONE
+        self.deadline = None
+        return [Exit(code, by_itself=True)]
 
     def lagging(self) -> tuple[str, ...]:
         """At the barrier: members that have not acknowledged the target yet (all unknown before the first view)."""

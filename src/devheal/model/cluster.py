@@ -13,6 +13,7 @@ from enum import StrEnum
 from devheal.model.dra import DeviceQuarantine, SliceDevice
 from devheal.model.node_devices import Remedy
 from devheal.model.restarts import InPlaceRestart
+from devheal.model.run_failure import RunFailure
 from devheal.model.steps import StepReport
 from devheal.model.values import whole_number
 
@@ -141,6 +142,8 @@ class Pod:
     """How the pod restarts in place when its restart generation rises (``devheal.engine.inplace.in_place_restart``)."""
     steps: StepReport | None = None
     """What the pod's launcher last published of its step times (``devheal.io/steps``); None: nothing (valid)."""
+    run_failure: RunFailure | None = None
+    """A failed run its launcher holds for a restart (``devheal.io/launcher-failed``); None: none (valid)."""
     reason: str = ""
     """``status.reason`` (``UnexpectedAdmissionError`` for a pod kubelet rejected at admission)."""
     controlled: bool = False

@@ -39,6 +39,9 @@ class FindingKind(StrEnum):
     """A gang's rank whose median step time is a sustained outlier among its gang's ranks."""
     GANG_STALLED = "GangStalled"
     """No rank of a gang has reported a step for too long while every rank runs (a hang)."""
+    RANK_FAILED = "RankFailed"
+    """A gang's rank whose training command exited with a non-zero code while its launcher holds the failed run for
+    an in-place restart (``devheal launch --hold-failed``; on the rank that failed first)."""
     # Kubernetes infrastructure failures (``devheal.engine.infrastructure``).
     ADMISSION_REJECTED = "AdmissionRejected"
     """Kubelet rejected a pod at admission (``UnexpectedAdmissionError``), e.g. during a device-plugin restart."""
@@ -60,9 +63,17 @@ class FindingKind(StrEnum):
 
 
 POD_FINDINGS = frozenset({FindingKind.DEVICE_FAILED, FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE})
-SUSPECT_FINDINGS = frozenset({FindingKind.STRAGGLER, FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE})
+SUSPECT_FINDINGS = frozenset(
+    {
+        FindingKind.STRAGGLER,
+        FindingKind.DEVICE_ERROR_EXIT,
+        FindingKind.CRASH_LOOP_ON_DEVICE,
+        FindingKind.RANK_FAILED,
+    }
+)
 """What makes devheal steer pods away from a node its agent reports healthy (a slow rank, a GPU only its pod's exit
-code or crash loop accuses): its degraded taint is marked ``suspect`` and not lifted by clean reports."""
+code or crash loop accuses, a held failed run's device-error exit code): its degraded taint is marked ``suspect`` and
+not lifted by clean reports."""
 
 
 class FindingSource(StrEnum):
@@ -79,6 +90,8 @@ class FindingSource(StrEnum):
     POD_DELETION = "pod-deletion"
     STEP_TIMES = "step-times"
     """A gang launcher's published step times."""
+    LAUNCHER = "launcher"
+    """A gang launcher's published failed run (``devheal.io/launcher-failed``)."""
     RESOURCE_SLICE = "resourceslice"
     """A DRA driver's ResourceSlice."""
     NODE_SIGNAL = "node-signal"

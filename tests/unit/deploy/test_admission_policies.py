@@ -30,6 +30,7 @@ from devheal.model.cluster import (
     PLACEMENT_GATE,
 )
 from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
+from devheal.model.run_failure import RUN_FAILURE_ANNOTATION
 from devheal.model.steps import STEPS_ANNOTATION
 
 Obj = dict[str, Any]
@@ -119,12 +120,16 @@ def test_the_pod_status_policy_lets_through_what_the_controller_writes_and_nothi
         assert f".?{field} ==" in text, f"a change of the pod's {field} is refused"
 
 
-def test_a_launcher_may_write_only_its_own_pods_two_annotations() -> None:
+def test_a_launcher_may_write_only_its_own_pods_three_annotations() -> None:
     policy = by_name(documents(), "ValidatingAdmissionPolicy")["devheal-launcher-own-pod"]
     (condition,) = policy["spec"]["matchConditions"]
     assert "endsWith(':devheal-launcher')" in condition["expression"]
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
-    assert yaml.safe_load(variables["writable"]) == [LAUNCHER_GENERATION_ANNOTATION, STEPS_ANNOTATION]
+    assert yaml.safe_load(variables["writable"]) == [
+        LAUNCHER_GENERATION_ANNOTATION,
+        STEPS_ANNOTATION,
+        RUN_FAILURE_ANNOTATION,
+    ]
     assert "authentication.kubernetes.io/pod-name" in variables["pod"]
     assert "authentication.kubernetes.io/pod-uid" in variables["podUID"]
     text = expressions(policy)

@@ -7,6 +7,8 @@ The parsers (``grep -rn "def parse_\\|def project_" src``), what they read, thei
 - ``model.values``: ``whole_number``, ``finite`` (None), ``show``, ``label_value`` (never raise): here.
 - ``model.fields``: the field readers the parsers below share (the caller's class): ``tests/unit/model/test_fields.py``.
 - ``model.steps.parse_step_report``: a pod's ``devheal.io/steps`` (None and why): here.
+- ``model.run_failure.parse_run_failure``: a pod's ``devheal.io/launcher-failed`` (None and why): here, and
+  ``tests/unit/model/test_run_failure.py``.
 - ``model.cluster.parse_generation``: restart generations (None): ``tests/unit/model/test_generation_input.py``.
 - ``model.policy.parse_policy`` and ``parse_quantity``, and the section parsers it calls with ``PolicyError``:
   ``node_policy.parse_template``/``parse_escalation``, ``selectors.parse_selector``,
@@ -30,6 +32,7 @@ The parsers (``grep -rn "def parse_\\|def project_" src``), what they read, thei
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from collections.abc import Callable
@@ -58,6 +61,7 @@ from devheal.model.dra import parse_claim_entry, parse_device_id
 from devheal.model.infrastructure_policy import parse_infrastructure
 from devheal.model.node_policy import parse_escalation, parse_template
 from devheal.model.policy import PolicyError, parse_policy, parse_quantity
+from devheal.model.run_failure import RUN_FAILURE_ANNOTATION, parse_run_failure
 from devheal.model.selectors import parse_selector
 from devheal.model.signals_policy import parse_signals
 from devheal.model.spares_policy import parse_spares
@@ -121,6 +125,30 @@ def test_a_step_report_is_sane_or_refused_with_a_reason(value: Any) -> None:
     assert all(v is None or math.isfinite(v) for v in (report.p50, report.last, report.run))
     pod = project_pod({"metadata": {"namespace": "ml", "name": "p", "annotations": {STEPS_ANNOTATION: value}}})
     assert pod.steps == report
+
+
+# ---- held failed runs ---------------------------------------------------------------------------
+
+
+@FUZZ
+@given(
+    st.one_of(
+        st.fixed_dictionaries({"code": json_values(), "at": json_values(), "generation": json_values()}).map(
+            json.dumps
+        ),
+        json_values(),
+    )
+)
+@example('{"code":1,"at":' + s.BIG + ',"generation":1}')
+@example('{"code":1,"at":NaN,"generation":1}')
+def test_a_held_failed_run_is_sane_or_refused_with_a_reason(value: Any) -> None:
+    failure, why = parse_run_failure(value)
+    if failure is None:
+        assert why and len(why) < 1000
+        return
+    assert 1 <= failure.code <= 255 and 0 <= failure.generation <= INT64_MAX and math.isfinite(failure.at)
+    pod = project_pod({"metadata": {"namespace": "ml", "name": "p", "annotations": {RUN_FAILURE_ANNOTATION: value}}})
+    assert pod.run_failure == failure
 
 
 # ---- policies -----------------------------------------------------------------------------------

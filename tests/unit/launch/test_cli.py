@@ -50,6 +50,8 @@ def test_missing_command(runner: CliRunner) -> None:
         (["--device-error-exit-codes", "300"], "exit codes within 1..255"),
         (["--grace", "-1"], "must be >= 0"),
         (["--barrier-timeout", "-5"], "must be >= 0"),
+        (["--hold-failed", "-1"], "must be within 0..86400 seconds"),
+        (["--hold-failed", "100000"], "must be within 0..86400 seconds"),
     ],
 )
 def test_bad_options(runner: CliRunner, args: list[str], hint: str) -> None:

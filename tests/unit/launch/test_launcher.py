@@ -12,6 +12,7 @@ import pytest
 
 from devheal.launch.launcher import Launcher, LaunchOptions, device_error_message
 from devheal.launch.restarts import PodView
+from devheal.model.run_failure import RunFailure, parse_run_failure
 from devheal.model.steps import parse_step_report
 from tests.shell.waiting import until
 from tests.unit.launch.children import handling_sigterm
@@ -29,6 +30,9 @@ def stop(*_):
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
 if mode.startswith("exit"):
+    time.sleep(0.2)
+    sys.exit(int(mode[4:]))
+if mode.startswith("fail") and os.environ["DEVHEAL_LAUNCHER_RESTARTS"] == "0":  # the first run fails
     time.sleep(0.2)
     sys.exit(int(mode[4:]))
 step = 0
@@ -52,6 +56,9 @@ class FakeGang:
         self.member_watches = 0
         self.ack_steps: list[str | None] = []
         self.published: list[str] = []
+        self.failure: str | None = None
+        """The held failed run on the pod (``devheal.io/launcher-failed``)."""
+        self.failures: list[str] = []
 
     def view(self) -> PodView:
         return PodView(SELF, "g1", self.generation, self.acks[SELF], True)
@@ -71,13 +78,19 @@ class FakeGang:
         finally:
             self._members.remove(on_members)
 
-    async def acknowledge(self, generation: int, steps: str | None = None) -> None:
+    async def acknowledge(self, generation: int, steps: str | None = None, clear_failure: bool = False) -> None:
         self.acknowledged.append(generation)
         self.ack_steps.append(steps)
+        if clear_failure:
+            self.failure = None
         self.ack(SELF, generation)
 
     async def publish_steps(self, report: str) -> None:
         self.published.append(report)
+
+    async def publish_failure(self, failure: str) -> None:
+        self.failure = failure
+        self.failures.append(failure)
 
     def bump(self, generation: int) -> None:
         self.generation = generation
@@ -249,3 +262,54 @@ async def test_unchanged_step_times_are_not_published_again(tmp_path: Path) -> N
     launcher.stats.record(0.5, 2, launcher.clock())
     await until(lambda: len(gang.published) == 2, "a new step: published again")
     publisher.cancel()
+
+
+# ---- a failed run held for a restart (--hold-failed) ----------------------------------------------
+
+
+def held(gang: FakeGang) -> RunFailure | None:
+    return parse_run_failure(gang.failure)[0] if gang.failure is not None else None
+
+
+async def test_a_held_failed_run_is_published_and_restarted_in_place(tmp_path: Path) -> None:
+    gang = FakeGang(peers={"rank-1": 0})
+    gang.generation = 2
+    before = time.time()
+    launcher = Launcher(options(tmp_path, "fail79", hold_failed=60.0), gang)
+    run = asyncio.ensure_future(launcher.run())
+    await until(lambda: held(gang) is not None, "the failed run published")
+    failure = held(gang)
+    assert failure is not None and failure.code == 79 and failure.generation == 2
+    assert before <= failure.at <= time.time()
+    assert not run.done(), "holding, not exiting"
+    gang.bump(3)
+    await until(lambda: gang.acknowledged == [2, 3], "the restart acknowledged")
+    assert gang.failure is None, "the acknowledgement removed the failed run"
+    gang.ack("rank-1", 3)
+    await until(lambda: len(starts(tmp_path)) == 2, "started again in place")
+    assert starts(tmp_path)[1][2] == "1", "an in-place restart"
+    assert await stop(launcher, run) == 0
+
+
+async def test_a_held_failed_run_exits_with_its_code_and_message_when_no_restart_comes(tmp_path: Path) -> None:
+    gang = FakeGang()
+    opts = options(tmp_path, "exit79", hold_failed=1.0, device_error_exit_codes=frozenset({79}))
+    launcher = Launcher(opts, gang)
+    assert await asyncio.wait_for(launcher.run(), 10) == 79
+    assert held(gang) is not None, "published while it held"
+    message = (tmp_path / "termination-log").read_text().strip()
+    assert message.startswith("device error: ") and message.endswith("exited with code 79 (declared a device error)")
+
+
+async def test_sigterm_while_holding_exits_at_once_with_the_failed_runs_code(tmp_path: Path) -> None:
+    gang = FakeGang()
+    launcher = Launcher(options(tmp_path, "exit3", hold_failed=600.0), gang)
+    run = asyncio.ensure_future(launcher.run())
+    await until(lambda: held(gang) is not None, "holding")
+    assert await stop(launcher, run) == 3
+
+
+async def test_without_a_hold_a_failed_run_is_not_published(tmp_path: Path) -> None:
+    gang = FakeGang()
+    assert await asyncio.wait_for(Launcher(options(tmp_path, "exit3"), gang).run(), 10) == 3
+    assert gang.failures == []

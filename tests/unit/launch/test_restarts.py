@@ -11,6 +11,7 @@ from devheal.launch.restarts import (
     Acknowledge,
     Exit,
     Phase,
+    PublishFailure,
     RestartCycle,
     StartChild,
     StopChild,
@@ -184,3 +185,73 @@ def test_pod_view_and_acknowledgements_skip_ended_and_terminating_pods() -> None
     assert views[0].gang == "g1" and views[0].restart_generation == 2 and views[0].launcher_generation == 2
     assert acknowledgements(views) == {"a": 2, "b": 0, "f": 0}
     assert pod_view({"metadata": {"name": "x"}}, GANG).gang is None
+
+
+# ---- a failed run held for a restart (--hold-failed) ----------------------------------------------
+
+
+def test_without_a_hold_a_failed_child_ends_the_launcher_at_once() -> None:
+    cycle = running_cycle(2)
+    assert cycle.child_exited(1, 5.0) == [Exit(1, by_itself=True)]
+    assert cycle.phase is Phase.DONE
+
+
+def test_a_held_failed_run_is_published_and_restarted_in_place_by_a_higher_generation() -> None:
+    cycle = RestartCycle(120, hold_failed=60)
+    assert cycle.generation_seen(2, 0.0) == [Acknowledge(2)]
+    assert cycle.child_exited(137, 5.0) == [PublishFailure(137, 2)]
+    assert cycle.phase is Phase.HOLDING and cycle.deadline == 65.0
+    assert cycle.tick(64.9) == []
+    assert cycle.generation_seen(2, 10.0) == [], "its own generation again: still holding"
+    assert cycle.generation_seen(3, 10.0) == [Acknowledge(3)], "no child to stop: straight to the barrier"
+    assert cycle.phase is Phase.BARRIER and cycle.deadline == 130.0
+    assert cycle.members_seen({"a": 3, "b": 3}, 11.0) == [StartChild(3)]
+    assert cycle.phase is Phase.RUNNING and cycle.running == 3 and cycle.restarts == 1
+    assert cycle.failed is None
+    assert cycle.tick(70.0) == [], "the hold is over"
+
+
+def test_a_held_failed_run_exits_with_its_code_when_no_restart_comes_within_the_hold() -> None:
+    cycle = RestartCycle(120, hold_failed=60)
+    cycle.generation_seen(0, 0.0)
+    assert cycle.child_exited(79, 5.0) == [PublishFailure(79, 0)]
+    assert cycle.tick(65.0) == [Exit(79, by_itself=True)]
+    assert cycle.phase is Phase.DONE
+    assert cycle.generation_seen(1, 66.0) == [], "too late"
+
+
+def test_sigterm_while_holding_exits_at_once_with_the_failed_runs_code() -> None:
+    cycle = RestartCycle(120, hold_failed=60)
+    cycle.generation_seen(4, 0.0)
+    cycle.child_exited(79, 1.0)
+    assert cycle.terminate() == [Exit(79, by_itself=True)]
+    assert cycle.phase is Phase.DONE
+
+
+def test_exit_code_zero_is_never_held() -> None:
+    cycle = RestartCycle(120, hold_failed=60)
+    cycle.generation_seen(0, 0.0)
+    assert cycle.child_exited(0, 1.0) == [Exit(0, by_itself=True)]
+
+
+def test_a_failure_before_the_pod_was_seen_is_published_with_the_first_generation_seen() -> None:
+    cycle = RestartCycle(120, hold_failed=60)
+    assert cycle.child_exited(1, 0.5) == []
+    assert cycle.phase is Phase.HOLDING
+    assert cycle.generation_seen(5, 1.0) == [Acknowledge(5), PublishFailure(1, 5)]
+    assert cycle.phase is Phase.HOLDING
+    assert cycle.generation_seen(6, 2.0) == [Acknowledge(6)]
+    assert cycle.phase is Phase.BARRIER
+
+
+def test_a_restart_asked_while_holding_waits_at_the_barrier_and_can_time_out() -> None:
+    cycle = RestartCycle(10, hold_failed=60)
+    cycle.generation_seen(0, 0.0)
+    cycle.child_exited(1, 1.0)
+    assert cycle.generation_seen(1, 2.0) == [Acknowledge(1)]
+    assert cycle.tick(12.0) == [StartChild(1, barrier_timed_out=True, lagging=("(gang not seen)",))]
+
+
+def test_a_negative_hold_is_refused() -> None:
+    with pytest.raises(ValueError, match="hold_failed"):
+        RestartCycle(10, hold_failed=-1)

@@ -77,3 +77,31 @@ async def test_a_restart_for_a_failed_device_also_replaces_a_straggling_rank(api
     assert sorted(evicted(api)) == ["rank-0", "rank-1"]
     assert generation(api, "rank-2") == "1"
     assert [v.node for v in acting.gangs.vacancies] == ["n1"], "the failed device's node only"
+
+
+async def test_a_rank_failed_with_a_device_error_code_is_replaced_and_its_peers_restart_in_place(
+    api: MemApi, kube: KubeClient
+) -> None:
+    objs = gang(api)
+    uid = objs[2]["metadata"]["uid"]
+    async with synced(kube) as cache:
+        acting = actuators(kube, cache)
+        outcome = await acting.execute(step_restart(FindingKind.RANK_FAILED, uid))
+    assert (outcome.phase, outcome.reason) == (Phase.IN_PROGRESS, "Restarting")
+    assert evicted(api) == ["rank-2"]
+    assert (generation(api, "rank-0"), generation(api, "rank-1")) == ("1", "1")
+    assert acting.gangs.vacancies == [], "its GPU looks healthy: no vacancy on it"
+    [marked] = [e.obj for e in api.store.log if e.type == "MODIFIED" and e.key[1:] == ("pods", "ml", "rank-2")]
+    (condition,) = marked["status"]["conditions"]
+    assert (condition["reason"], condition["message"]) == (
+        "RankFailed",
+        f"rank of gang {GANG.key} failed first with a device-error exit code; replaced, the gang restarts in place",
+    )
+
+
+async def test_a_rank_failed_with_another_code_restarts_every_rank_in_place(api: MemApi, kube: KubeClient) -> None:
+    gang(api)
+    async with synced(kube) as cache:
+        await actuators(kube, cache).execute(step_restart(FindingKind.RANK_FAILED, ""))
+    assert evicted(api) == []
+    assert [generation(api, f"rank-{i}") for i in range(3)] == ["1", "1", "1"]
