@@ -8,7 +8,10 @@ One lab (simulated nodes, real control plane) with the controller running; an in
 small model trained with DDP or FSDP2 over gloo, checkpointing every ``--checkpoint-every``
 steps to local disk. Each fault hits rank 1 of a gang that is stepping:
 
-- ``hang``: its training process stopped (SIGSTOP) mid-step;
+- ``hang``: its training process stopped (SIGSTOP) at whatever point of its step it is;
+  ``hang-compute``: it stops itself at the start of its next step's compute, before that
+  step's first collective (``devheal.lab.torch_training``'s SIGUSR2: a kernel that never
+  returns);
 - ``crash-kill``: its training process killed (SIGKILL); ``crash-exit``: it exits with 79, an
   exit code the policy and the Job declare a device error;
 - ``slow-1.3``, ``slow-2``: its GPUs slowed (``faults.degrade``): its compute takes 1.3x / 2x;
@@ -61,7 +64,7 @@ RESULTS = Path(__file__).parent / "results"
 NS = "train"
 JOB = "llm"
 VICTIM = 1
-FAULTS = ("hang", "crash-kill", "crash-exit", "slow-1.3", "slow-2", "network", "device")
+FAULTS = ("hang", "hang-compute", "crash-kill", "crash-exit", "slow-1.3", "slow-2", "network", "device")
 SHAPES = ("ddp", "fsdp")
 DEVICE_ERROR_EXIT = 79
 NODE_UID_BASE = 20000
@@ -275,6 +278,8 @@ async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any])
     gpu = await asyncio.to_thread(faults.gpu_index, node, pod_devices(victim)[0].device_id)
     if fault == "hang":
         os.kill(training, signal.SIGSTOP)
+    elif fault == "hang-compute":
+        os.kill(training, signal.SIGUSR2)
     elif fault == "crash-kill":
         os.kill(training, signal.SIGKILL)
     elif fault == "crash-exit":

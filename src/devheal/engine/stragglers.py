@@ -256,13 +256,16 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
     ordered = sorted(reports, key=lambda pr: (pr[1].last or 0.0, pr[0].key))
     first, report = ordered[0]
     margin = 0.5 * (median_step or 0.0)
-    culprit = len(ordered) == 1 or (ordered[1][1].last or 0.0) - (report.last or 0.0) >= max(margin, 1e-9)
+    # A rank stalled first only against peers that went on: alone (the others' pods ended), none stands out.
+    culprit = len(ordered) > 1 and (ordered[1][1].last or 0.0) - (report.last or 0.0) >= max(margin, 1e-9)
     assert report.last is not None
     who = (
         f"rank {first.key} stalled first (its last step {now - report.last:.0f}s ago, the others' at most "
         f"{quiet:.0f}s ago)"
         if culprit
-        else "no rank stalled first (their last steps are within half a median step)"
+        else "no rank stalled first (their last steps are within half a step)"
+        if len(ordered) > 1
+        else "no rank stalled first (no other rank of the gang is running)"
     )
     return Finding(
         kind=FindingKind.GANG_STALLED,

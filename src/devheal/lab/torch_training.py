@@ -18,6 +18,10 @@ asks: with DDP the forward pass, reported before the backward pass (where the al
 with FSDP the whole step, since every phase of it waits on collectives. A lab fault that slows the rank's GPUs
 (``DEVHEAL_LAB_DEVICES``/``DEVHEAL_LAB_POD``, ``devheal.lab.slowdown``) stretches its compute.
 
+Lab faults reach it as signals: SIGUSR1 exits with ``--device-error-exit-code`` (a loop that
+caught a CUDA/NCCL device error), SIGUSR2 makes it hang at the start of its next step's
+compute (``HangInCompute``).
+
 ``--events FILE`` appends one JSON line per event (``start``, ``joined``, ``resumed``,
 ``step``, ``checkpoint``) with the wall time, for benchmarks that measure a recovery.
 """
@@ -57,6 +61,22 @@ class Events:
         line = json.dumps({"t": time.time(), "event": event, "rank": self.rank, "pid": os.getpid(), **fields})
         with self.path.open("a") as f:
             f.write(line + "\n")
+
+
+class HangInCompute:
+    """SIGUSR2: the rank hangs in its next step's compute, before that step's first collective (the lab's stand-in
+    for a kernel that never returns), stopping itself; a SIGSTOP from outside lands anywhere in a step."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def arm(self, *_: object) -> None:
+        self.armed = True
+
+    def here(self) -> None:
+        if self.armed:
+            self.armed = False
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _model(width: int, layers: int) -> nn.Sequential:
@@ -143,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     events("start", restarts=int(os.environ.get("DEVHEAL_LAUNCHER_RESTARTS", "0")))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # stop at once: the last checkpoint stands
     signal.signal(signal.SIGUSR1, lambda *_: os._exit(args.device_error_exit_code))
+    hang = HangInCompute()
+    signal.signal(signal.SIGUSR2, hang.arm)
     torch.set_num_threads(1)
     os.umask(0)  # the lab's ranks run as their nodes' users and share one checkpoint directory
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
@@ -156,11 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     data = torch.Generator().manual_seed(rank)
     while args.steps == 0 or step <= args.steps:
         began = time.monotonic()
+        hang.here()
         x = torch.randn(args.batch, args.width, generator=data)
         loss = model(x).pow(2).mean()
         factor = slowdown.factor()
-        if factor > 1.0:  # a slowed GPU: the rank's own compute takes longer
-            time.sleep((time.monotonic() - began) * (factor - 1.0))
+        if factor > 1.0:
+            # A slowed GPU: the rank's own compute takes longer. Spun, not slept: a sleep on a busy machine
+            # oversleeps by whole scheduler slices (1.3x measured as 3.6x).
+            until = time.monotonic() + (time.monotonic() - began) * (factor - 1.0)
+            while time.monotonic() < until:
+                pass
         if args.shape == "ddp":
             # The rank's own work, reported before the backward pass, where DDP's all-reduce runs: a rank
             # that hangs before it has not reported the step its peers did (docs/stragglers.md).

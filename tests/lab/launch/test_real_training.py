@@ -2,8 +2,9 @@
 
 Four ranks of ``devheal.lab.torch_training`` (DDP, one all-reduce per step, reported before the
 backward pass as docs/stragglers.md asks) run here as the containers of an indexed Job's pods
-(``devheal.lab.rank_processes``). Rank 1's training process is stopped mid-training (SIGSTOP):
-its peers report the step it never finished and wait in the all-reduce. The controller finds
+(``devheal.lab.rank_processes``). Rank 1's training process hangs in its next step's compute
+(``devheal.lab.torch_training``'s SIGUSR2: it stops itself before that step's all-reduce): its
+peers report the step it never finished and wait in the all-reduce. The controller finds
 the gang stalled, names rank 1, restarts the gang in place and replaces rank 1; every rank
 steps again from the last checkpoint, the other three in their own pods.
 """
@@ -113,7 +114,7 @@ async def test_a_hung_ddp_rank_is_named_replaced_and_the_gang_resumes_from_its_c
         victim = processes.rank(1)
         assert victim is not None
         training = max(e["pid"] for e in read_events(events) if e["event"] == "start" and e["rank"] == 1)
-        os.kill(training, signal.SIGSTOP)
+        os.kill(training, signal.SIGUSR2)  # it hangs in its next step's compute, before the all-reduce
         stopped = time.time()
         stopped_at = max(steps_by_rank().values())
 

@@ -277,6 +277,15 @@ def test_ranks_that_report_their_own_work_are_judged_by_the_time_between_reports
     assert f is not None and f.pod_uid == "uid-llm-0"
 
 
+def test_a_rank_left_alone_in_its_gang_is_not_named_for_its_stall() -> None:
+    """Measured with PyTorch: a rank exited, its peers' collectives failed and their pods ended; the one pod still
+    running was named "stalled first" for want of anyone to compare with, and replaced, healthy as it was."""
+    t = EPOCH + 1000
+    f = stall(ranks([t]), StragglerRules(), t + 60.0)
+    assert f is not None and f.pod_uid == ""
+    assert "no rank stalled first (no other rank of the gang is running)" in f.evidence
+
+
 def test_the_stall_limit_grows_with_long_steps() -> None:
     t = EPOCH + 1000
     members = ranks([t - 20, t, t, t], p50=20.0)  # 5 steps of 20 s: 100 s
