@@ -302,8 +302,9 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
 def steer_away(
     finding: Finding, view: ClusterView, policy: Policy, policies: Sequence[Policy]
 ) -> tuple[Action, Policy] | None:
-    """A rank to replace whose node should not get its replacement: a straggler's, or a pod's whose GPU only its
-    exit code or crash loop accuses (the device plugin would hand the same GPU out again). Devheal's degraded
+    """A rank to replace whose node should not get its replacement: a straggler's, the rank's that stalled its
+    gang first, or a pod's whose GPU only its exit code or crash loop accuses (the device plugin would hand the
+    same GPU out again). Devheal's degraded
     taint (``TaintDegraded``, ``PreferNoSchedule``) on the node, so the scheduler sends the replacement
     elsewhere, marked ``suspect`` by the actuator (``SUSPECT_FINDINGS``): the agent's clean reports do not lift
     it until a person clears that mark (``engine.degradation``). ``policy`` decided about the rank; the taint
@@ -319,6 +320,13 @@ def steer_away(
         if not policy.stragglers.replaces:
             return None
         why = f"slow rank {finding.pod} on this node"
+    elif finding.kind is FindingKind.GANG_STALLED:
+        if not finding.pod_uid or policy.stragglers.stall.action is not StallAction.RESTART_GANG:
+            return None  # no rank stalled first (none is replaced), or the gang is not restarted
+        pod = view.pods.get(finding.pod)
+        if pod is None or any(d.health is DeviceHealth.UNHEALTHY for d in pod.devices):
+            return None  # hung on a failed GPU: the device plugin keeps it from the replacement
+        why = f"rank {finding.pod} on this node stalled its gang first"
     elif finding.kind in SUSPECT_FINDINGS:  # a pod's GPU accused by its own container
         pod = view.pods.get(finding.pod)
         if pod is None or policy.actions[pod.workload.cls] is ActionKind.NOTIFY:

@@ -60,9 +60,12 @@ class FindingKind(StrEnum):
 
 
 POD_FINDINGS = frozenset({FindingKind.DEVICE_FAILED, FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE})
-SUSPECT_FINDINGS = frozenset({FindingKind.STRAGGLER, FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE})
-"""What makes devheal steer pods away from a node its agent reports healthy (a slow rank, a GPU only its pod's exit
-code or crash loop accuses): its degraded taint is marked ``suspect`` and not lifted by clean reports."""
+SUSPECT_FINDINGS = frozenset(
+    {FindingKind.STRAGGLER, FindingKind.GANG_STALLED, FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE}
+)
+"""What makes devheal steer pods away from a node its agent reports healthy (a slow rank, the rank that stalled its
+gang first, a GPU only its pod's exit code or crash loop accuses): its degraded taint is marked ``suspect`` and not
+lifted by clean reports."""
 
 
 class FindingSource(StrEnum):
