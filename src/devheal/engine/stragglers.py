@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from devheal.engine.degradation import has_degraded_taint
@@ -354,9 +354,15 @@ def steer_away(
 
 
 def step_actions(
-    findings: Iterable[Finding], view: ClusterView, policies: Sequence[Policy], epochs: dict[str, int]
+    findings: Iterable[Finding],
+    view: ClusterView,
+    policies: Sequence[Policy],
+    epochs: dict[str, int],
+    restarting: Collection[str] = frozenset(),
 ) -> list[tuple[Action, Policy]]:
-    """``step_action`` for each step-time finding, with the policy that decided it."""
+    """``step_action`` for each step-time finding, with the policy that decided it. ``restarting``: gangs (workload
+    keys) with a restart in progress, whose stalls steer nothing: their ranks are being stopped on purpose, and
+    until the cache shows the new generation a stall names whichever healthy rank stopped first."""
     by_name = {p.name: p for p in policies}
     out = []
     for f in findings:
@@ -367,7 +373,8 @@ def step_actions(
         if action is None:
             continue
         policy = by_name[action.policy]
-        taint = steer_away(f, view, policy, policies)
+        stopping = f.kind is FindingKind.GANG_STALLED and pod is not None and pod.workload.key in restarting
+        taint = None if stopping else steer_away(f, view, policy, policies)
         if taint is not None:  # first: the node is tainted before the rank's replacement is scheduled
             out.append(taint)
         out.append((action, policy))

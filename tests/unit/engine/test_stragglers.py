@@ -344,6 +344,28 @@ def test_a_stall_that_names_no_rank_or_restarts_nothing_steers_nothing() -> None
     assert [a.kind for a in decide(behind, findings, notify, [], t + 50).actions] == [ActionKind.NOTIFY]
 
 
+def test_a_stall_seen_while_its_gang_restarts_steers_nothing() -> None:
+    """Between the restart's first writes and the cache showing the new generation, the ranks being stopped look
+    stalled, and one of them (healthy) seems to have stalled first: its node must not be marked suspect."""
+    t = EPOCH + 1000
+    view = stalled_view([t - 1.0, t, t, t])
+    policies = [straggler_policy()]
+    findings = StragglerTracker().observe(view, policies, t + 50)
+    _, restart = decide(view, findings, policies, [], t + 50).actions
+    restarted = {k: p for k, p in view.pods.items() if k != "train/llm-0"}  # the rank behind is replaced
+    again = replace(
+        view,
+        pods={
+            **restarted,
+            "train/llm-1": replace(restarted["train/llm-1"], steps=StepReport(100, 10, 1.0, t - 1.0, EPOCH)),
+        },
+    )
+    later = StragglerTracker().observe(again, policies, t + 60)
+    assert [f.pod for f in later if f.kind is FindingKind.GANG_STALLED] == ["train/llm-1"]
+    plan = decide(again, later, policies, [InFlight.of(restart, Phase.IN_PROGRESS, t + 50)], t + 60)
+    assert ActionKind.TAINT_DEGRADED not in [a.kind for a in plan.actions]
+
+
 def test_a_rank_that_stalled_on_a_failed_gpu_leaves_its_node_to_the_failures_own_handling() -> None:
     """The device plugin keeps the failed GPU from the replacement; the node's other GPUs are fine."""
     t = EPOCH + 1000
