@@ -15,7 +15,10 @@ showing the stage: ``Restarting`` -> ``WaitingForReplacement`` -> ``Running``):
    it on a healthy device). Told after the eviction, the others' training processes would
    fail with the evicted rank's collectives and end their pods first;
 3. replacements get the same generation once they exist; when every member runs with it,
-   the remediation succeeds. A rank that fails meanwhile joins the same remediation.
+   the remediation succeeds. A rank that fails meanwhile joins the same remediation, and a
+   rank that never acknowledges the generation (``devheal.engine.restart_joins``: its
+   process stuck, its node cut off, its launcher gone) is replaced within it once every
+   other rank is back and it has not joined for the policy's ``stragglers.stall.joinAfter``.
 
 The gang's pods are read from the controller's cache (projected ``Pod`` records, which
 carry the restart generations and the in-place mechanism), and which ranks are broken is
@@ -51,6 +54,7 @@ from devheal.controller.records import REMEDIATIONS
 from devheal.engine.degradation import degraded_ranks
 from devheal.engine.findings import detect
 from devheal.engine.placement import Vacancy
+from devheal.engine.restart_joins import JoinWatch
 from devheal.engine.stragglers import STEP_FINDINGS
 from devheal.engine.workloads import member_selector
 from devheal.kube import errors
@@ -59,6 +63,7 @@ from devheal.model.cluster import DEVICE_FAILED_CONDITION, RESTART_GENERATION_AN
 from devheal.model.plan import POD_FINDINGS, Action, FindingKind, Phase, RemediationReason
 from devheal.model.policy import Policy
 from devheal.model.restarts import InPlaceRestart
+from devheal.model.straggler_policy import StallRules
 from devheal.model.values import INT64_MAX, show, whole_number
 
 log = logging.getLogger(__name__)
@@ -77,6 +82,8 @@ EVICTION_BACKOFF_CAP = 60.0
 EVICTION_TRIES = 10
 """Refused evictions of one rank after which the restart ends Failed (reason DisruptionBudget);
 it also ends so once the restart's timeout has passed, whichever comes first."""
+NOT_JOINED = "did not join generation"
+"""In the step that replaces a rank for not joining the restart: ``replace NAME: did not join generation G ...``."""
 _STARTED = re.compile(r"[0-9]{1,16}(?:\.[0-9]{1,20})?(?:[eE][-+]?[0-9]{1,3})?")
 """``repr`` of a Unix time, ASCII only (``float()`` also takes '١٢', 'inf' and 'nan')."""
 
@@ -172,6 +179,18 @@ def _back(pod: Pod, mechanism: InPlaceRestart, generation: int, agents: bool) ->
     return pod.acknowledged_generation >= generation
 
 
+def _not_joined(record: Obj) -> list[str]:
+    """Names of the ranks this restart replaced for not joining it, from the steps its record holds (so a message
+    written by a later pass, or by another controller, still names them)."""
+    steps = (record.get("status") or {}).get("steps")
+    names = []
+    for step in steps if isinstance(steps, list) else []:
+        name = step.get("name") if isinstance(step, dict) else None
+        if isinstance(name, str) and name.startswith("replace ") and f": {NOT_JOINED} " in name:
+            names.append(name.removeprefix("replace ").partition(":")[0])
+    return names
+
+
 def _mechanisms(mechanisms: list[InPlaceRestart]) -> str:
     """How the ranks restart in place, e.g. ``restart in place: 62 launcher, 2 RestartAllContainers``."""
     counts = Counter(mechanisms)
@@ -221,6 +240,8 @@ class GangRestarter:
         self.slow_ranks = slow_ranks
         """UIDs of the ranks found straggling (the decision round's ``StragglerTracker.replaceable``): a restart
         replaces them too, whatever its cause, and leaves their nodes no vacancy."""
+        self.joins: dict[str, JoinWatch] = {}
+        """Per restart (its Remediation's name), the ranks it waits for to join its generation, and since when."""
 
     def recently_replaced(self, now: float, keep: float = 600.0) -> set[str]:
         for uid in [u for u, at in self.replaced.items() if now - at > keep]:
@@ -244,20 +265,22 @@ class GangRestarter:
                 log.warning("gang %s: %s", workload.key, exc)
         return members, ClusterView(nodes={}, pods={p.key: p for p in members})
 
-    async def _mark_and_evict(self, pod: Pod, action: Action, grace: int | None, vacate: bool = True) -> None:
+    async def _mark_and_evict(
+        self, pod: Pod, action: Action, grace: int | None, vacate: bool = True, not_joined: str = ""
+    ) -> None:
+        """``not_joined``: why the rank is replaced for not joining the restart (empty: for a finding)."""
+        cause = (
+            "on a failed device"
+            if vacate
+            else "failed first with a device-error exit code"
+            if action.finding.kind is FindingKind.RANK_FAILED and pod.uid == action.finding.pod_uid
+            else "slow, hung, or on a degraded or suspect GPU"
+        )
         condition = {
             "type": DEVICE_FAILED_CONDITION,
             "status": "True",
-            "reason": action.finding.kind.value,
-            "message": f"rank of gang {action.target} "
-            + (
-                "on a failed device"
-                if vacate
-                else "failed first with a device-error exit code"
-                if action.finding.kind is FindingKind.RANK_FAILED and pod.uid == action.finding.pod_uid
-                else "slow, hung, or on a degraded or suspect GPU"
-            )
-            + "; replaced, the gang restarts in place",
+            "reason": "NotJoined" if not_joined else action.finding.kind.value,
+            "message": f"rank of gang {action.target} {not_joined or cause}; replaced, the gang restarts in place",
         }
         await self.client.patch(
             api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="status"),
@@ -317,6 +340,7 @@ class GangRestarter:
         grace: int | None,
         now: float,
         moved: set[str] | None = None,
+        not_joined: str = "",
         *,
         dry_run: bool = False,
     ) -> list[Pod]:
@@ -338,7 +362,7 @@ class GangRestarter:
                             params={"dryRun": "All"},
                         )
                     continue
-                await self._mark_and_evict(pod, action, grace, vacate=pod.uid not in (moved or set()))
+                await self._mark_and_evict(pod, action, grace, pod.uid not in (moved or set()), not_joined)
             except errors.TooManyRequests as exc:
                 tries = refusal.tries + 1 if refusal is not None else 1
                 delay = max(min(EVICTION_BACKOFF * 2 ** (tries - 1), EVICTION_BACKOFF_CAP), exc.delay)
@@ -391,6 +415,12 @@ class GangRestarter:
 
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         """One pass: replace the broken ranks, give the rest the new generation, see who is back."""
+        outcome, steps = await self._pass(action, record)
+        if outcome.phase is not Phase.IN_PROGRESS:
+            self.joins.pop(action.name, None)
+        return outcome, steps
+
+    async def _pass(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         if action.workload is None:
             raise StepFailed(
                 f"gang {action.target}: the record names no workload", retry=False, reason=RemediationReason.NO_WORKLOAD
@@ -459,13 +489,32 @@ class GangRestarter:
         agents = any(m is not InPlaceRestart.NONE for m in mechanisms)
         back = {p.uid for p, m in zip(healthy, mechanisms, strict=True) if _back(p, m, generation, agents)}
         how = _mechanisms(mechanisms)
+        # A rank that never acknowledges (stuck, cut off, its launcher gone) would hold every other until the
+        # timeout: once they are all back and it has waited joinAfter, it is replaced within this restart.
+        policy = policies.get(action.policy)
+        join_after = (policy.stragglers.stall if policy is not None else StallRules()).join_after
+        watch = self.joins.setdefault(action.name, JoinWatch())
+        not_joined = _not_joined(record)
+        late = (
+            watch.not_joined(healthy, back, size, generation, join_after, now, replaced_before=bool(not_joined))
+            if not broken
+            else []
+        )
+        if late:
+            why = f"{NOT_JOINED} {generation} within {join_after:.0f}s"
+            refused = await self._evict(late, action, grace, now, {p.uid for p in late}, f"{why}, the other ranks did")
+            steps += [f"replace {p.name}: {why}" for p in late if p not in refused]
+            not_joined += [p.name for p in late if p not in refused]
+            if refused:
+                return self._refused(action, refused, generation, self.clock() - started, given=True), steps
+        joined = f"; replaced for not joining within {join_after:.0f}s: {', '.join(not_joined)}" if not_joined else ""
         elapsed = self.clock() - started
-        if not broken and len(back) >= size:
+        if not broken and not late and len(back) >= size:
             return Outcome(
                 Phase.SUCCEEDED,
                 RemediationReason.RUNNING,
                 f"gang {action.target}: all {size} ranks running again at generation {generation} after "
-                f"{elapsed:.2f}s ({how})",
+                f"{elapsed:.2f}s ({how}){joined}",
             ), steps
         if elapsed > self.timeout:
             lagging = sorted(p.name for p in healthy if p.uid not in back)
@@ -477,19 +526,22 @@ class GangRestarter:
                 f"gang {action.target}: {len(back)}/{size} ranks back at generation {generation} after "
                 f"{elapsed:.0f}s (limit {self.timeout:.0f}s); not back: {shown or 'none'}"
                 + (f"; {missing} rank(s) missing (replacement not created or not running)" if missing > 0 else "")
-                + f" ({how})",
+                + f" ({how}){joined}",
             ), steps
-        stage = RemediationReason.RESTARTING if broken else RemediationReason.WAITING_FOR_REPLACEMENT
+        stage = RemediationReason.RESTARTING if broken or late else RemediationReason.WAITING_FOR_REPLACEMENT
         return Outcome(
             Phase.IN_PROGRESS,
             stage,
-            f"gang {action.target}: generation {generation}; {len(back)}/{size} ranks running it ({how})",
+            f"gang {action.target}: generation {generation}; {len(back)}/{size} ranks running it ({how}){joined}",
         ), steps
 
-    def _refused(self, action: Action, refused: Sequence[Pod], generation: int, elapsed: float) -> Outcome:
+    def _refused(
+        self, action: Action, refused: Sequence[Pod], generation: int, elapsed: float, given: bool = False
+    ) -> Outcome:
         """A broken rank's eviction refused: the others keep running as they are (restarted in place now, they
         would wait for a rank that cannot be replaced). Failed once a rank was refused ``EVICTION_TRIES``
-        times or the restart's timeout passed; in progress, backing off, until then."""
+        times or the restart's timeout passed; in progress, backing off, until then. ``given``: the others have
+        the generation already (the rank is replaced for not joining it)."""
         pod = max(refused, key=lambda p: (self.refused[p.uid].tries, p.key))
         refusal = self.refused[pod.uid]
         tried = f"eviction of rank {pod.key} refused {refusal.tries} time(s) (a PodDisruptionBudget): {refusal.why}"
@@ -504,12 +556,12 @@ class GangRestarter:
             return Outcome(
                 Phase.FAILED,
                 RemediationReason.DISRUPTION_BUDGET,
-                f"gang {action.target}: {tried}; gave up after {limit}; generation {generation} not given to the "
-                "other ranks",
+                f"gang {action.target}: {tried}; gave up after {limit}; generation {generation} "
+                + ("given to the other ranks" if given else "not given to the other ranks"),
             )
         return Outcome(
             Phase.IN_PROGRESS,
             RemediationReason.EVICTION_BLOCKED,
             f"gang {action.target}: {tried}; trying again with backoff (at most {EVICTION_TRIES} tries, "
-            f"{self.timeout:.0f}s); generation {generation} waits",
+            f"{self.timeout:.0f}s); generation {generation} " + ("given to the other ranks" if given else "waits"),
         )

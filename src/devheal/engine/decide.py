@@ -438,7 +438,8 @@ def decide(
     if any(f.kind in DEGRADATION_FINDINGS for f in findings):  # degraded devices, repair, unknown XIDs
         candidates += degradation_actions(view, findings, policies, gang_epochs(view), now)
     if any(f.kind in STEP_FINDINGS for f in findings):  # slow ranks, stalled gangs (engine.stragglers)
-        candidates += step_actions(findings, view, policies, gang_epochs(view))
+        restarting = {r.workload for r in in_flight if r.active and r.action is ActionKind.RESTART_GANG}
+        candidates += step_actions(findings, view, policies, gang_epochs(view), restarting)
 
     # Circuit breaker: too many GPU nodes faulting within the window stops disruptive actions.
     if breaker is None:

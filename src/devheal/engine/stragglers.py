@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from devheal.engine.degradation import has_degraded_taint
@@ -385,8 +385,9 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
 def steer_away(
     finding: Finding, view: ClusterView, policy: Policy, policies: Sequence[Policy]
 ) -> tuple[Action, Policy] | None:
-    """A rank to replace whose node should not get its replacement: a straggler's, or a pod's whose GPU only its
-    exit code or crash loop accuses (the device plugin would hand the same GPU out again). Devheal's degraded
+    """A rank to replace whose node should not get its replacement: a straggler's, the rank's that stalled its
+    gang first, or a pod's whose GPU only its exit code or crash loop accuses (the device plugin would hand the
+    same GPU out again). Devheal's degraded
     taint (``TaintDegraded``, ``PreferNoSchedule``) on the node, so the scheduler sends the replacement
     elsewhere, marked ``suspect`` by the actuator (``SUSPECT_FINDINGS``): the agent's clean reports do not lift
     it until a person clears that mark (``engine.degradation``). ``policy`` decided about the rank; the taint
@@ -402,6 +403,13 @@ def steer_away(
         if not policy.stragglers.replaces:
             return None
         why = f"slow rank {finding.pod} on this node"
+    elif finding.kind is FindingKind.GANG_STALLED:
+        if not finding.pod_uid or policy.stragglers.stall.action is not StallAction.RESTART_GANG:
+            return None  # no rank stalled first (none is replaced), or the gang is not restarted
+        pod = view.pods.get(finding.pod)
+        if pod is None or any(d.health is DeviceHealth.UNHEALTHY for d in pod.devices):
+            return None  # hung on a failed GPU: the device plugin keeps it from the replacement
+        why = f"rank {finding.pod} on this node stalled its gang first"
     elif finding.kind in SUSPECT_FINDINGS:  # a pod's GPU accused by its own container
         if finding.kind is FindingKind.RANK_FAILED and not finding.pod_uid:
             return None  # not a device-error code: no rank is replaced
@@ -431,9 +439,15 @@ def steer_away(
 
 
 def step_actions(
-    findings: Iterable[Finding], view: ClusterView, policies: Sequence[Policy], epochs: dict[str, int]
+    findings: Iterable[Finding],
+    view: ClusterView,
+    policies: Sequence[Policy],
+    epochs: dict[str, int],
+    restarting: Collection[str] = frozenset(),
 ) -> list[tuple[Action, Policy]]:
-    """``step_action`` for each step-time finding, with the policy that decided it."""
+    """``step_action`` for each step-time finding, with the policy that decided it. ``restarting``: gangs (workload
+    keys) with a restart in progress, whose stalls steer nothing: their ranks are being stopped on purpose, and
+    until the cache shows the new generation a stall names whichever healthy rank stopped first."""
     by_name = {p.name: p for p in policies}
     out = []
     for f in findings:
@@ -444,7 +458,8 @@ def step_actions(
         if action is None:
             continue
         policy = by_name[action.policy]
-        taint = steer_away(f, view, policy, policies)
+        stopping = f.kind is FindingKind.GANG_STALLED and pod is not None and pod.workload.key in restarting
+        taint = None if stopping else steer_away(f, view, policy, policies)
         if taint is not None:  # first: the node is tainted before the rank's replacement is scheduled
             out.append(taint)
         out.append((action, policy))

@@ -66,14 +66,15 @@ POD_FINDINGS = frozenset({FindingKind.DEVICE_FAILED, FindingKind.DEVICE_ERROR_EX
 SUSPECT_FINDINGS = frozenset(
     {
         FindingKind.STRAGGLER,
+        FindingKind.GANG_STALLED,
         FindingKind.DEVICE_ERROR_EXIT,
         FindingKind.CRASH_LOOP_ON_DEVICE,
         FindingKind.RANK_FAILED,
     }
 )
-"""What makes devheal steer pods away from a node its agent reports healthy (a slow rank, a GPU only its pod's exit
-code or crash loop accuses, a held failed run's device-error exit code): its degraded taint is marked ``suspect`` and
-not lifted by clean reports."""
+"""What makes devheal steer pods away from a node its agent reports healthy (a slow rank, the rank that stalled its
+gang first, a GPU only its pod's exit code or crash loop accuses, a held failed run's device-error exit code): its
+degraded taint is marked ``suspect`` and not lifted by clean reports."""
 
 
 class FindingSource(StrEnum):

@@ -13,6 +13,8 @@ Spec, with defaults (docs/stragglers.md gives each default's rationale)::
         after: 45s                   # no rank reported a step for this long...
         steps: 5                     # ...and for this many of the gang's median steps
         action: RestartGang          # Notify | RestartGang
+        joinAfter: 120s              # a rank that has not joined an in-place restart this long, once every
+                                     # other rank has, is replaced within that restart
 
 Pure. ``parse_stragglers`` takes the error class of its caller (``PolicyError``), so its
 messages name the policy and the field like every other part of the policy.
@@ -39,6 +41,9 @@ class StallRules:
     after: float = 45.0
     steps: int = 5
     action: StallAction = StallAction.RESTART_GANG
+    join_after: float = 120.0
+    """Seconds a rank may run a gang restart's generation without acknowledging it, once every other rank has,
+    before the restart replaces it (the launcher's default ``--barrier-timeout``: its peers wait that long)."""
 
     def limit(self, median_step: float | None) -> float:
         """Seconds without any rank's step report after which a gang is stalled."""
@@ -64,7 +69,7 @@ class StragglerRules:
 _FIELDS = frozenset(
     {"action", "minSlowdownPercent", "outlierMADs", "minSamples", "sustainedReports", "minRanks", "stall"}
 )
-_STALL_FIELDS = frozenset({"after", "steps", "action"})
+_STALL_FIELDS = frozenset({"after", "steps", "action", "joinAfter"})
 MAX_PERCENT = 1000
 MAX_COUNT = 10000
 
@@ -79,6 +84,10 @@ def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueErro
     if after <= 0:
         raise fields.expected(f"{where}.stall.after", "a duration above 0", stall_spec["after"], error)
 
+    join_after = fields.duration(
+        stall_spec.get("joinAfter"), ds.join_after, f"{where}.stall.joinAfter", error, positive=True
+    )
+
     def count(field: str, default: int, minimum: int, maximum: int = MAX_COUNT) -> int:
         return fields.whole(spec.get(field), default, f"{where}.{field}", error, minimum=minimum, maximum=maximum)
 
@@ -88,6 +97,7 @@ def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueErro
             stall_spec.get("steps"), ds.steps, f"{where}.stall.steps", error, minimum=1, maximum=MAX_COUNT
         ),
         action=fields.choice(stall_spec.get("action"), StallAction, ds.action, f"{where}.stall.action", error),
+        join_after=join_after,
     )
     return StragglerRules(
         action=fields.choice(spec.get("action"), RankAction, d.action, f"{where}.action", error),

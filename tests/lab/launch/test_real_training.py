@@ -119,7 +119,10 @@ async def test_a_hung_ddp_rank_is_named_replaced_and_the_gang_resumes_from_its_c
         stopped_at = max(steps_by_rank().values())
 
         def stalls(rs: list[dict]) -> list[dict]:
-            return [r for r in rs if r["spec"]["finding"]["kind"] == "GangStalled"]
+            # The restart (its node's suspect taint, decided first from the same finding, is a record of its own).
+            return [
+                r for r in rs if r["spec"]["finding"]["kind"] == "GangStalled" and r["spec"]["action"] == "RestartGang"
+            ]
 
         records = await harness.wait_remediation(lambda rs: bool(stalls(rs)), "a GangStalled remediation", timeout=60)
         (record,) = stalls(records)

@@ -174,7 +174,10 @@ async def test_a_hung_gang_is_found_within_seconds_and_the_rank_that_stalled_fir
             freeze(rank)
 
         def stalls(rs: list[dict]) -> list[dict]:
-            return [r for r in rs if r["spec"]["finding"]["kind"] == "GangStalled"]
+            # The restart (its node's suspect taint, decided first from the same finding, is a record of its own).
+            return [
+                r for r in rs if r["spec"]["finding"]["kind"] == "GangStalled" and r["spec"]["action"] == "RestartGang"
+            ]
 
         records = await harness.wait_remediation(lambda rs: bool(stalls(rs)), "a GangStalled remediation", timeout=60)
         (record,) = stalls(records)
@@ -189,6 +192,12 @@ async def test_a_hung_gang_is_found_within_seconds_and_the_rank_that_stalled_fir
         )
         for rank in ("0", "1", "3"):
             assert after[rank]["metadata"]["uid"] == before[rank]["metadata"]["uid"], f"rank {rank} was recreated"
+        steered = [
+            r["spec"]["target"]["name"]
+            for r in await harness.remediations()
+            if r["spec"]["action"] == "TaintDegraded" and r["spec"]["finding"]["kind"] == "GangStalled"
+        ]
+        assert steered == [before["2"]["spec"]["nodeName"]], "its node steered away from, and no other"
     finally:
         for launched_pod in gang.launched.values():
             for start in launched_pod.starts():

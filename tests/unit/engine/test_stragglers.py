@@ -9,9 +9,9 @@ import pytest
 from devheal.engine.decide import decide
 from devheal.engine.rounds import DecisionRound
 from devheal.engine.stragglers import StragglerTracker, _Streak, gangs, outlier_bound, stall
-from devheal.model.cluster import ClusterView, DeviceHealth, NodeDevicesReport, Pod, ReportedDevice
+from devheal.model.cluster import ClusterView, DeviceHealth, DeviceStatus, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARK
-from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase, TargetKind
+from devheal.model.plan import SUSPECT_FINDINGS, Action, Blocked, FindingKind, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.steps import StepReport
 from devheal.model.straggler_policy import StragglerRules
@@ -309,17 +309,92 @@ def test_no_stall_while_a_rank_is_restarting_pending_or_has_no_step_in_its_run()
     assert stall([replace(members[0], steps=None), *members[1:]], StragglerRules(), later) is None
 
 
+def stalled_view(last: list[float]) -> ClusterView:
+    members = ranks(last)
+    return ClusterView(nodes=next(iter(GangStream(ranks=len(last)).views(1))).nodes, pods={p.key: p for p in members})
+
+
 def test_a_stalled_gang_restarts_in_place_replacing_the_rank_behind() -> None:
     t = EPOCH + 1000
-    members = ranks([t - 1.0, t, t, t])
-    view = ClusterView(nodes=next(iter(GangStream(ranks=4).views(1))).nodes, pods={p.key: p for p in members})
+    view = stalled_view([t - 1.0, t, t, t])
     policies = [straggler_policy()]
     findings = StragglerTracker().observe(view, policies, t + 50)
     plan = decide(view, findings, policies, [], t + 50)
-    (action,) = plan.actions
+    action = plan.actions[-1]
     assert (action.kind, action.target, action.cause) == (ActionKind.RESTART_GANG, "train/JobSet/llm", "uid-llm-0")
     notify = decide(view, findings, [straggler_policy(stall={"action": "Notify"})], [], t + 50)
     assert [a.kind for a in notify.actions] == [ActionKind.NOTIFY]
+
+
+def test_the_node_of_the_rank_that_stalled_first_is_steered_away_from_before_the_restart() -> None:
+    """Its GPUs look healthy (a cut link, a stuck host): without the taint its replacement may land there again."""
+    t = EPOCH + 1000
+    view = stalled_view([t - 1.0, t, t, t])
+    policies = [straggler_policy()]
+    findings = StragglerTracker().observe(view, policies, t + 50)
+    plan = decide(view, findings, policies, [], t + 50)
+    taint, restart = plan.actions  # the node first, so the replacement is scheduled elsewhere
+    assert (taint.kind, taint.target_kind, taint.target) == (ActionKind.TAINT_DEGRADED, TargetKind.NODE, "gpu-000")
+    assert taint.finding.kind is FindingKind.GANG_STALLED and taint.finding.kind in SUSPECT_FINDINGS
+    assert "rank train/llm-0 on this node stalled its gang first" in taint.reason
+    assert "PreferNoSchedule" in taint.reason
+    assert restart.kind is ActionKind.RESTART_GANG
+
+
+def test_a_stall_that_names_no_rank_or_restarts_nothing_steers_nothing() -> None:
+    t = EPOCH + 1000
+    policies = [straggler_policy()]
+    together = stalled_view([t, t + 0.1, t, t])
+    findings = StragglerTracker().observe(together, policies, t + 60)
+    assert [a.kind for a in decide(together, findings, policies, [], t + 60).actions] == [ActionKind.RESTART_GANG]
+    behind = stalled_view([t - 1.0, t, t, t])
+    notify = [straggler_policy(stall={"action": "Notify"})]
+    findings = StragglerTracker().observe(behind, notify, t + 50)
+    assert [a.kind for a in decide(behind, findings, notify, [], t + 50).actions] == [ActionKind.NOTIFY]
+
+
+def test_a_stall_seen_while_its_gang_restarts_steers_nothing() -> None:
+    """Between the restart's first writes and the cache showing the new generation, the ranks being stopped look
+    stalled, and one of them (healthy) seems to have stalled first: its node must not be marked suspect."""
+    t = EPOCH + 1000
+    view = stalled_view([t - 1.0, t, t, t])
+    policies = [straggler_policy()]
+    findings = StragglerTracker().observe(view, policies, t + 50)
+    _, restart = decide(view, findings, policies, [], t + 50).actions
+    restarted = {k: p for k, p in view.pods.items() if k != "train/llm-0"}  # the rank behind is replaced
+    again = replace(
+        view,
+        pods={
+            **restarted,
+            "train/llm-1": replace(restarted["train/llm-1"], steps=StepReport(100, 10, 1.0, t - 1.0, EPOCH)),
+        },
+    )
+    later = StragglerTracker().observe(again, policies, t + 60)
+    assert [f.pod for f in later if f.kind is FindingKind.GANG_STALLED] == ["train/llm-1"]
+    plan = decide(again, later, policies, [InFlight.of(restart, Phase.IN_PROGRESS, t + 50)], t + 60)
+    assert ActionKind.TAINT_DEGRADED not in [a.kind for a in plan.actions]
+
+
+def test_a_rank_that_stalled_on_a_failed_gpu_leaves_its_node_to_the_failures_own_handling() -> None:
+    """The device plugin keeps the failed GPU from the replacement; the node's other GPUs are fine."""
+    t = EPOCH + 1000
+    view = stalled_view([t - 1.0, t, t, t])
+    failed = DeviceStatus("main", "nvidia.com/gpu", "GPU-0", DeviceHealth.UNHEALTHY)
+    hung = replace(view.pods["train/llm-0"], devices=(failed,))
+    view = replace(view, pods={**view.pods, hung.key: hung})
+    policies = [straggler_policy()]
+    findings = [f for f in StragglerTracker().observe(view, policies, t + 50) if f.kind is FindingKind.GANG_STALLED]
+    assert [a.kind for a in decide(view, findings, policies, [], t + 50).actions] == [ActionKind.RESTART_GANG]
+
+
+def test_a_stalled_ranks_node_devheal_already_tainted_degraded_is_not_tainted_again() -> None:
+    t = EPOCH + 1000
+    view = stalled_view([t - 1.0, t, t, t])
+    marked = replace(view.nodes["gpu-000"], owned=frozenset({DEGRADED_MARK}))
+    view = replace(view, nodes={**view.nodes, "gpu-000": marked})
+    policies = [straggler_policy()]
+    findings = StragglerTracker().observe(view, policies, t + 50)
+    assert [a.kind for a in decide(view, findings, policies, [], t + 50).actions] == [ActionKind.RESTART_GANG]
 
 
 def test_the_caches_gang_index_gives_the_same_gangs_as_a_walk_over_every_pod() -> None:

@@ -25,7 +25,7 @@ def test_defaults() -> None:
     rules = StragglerRules()
     assert (rules.action, rules.min_slowdown_percent, rules.outlier_mads) == (RankAction.REPLACE_AT_RESTART, 12, 5)
     assert (rules.min_samples, rules.sustained_reports, rules.min_ranks) == (5, 3, 3)
-    assert rules.stall == StallRules(45.0, 5, StallAction.RESTART_GANG)
+    assert rules.stall == StallRules(45.0, 5, StallAction.RESTART_GANG, 120.0)
 
 
 def test_every_field() -> None:
@@ -36,11 +36,11 @@ def test_every_field() -> None:
         "minSamples": 10,
         "sustainedReports": 1,
         "minRanks": 4,
-        "stall": {"after": "1m30s", "steps": 20, "action": "Notify"},
+        "stall": {"after": "1m30s", "steps": 20, "action": "Notify", "joinAfter": "3m"},
     }
     assert violations({"selector": SELECTOR, "stragglers": spec}, spec_schema("RemediationPolicy")) == []
     assert parsed(spec) == StragglerRules(
-        RankAction.REPLACE_NOW, 25, 0, 10, 1, 4, StallRules(90.0, 20, StallAction.NOTIFY)
+        RankAction.REPLACE_NOW, 25, 0, 10, 1, 4, StallRules(90.0, 20, StallAction.NOTIFY, 180.0)
     )
 
 
@@ -62,6 +62,8 @@ def test_the_stall_limit_is_after_or_steps_of_the_median_step_when_longer() -> N
         ({"stall": {"after": "5 minutes"}}, "stragglers.stall.after"),
         ({"stall": {"steps": 0}}, "stragglers.stall.steps"),
         ({"stall": {"action": "Drain"}}, "stragglers.stall.action"),
+        ({"stall": {"joinAfter": "2 minutes"}}, "stragglers.stall.joinAfter"),
+        ({"stall": {"joinAfter": 120}}, "stragglers.stall.joinAfter"),
         ({"window": 10}, "stragglers"),
     ],
 )
@@ -90,4 +92,10 @@ def test_the_schema_has_no_unknown_field_pruned() -> None:
         "minRanks",
         "stall",
     }
-    assert set(node["properties"]["stall"]["properties"]) == {"after", "steps", "action"}
+    assert set(node["properties"]["stall"]["properties"]) == {"after", "steps", "action", "joinAfter"}
+
+
+def test_a_zero_join_limit_is_refused_naming_the_field() -> None:
+    expected = r"spec\.stragglers\.stall\.joinAfter: expected a duration above 0s, got '0m'"
+    with pytest.raises(PolicyError, match=expected):
+        parsed({"stall": {"joinAfter": "0m"}})

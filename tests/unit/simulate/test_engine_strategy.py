@@ -259,3 +259,21 @@ def test_devheal_default_restarts_a_gang_in_place_where_a_pod_watcher_recreates_
     devheal = run(small_config(), ONE_GPU_FAULT, EngineStrategy(RECOMMENDED_POLICY)).recoveries_s
     watcher = run(small_config(), ONE_GPU_FAULT, PodWatcher()).recoveries_s
     assert watcher[0] - devheal[0] == pytest.approx(5.0 + 120 - 20)
+
+
+def test_a_hidden_fault_that_stalls_a_gang_steers_the_replacement_off_its_node_until_a_person_looked() -> None:
+    """A NIC fault the node agent cannot see: the gang stalls, the rank behind is named, and its node gets the
+    degraded taint marked suspect before the restart, lifted only after a person cleared the mark."""
+    config = small_config(days=1)
+    strategy = EngineStrategy(policy("p", actions={"gang": "RestartGang"}))
+    result = run(config, [fault(2, node=1, cls="nic")], strategy)
+    records = list(strategy.store.records.values())
+    taint, restart, lift = (
+        next(r for r in records if r.action is kind)
+        for kind in (ActionKind.TAINT_DEGRADED, ActionKind.RESTART_GANG, ActionKind.LIFT_DEGRADED)
+    )
+    assert (taint.target, taint.started) == ("node-00001", restart.started)
+    assert records.index(taint) < records.index(restart)  # decided first: in place before the replacement
+    assert lift.target == "node-00001"
+    assert lift.started >= taint.started + config.costs.human_response_s  # suspect: clean reports did not lift it
+    assert result.remediations["people:repair"] == 1

@@ -46,8 +46,14 @@ def test_a_hidden_fault_stalls_the_gang_and_devheal_replaces_the_rank_that_stall
     result = run(small_config(), faults, devheal)
     # Found once no rank reported a step for the stall limit; the rank is replaced, the rest restart in place.
     assert result.recoveries_s == [pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)]
-    assert result.engine["decisions"] == {"devheal:RestartGang": 1}
-    [record] = devheal.store.records.values()
+    # Its node is steered away from first (suspect: the agent sees nothing), lifted once a person repaired it.
+    assert result.engine["decisions"] == {
+        "devheal:TaintDegraded": 1,
+        "devheal:RestartGang": 1,
+        "devheal:LiftDegraded": 1,
+    }
+    taint, record, _ = devheal.store.records.values()
+    assert (taint.action, taint.target) == ("TaintDegraded", "node-00001")
     assert record.resume is not None and record.node == "node-00001"
     assert record.resume.finding.kind == "GangStalled" and record.resume.finding.pod == "ml-training/train-1"
     # Without step reports nothing in Kubernetes points at the node: a person finds it.

@@ -70,7 +70,7 @@ async def test_the_failure_lift_keeps_the_degraded_taint(api: MemApi, kube: Kube
     assert (OWNED_TAINT_KEY, "NoSchedule") not in taints(api)
 
 
-@pytest.mark.parametrize("finding", [FindingKind.STRAGGLER, FindingKind.DEVICE_ERROR_EXIT])
+@pytest.mark.parametrize("finding", [FindingKind.STRAGGLER, FindingKind.GANG_STALLED, FindingKind.DEVICE_ERROR_EXIT])
 async def test_steering_from_what_the_agent_cannot_see_is_marked_suspect_and_lifted_with_it(
     api: MemApi, kube: KubeClient, finding: FindingKind
 ) -> None:
