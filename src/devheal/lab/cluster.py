@@ -235,6 +235,7 @@ class Lab:
         toolchain.ensure_binaries(lambda step, done, total: say(f"building {step} {done}/{total}" if total else step))
         node_images: list[images.ImageArchive] = []
         if spec.real_nodes:
+            realnode.check_machine()
             say("checking real-node binaries")
             toolchain.ensure_node_binaries(
                 lambda step, done, total: say(f"building {step} {done}/{total}" if total else step)

@@ -57,6 +57,17 @@ class RealNodeError(RuntimeError):
     """A real node could not be set up or torn down; the message says which node and what failed."""
 
 
+def check_machine() -> None:
+    """Raise RealNodeError saying what is missing when real nodes cannot run on this machine."""
+    if os.geteuid() != 0:
+        raise RealNodeError("--real-nodes needs root: real nodes make network namespaces, cgroups and bridges")
+    missing = [tool for tool in ("unshare", "nsenter", "ip", "mount") if shutil.which(tool) is None]
+    if missing:
+        raise RealNodeError(f"--real-nodes needs {', '.join(missing)} on PATH (Debian: util-linux, iproute2, mount)")
+    if not _hierarchies():
+        raise RealNodeError(f"--real-nodes needs cgroups mounted under {CGROUP_ROOT}")
+
+
 def lab_id(lab_dir: Path) -> str:
     """A short, stable name for the lab, for host-wide names (bridges, cgroups)."""
     return hashlib.sha256(str(lab_dir).encode()).hexdigest()[:6]

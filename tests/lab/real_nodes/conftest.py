@@ -9,7 +9,6 @@ these tests skip and say which; the real-node binaries are built on first use (m
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.lab import images, toolchain
+from devheal.lab import images, realnode, toolchain
 from devheal.lab.cluster import Lab, LabSpec
 
 REAL_NODES = 1
@@ -26,13 +25,10 @@ SIMULATED_NODES = 1
 
 def real_node_support() -> str | None:
     """Why real nodes cannot run on this machine, or None when they can."""
-    if os.geteuid() != 0:
-        return "real nodes need root (network namespaces, cgroups, bridges)"
-    for tool in ("unshare", "nsenter", "ip", "mount"):
-        if shutil.which(tool) is None:
-            return f"real nodes need `{tool}` on PATH"
-    if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
-        return "real nodes need a mounted cgroup file system"
+    try:
+        realnode.check_machine()
+    except realnode.RealNodeError as exc:
+        return str(exc)
     if toolchain.missing_node_binaries():
         try:
             toolchain.node_prerequisites()

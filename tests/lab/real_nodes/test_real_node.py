@@ -24,6 +24,9 @@ from .host_state import HostState, cgroups_named, lab_mounts, lab_processes
 
 REAL_NODE = node_name(SIMULATED_NODES)
 
+# The first test here builds the real nodes' binaries in its fixture (about 6 minutes on 2 cores, once).
+pytestmark = pytest.mark.timeout(1800)
+
 
 def _busybox_pod(name: str, command: str, restart: str = "Never") -> dict[str, Any]:
     return {
