@@ -213,11 +213,13 @@ class Lab:
         except (ValueError, KeyError, TypeError) as exc:
             raise LabError(f"{self.state_path} is unreadable ({exc}); remove the directory to start over") from exc
 
-    def control_url(self) -> str:
+    def control_url(self, node: str | None = None) -> str:
+        """The fault API of the node simulator, or of ``node``'s device plugin when it is a real node."""
         state = self.state()
         if state is None:
             raise LabError(f"no lab is running in {self.dir} (start one with `devheal lab up`)")
-        return f"http://127.0.0.1:{state.ports['nodesim']}"
+        plugin = state.ports.get(f"deviceplugin/{node}") if node else None
+        return f"http://127.0.0.1:{plugin or state.ports['nodesim']}"
 
     # ---- start -------------------------------------------------------------------------------
 
@@ -265,6 +267,8 @@ class Lab:
             for node in state.real_nodes(self.dir):
                 ports[f"kubelet/{node.name}"] = free_port()
                 ports[f"kubelet-server/{node.name}"] = free_port()
+                if spec.gpus_per_node:
+                    ports[f"deviceplugin/{node.name}"] = free_port()
         self.kubeconfig.write_text(self.pki.kubeconfig(f"https://127.0.0.1:{ports['kube-apiserver']}"))
         self.kubeconfig.chmod(0o600)
         started = time.monotonic()
@@ -370,6 +374,22 @@ class Lab:
         kubelet = node.kubelet_component()
         self._start(state, kubelet, realnode.kubelet_command(node, state.pids[containerd]))
         self._wait(state, kubelet, deadline, say)
+        if state.spec.gpus_per_node:
+            plugin = f"deviceplugin/{node.name}"
+            self._start(state, plugin, self._gpu_plugin_cmd(state, node))
+            self._wait(state, plugin, deadline, say)
+
+    def _gpu_plugin_cmd(self, state: LabState, node: RealNode) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "devheal.lab.gpuplugin",
+            f"--node={node.name}",
+            f"--gpus={state.spec.gpus_per_node}",
+            f"--gpu-model={state.spec.gpu_model}",
+            f"--plugin-dir={node.device_plugin_dir}",
+            f"--http-port={state.ports[f'deviceplugin/{node.name}']}",
+        ]
 
     def _wait_real_nodes_ready(self, state: LabState, deadline: float, say: ProgressFn) -> None:
         nodes = state.real_nodes(self.dir)
@@ -382,7 +402,11 @@ class Lab:
                         raise self._failure(component, f"exited with code {proc.returncode}")
             try:
                 items = self._get_json(state, f"/api/v1/nodes?labelSelector={realnode.REAL_NODE_LABEL}%3Dtrue")
-                ready = {n["metadata"]["name"] for n in items["items"] if _node_ready(n)}
+                ready = {
+                    n["metadata"]["name"]
+                    for n in items["items"]
+                    if _node_ready(n) and _gpus(n) == state.spec.gpus_per_node
+                }
             except (urllib.error.URLError, OSError, ValueError, KeyError):
                 ready = set()
             say(f"real nodes ready: {len(ready)}/{len(nodes)}")
@@ -394,7 +418,8 @@ class Lab:
             raise self._failure(nodes[0].kubelet_component(), f"left real node(s) {', '.join(late)} NotReady")
 
     def _teardown_real_nodes(self, state: LabState) -> list[str]:
-        leftover: list[str] = []
+        # The device plugins first: they talk to kubelet.
+        leftover = self._stop({c: pid for c, pid in state.pids.items() if c.startswith("deviceplugin/")})
         for node in state.real_nodes(self.dir):
             kubelet = state.pids.get(node.kubelet_component())
             containerd = state.pids.get(node.containerd_component())
@@ -506,7 +531,7 @@ class Lab:
             return {"running": False, "dir": str(self.dir)}
         components = {}
         real = state.real_nodes(self.dir)
-        node_components = [c for n in real for c in (n.containerd_component(), n.kubelet_component())]
+        node_components = [c for c in state.pids if c.startswith(("containerd/", "kubelet/", "deviceplugin/"))]
         for component in (*COMPONENTS, *node_components):
             pid = state.pids.get(component)
             alive = pid is not None and self._running(pid)

@@ -26,8 +26,11 @@ class Faults:
     def __init__(self, lab: Lab) -> None:
         self.lab = lab
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        url = self.lab.control_url() + path
+    def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, node: str | None = None
+    ) -> dict[str, Any]:
+        """``node``: the call is about one node, answered by its device plugin when it is a real node."""
+        url = self.lab.control_url(node) + path
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
@@ -47,7 +50,7 @@ class Faults:
             ) from exc
 
     def _fault(self, node: str, **body: Any) -> dict[str, Any]:
-        return self._call("POST", f"/v1/nodes/{node}/faults", body)
+        return self._call("POST", f"/v1/nodes/{node}/faults", body, node=node)
 
     def gpu_index(self, node: str, device_id: str) -> int:
         """The index of the GPU with UUID ``device_id`` on ``node`` (what the fault calls take)."""
@@ -107,7 +110,7 @@ class Faults:
         return self._fault(node, kind="instance-fault", gpu=gpu, instance=instance, code=code)
 
     def devices(self, node: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/nodes/{node}")
+        return self._call("GET", f"/v1/nodes/{node}", node=node)
 
     def all_devices(self) -> dict[str, Any]:
         return self._call("GET", "/v1/nodes")

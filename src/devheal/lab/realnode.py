@@ -292,6 +292,9 @@ def kubelet_configuration(node: RealNode, ca_cert: Path, port: int, healthz_port
         "rotateCertificates": False,
         "serializeImagePulls": False,
         "protectKernelDefaults": False,
+        # Else kubelet adds iptables chains to the machine (a hint for kube-proxy, a localnet firewall) and no
+        # one removes them: the lab runs no iptables-mode kube-proxy to read them.
+        "makeIPTablesUtilChains": False,
     }
 
 

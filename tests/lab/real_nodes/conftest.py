@@ -21,6 +21,7 @@ from devheal.lab.cluster import Lab, LabSpec
 
 REAL_NODES = 1
 SIMULATED_NODES = 1
+GPUS_PER_NODE = 2
 
 
 def real_node_support() -> str | None:
@@ -40,14 +41,14 @@ def real_node_support() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def real_lab() -> Iterator[Lab]:
     reason = real_node_support()
     if reason:
         pytest.skip(reason)
     # A short path: unix socket paths must stay under 108 bytes.
     lab = Lab(Path(tempfile.mkdtemp(prefix="dhl-real-", dir="/tmp")))
-    lab.up(LabSpec(nodes=SIMULATED_NODES + REAL_NODES, gpus_per_node=2, real_nodes=REAL_NODES))
+    lab.up(LabSpec(nodes=SIMULATED_NODES + REAL_NODES, gpus_per_node=GPUS_PER_NODE, real_nodes=REAL_NODES))
     try:
         yield lab
     finally:

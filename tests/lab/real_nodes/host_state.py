@@ -30,11 +30,12 @@ def _links() -> frozenset[str]:
 
 
 def _iptables() -> str:
-    """All iptables rules (no counters, no comments); empty where iptables is not installed."""
-    if shutil.which("iptables-save") is None:
-        return ""
-    proc = subprocess.run(["iptables-save"], capture_output=True, text=True)
-    lines = [re.sub(r"\[\d+:\d+\]", "", line) for line in proc.stdout.splitlines() if not line.startswith("#")]
+    """All iptables and ip6tables rules and chains (no counters, no comments); empty where iptables is not installed."""
+    lines = []
+    for save in ("iptables-save", "ip6tables-save"):
+        if shutil.which(save) is not None:
+            proc = subprocess.run([save], capture_output=True, text=True)
+            lines += [re.sub(r"\[\d+:\d+\]", "", line) for line in proc.stdout.splitlines() if not line.startswith("#")]
     return "\n".join(lines)
 
 

@@ -76,6 +76,7 @@ def test_kubelet_runs_on_cgroup_v1_with_the_lab_feature_gates_and_a_taint() -> N
     assert config["containerRuntimeEndpoint"] == f"unix://{node.containerd_socket}"
     assert config["authentication"]["anonymous"]["enabled"] is False
     assert config["registerWithTaints"] == [{"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}]
+    assert config["makeIPTablesUtilChains"] is False  # no iptables chains left on the machine
 
 
 def test_the_pod_network_overlaps_no_route_of_this_machine(tmp_path: Path) -> None:
