@@ -267,7 +267,9 @@ def inject_plugin_restart(
     seconds: Annotated[float, typer.Option("--seconds", help="How long the device plugin is away.")] = 5.0,
     directory: LabDir = None,
 ) -> None:
-    """The device plugin restarts: the node's GPU capacity and allocatable drop to 0, then return."""
+    """The device plugin restarts: the node's GPU capacity and allocatable drop to 0, then return.
+
+    On a real node the plugin process is stopped and started again after --seconds (the command waits)."""
     from devheal.lab.cluster import Lab, LabError
     from devheal.lab.faults import Faults
 

@@ -389,7 +389,43 @@ class Lab:
             f"--gpu-model={state.spec.gpu_model}",
             f"--plugin-dir={node.device_plugin_dir}",
             f"--http-port={state.ports[f'deviceplugin/{node.name}']}",
+            f"--state-file={node.dir / 'gpus.json'}",
         ]
+
+    def _real_node(self, node: str) -> tuple[LabState, RealNode]:
+        state = self.state()
+        if state is None:
+            raise LabError(f"no lab is running in {self.dir} (start one with `devheal lab up`)")
+        for real in state.real_nodes(self.dir):
+            if real.name == node:
+                return state, real
+        raise LabError(f"{node} is not a real node of this lab (real: {[n.name for n in state.real_nodes(self.dir)]})")
+
+    def is_real_node(self, node: str) -> bool:
+        state = self.state()
+        return state is not None and any(n.name == node for n in state.real_nodes(self.dir))
+
+    def stop_device_plugin(self, node: str) -> None:
+        """Stop a real node's device plugin process, as a crash or a rollout does (kubelet sees its socket go)."""
+        state, _ = self._real_node(node)
+        component = f"deviceplugin/{node}"
+        pid = state.pids.get(component)
+        if pid is not None and self._running(pid):
+            leftover = self._stop({component: pid})
+            if leftover:
+                raise LabError(f"could not stop {', '.join(leftover)}")
+
+    def start_device_plugin(self, node: str, timeout: float = 30.0) -> None:
+        """Start a real node's device plugin process again (unless it runs): it registers with kubelet anew."""
+        state, real = self._real_node(node)
+        component = f"deviceplugin/{node}"
+        pid = state.pids.get(component)
+        if component not in state.ports:
+            raise LabError(f"{node} has no device plugin (the lab was started with --gpus-per-node 0)")
+        if pid is not None and self._running(pid):
+            return
+        self._start(state, component, self._gpu_plugin_cmd(state, real))
+        self._wait(state, component, time.monotonic() + timeout, lambda msg: None)
 
     def _wait_real_nodes_ready(self, state: LabState, deadline: float, say: ProgressFn) -> None:
         nodes = state.real_nodes(self.dir)

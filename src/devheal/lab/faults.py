@@ -8,6 +8,7 @@ state after the change, as the simulator reports it.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -71,15 +72,33 @@ class Faults:
         return self._fault(node, kind="recover", gpu=gpu)
 
     def plugin_restart(self, node: str, seconds: float = 5.0) -> dict[str, Any]:
-        """The device plugin goes away: capacity and allocatable drop to 0 for ``seconds``."""
+        """The device plugin goes away: capacity and allocatable drop to 0 for ``seconds``.
+
+        On a real node its process is stopped, and started again after ``seconds`` (this call waits)."""
+        if self.lab.is_real_node(node):
+            if not 0 <= seconds <= PLUGIN_DOWN_SECONDS:
+                raise FaultError(f"seconds must be between 0 and {PLUGIN_DOWN_SECONDS:.0f}, got {seconds}")
+            self.lab.stop_device_plugin(node)
+            time.sleep(seconds)
+            self.lab.start_device_plugin(node)
+            return self.devices(node)
         return self._fault(node, kind="plugin-restart", seconds=seconds)
 
     def plugin_down(self, node: str) -> dict[str, Any]:
-        """The device plugin stays away (a long outage): capacity and allocatable 0 until ``plugin_up``."""
+        """The device plugin stays away (a long outage): capacity and allocatable 0 until ``plugin_up``.
+
+        On a real node its process is stopped (the answer is the GPUs as it last saved them)."""
+        if self.lab.is_real_node(node):
+            last = self.devices(node)
+            self.lab.stop_device_plugin(node)
+            return {**last, "pluginRegistered": False, "allocatable": 0}
         return self.plugin_restart(node, seconds=PLUGIN_DOWN_SECONDS)
 
     def plugin_up(self, node: str) -> dict[str, Any]:
-        """The device plugin registers again now."""
+        """The device plugin registers again now (on a real node: its process starts again)."""
+        if self.lab.is_real_node(node):
+            self.lab.start_device_plugin(node)
+            return self.devices(node)
         return self.plugin_restart(node, seconds=0)
 
     def kills_hang(self, node: str, on: bool = True) -> dict[str, Any]:

@@ -8,13 +8,16 @@ reaches it on a loopback HTTP port with the node simulator's fault API
 (``POST /v1/nodes/<node>/faults``): an XID that breaks a GPU makes it Unhealthy in
 ``ListAndWatch``, so the real kubelet drops it from allocatable and reports it in the status of
 the pod holding it; ``recover`` makes it Healthy again. Allocation is kubelet's: the plugin
-keeps no holders.
+keeps no holders. A device plugin restart is a real one: the lab stops this process and starts
+another (``Lab.stop_device_plugin``/``start_device_plugin``), so the GPUs' health is saved to
+``--state-file`` on every change and read back at start.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
@@ -23,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from devheal.kubelet.deviceplugin import DevicePluginServer, PluginDevice
+from devheal.lab import devices as devmod
 from devheal.lab.devices import SimulatedNodeGpus
 from devheal.model.cluster import GPU_RESOURCE
 
@@ -35,10 +39,37 @@ FAULT_KINDS = ("xid", "recover")
 """What this plugin can be told; the other faults of the node simulator do not reach real nodes yet."""
 
 
+def load_health(gpus: SimulatedNodeGpus, state_file: Path) -> None:
+    """Take the GPUs' health from ``state_file`` (what an earlier plugin process of this node saved)."""
+    try:
+        saved = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable GPU state %s: %s", state_file, exc)
+        return
+    for dev_json in saved.get("devices", []) if isinstance(saved, dict) else []:
+        index = int(dev_json.get("index", -1))
+        if 0 <= index < len(gpus.devices):
+            dev = gpus.devices[index]
+            dev.health = devmod.Health(dev_json.get("health", "Healthy"))
+            dev.reason = str(dev_json.get("reason", ""))
+            dev.xids = [
+                devmod.XidRecord(int(x["code"]), float(x["at"]), str(x["message"])) for x in dev_json.get("xids", [])
+            ]
+
+
 class GpuPlugin:
-    def __init__(self, gpus: SimulatedNodeGpus, plugin_dir: Path) -> None:
+    def __init__(self, gpus: SimulatedNodeGpus, plugin_dir: Path, state_file: Path) -> None:
         self.gpus = gpus
+        self.state_file = state_file
+        load_health(gpus, state_file)
         self.server = DevicePluginServer(plugin_dir, GPU_RESOURCE, ENDPOINT, self.advertised())
+
+    def save(self) -> None:
+        partial = self.state_file.with_suffix(".partial")
+        partial.write_text(json.dumps(self.snapshot()))
+        partial.replace(self.state_file)
 
     def advertised(self) -> list[PluginDevice]:
         # kubelet knows Healthy and Unhealthy: a degraded GPU still serves (devices.kubelet_health).
@@ -62,6 +93,7 @@ class GpuPlugin:
         else:
             changed = self.gpus.recover(gpu)
         if changed:
+            self.save()
             await self.server.set_devices(self.advertised())
         return self.snapshot()
 
@@ -101,7 +133,8 @@ class GpuPlugin:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    plugin = GpuPlugin(SimulatedNodeGpus.create(args.node, args.gpus, args.gpu_model), Path(args.plugin_dir))
+    gpus = SimulatedNodeGpus.create(args.node, args.gpus, args.gpu_model)
+    plugin = GpuPlugin(gpus, Path(args.plugin_dir), Path(args.state_file))
     runner = web.AppRunner(plugin.http_app())
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", args.http_port).start()
@@ -123,6 +156,7 @@ def main() -> None:
     parser.add_argument("--gpu-model", default="NVIDIA H100 80GB HBM3")
     parser.add_argument("--plugin-dir", required=True, help="kubelet's device-plugin directory (kubelet.sock is in it)")
     parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--state-file", required=True, help="where the GPUs' health is kept across restarts")
     args = parser.parse_args()
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(_main(args))

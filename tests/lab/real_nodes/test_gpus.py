@@ -144,3 +144,32 @@ def test_faults_the_real_node_plugin_cannot_play_are_refused_by_name(real_lab: L
         Faults(real_lab).degrade(REAL_NODE, 0, 1.5)
     with pytest.raises(FaultError, match="GPU index"):
         Faults(real_lab).xid(REAL_NODE, GPUS_PER_NODE, 79)
+
+
+async def test_a_stopped_device_plugin_makes_the_real_kubelet_refuse_gpu_pods_until_it_is_back(
+    real_lab: Lab, real_kube: KubeClient, real_namespace: str
+) -> None:
+    faults = Faults(real_lab)
+    before = real_lab.state()
+    assert before is not None
+    old_pid = before.pids[f"deviceplugin/{REAL_NODE}"]
+    try:
+        faults.plugin_down(REAL_NODE)
+        await _until("kubelet drops allocatable to 0 once the plugin is gone", lambda: _is(real_kube, 0))
+        pod = _gpu_pod("window")
+        pod["spec"]["nodeName"] = REAL_NODE  # bound as the scheduler would have, before it saw the drop
+        del pod["spec"]["nodeSelector"]
+        await real_kube.create(api_path("v1", "pods", namespace=real_namespace), pod)
+
+        async def refused() -> Any:
+            pod = await real_kube.get(api_path("v1", "pods", namespace=real_namespace, name="window"))
+            return pod if pod["status"].get("phase") == "Failed" else None
+
+        rejected = await _until("the real kubelet rejects the pod at admission", refused)
+        assert rejected["status"]["reason"] == "UnexpectedAdmissionError"
+        assert GPU_RESOURCE in rejected["status"]["message"]
+    finally:
+        faults.plugin_up(REAL_NODE)
+    after = real_lab.state()
+    assert after is not None and after.pids[f"deviceplugin/{REAL_NODE}"] != old_pid  # a new process
+    await _until("allocatable returns with the new plugin process", lambda: _is(real_kube, GPUS_PER_NODE))
