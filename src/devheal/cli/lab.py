@@ -281,7 +281,7 @@ def inject_plugin_restart(
 
 @inject_app.command("node-notready")
 def inject_node_notready(node: NodeOpt, directory: LabDir = None) -> None:
-    """The node's kubelet stops reporting Ready (undo with `inject node-ready`)."""
+    """The node's kubelet stops reporting Ready (undo with `inject node-ready`); on a real node kubelet stops."""
     from devheal.lab.cluster import Lab, LabError
     from devheal.lab.faults import Faults
 

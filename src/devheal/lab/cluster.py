@@ -415,6 +415,29 @@ class Lab:
             if leftover:
                 raise LabError(f"could not stop {', '.join(leftover)}")
 
+    def stop_kubelet(self, node: str) -> None:
+        """Stop a real node's kubelet (its containers keep running, as when kubelet dies on a machine)."""
+        state, real = self._real_node(node)
+        component = real.kubelet_component()
+        pid = state.pids.get(component)
+        if pid is not None and self._running(pid):
+            leftover = self._stop({component: pid})
+            if leftover:
+                raise LabError(f"could not stop {', '.join(leftover)}")
+
+    def start_kubelet(self, node: str, timeout: float = 60.0) -> None:
+        """Start a real node's kubelet again (unless it runs), in its containerd's mount namespace."""
+        state, real = self._real_node(node)
+        kubelet, containerd = real.kubelet_component(), real.containerd_component()
+        pid = state.pids.get(kubelet)
+        if pid is not None and self._running(pid):
+            return
+        containerd_pid = state.pids.get(containerd)
+        if containerd_pid is None or not self._running(containerd_pid):
+            raise LabError(f"{node}: containerd is not running, so kubelet cannot start again; restart the lab")
+        self._start(state, kubelet, realnode.kubelet_command(real, containerd_pid))
+        self._wait(state, kubelet, time.monotonic() + timeout, lambda msg: None)
+
     def start_device_plugin(self, node: str, timeout: float = 30.0) -> None:
         """Start a real node's device plugin process again (unless it runs): it registers with kubelet anew."""
         state, real = self._real_node(node)

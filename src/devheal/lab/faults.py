@@ -113,9 +113,18 @@ class Faults:
         return self._fault(node, kind="nvml", failure=kind)
 
     def node_not_ready(self, node: str) -> dict[str, Any]:
+        """The node's kubelet stops reporting. On a real node its kubelet process is stopped: the controller
+        manager's node lifecycle turns the node's Ready condition Unknown after its grace period (50 s)."""
+        if self.lab.is_real_node(node):
+            self.lab.stop_kubelet(node)
+            return {"node": node, "kubelet": "stopped"}
         return self._fault(node, kind="node-notready")
 
     def node_ready(self, node: str) -> dict[str, Any]:
+        """Undo ``node_not_ready`` (on a real node: its kubelet starts again)."""
+        if self.lab.is_real_node(node):
+            self.lab.start_kubelet(node)
+            return {"node": node, "kubelet": "running"}
         return self._fault(node, kind="node-ready")
 
     def share(self, node: str, replicas: int = 1, profile: str = "") -> dict[str, Any]:

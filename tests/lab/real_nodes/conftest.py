@@ -8,10 +8,13 @@ these tests skip and say which; the real-node binaries are built on first use (m
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,3 +75,15 @@ async def real_namespace(real_kube: KubeClient) -> AsyncIterator[str]:
         yield name
     finally:
         await real_kube.delete(api_path("v1", "namespaces", name=name))
+
+
+async def until(what: str, probe: Callable[[], Awaitable[Any]], timeout: float = 60) -> Any:
+    """``probe()``'s first truthy answer, asked every quarter second; fails saying ``what`` did not happen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")

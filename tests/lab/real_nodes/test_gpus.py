@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from devheal.lab.faults import FaultError, Faults
 from devheal.lab.nodesim.nodes import node_name
 from devheal.model.cluster import GPU_RESOURCE
 
-from .conftest import GPUS_PER_NODE, SIMULATED_NODES
+from .conftest import GPUS_PER_NODE, SIMULATED_NODES, until
 
 REAL_NODE = node_name(SIMULATED_NODES)
 
@@ -50,17 +48,6 @@ def _gpu_pod(name: str) -> dict[str, Any]:
     }
 
 
-async def _until(what: str, probe: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
-
-
 async def _allocatable(kube: KubeClient) -> int:
     node = await kube.get(api_path("v1", "nodes", name=REAL_NODE))
     return int(node["status"]["allocatable"].get(GPU_RESOURCE, "0"))
@@ -77,7 +64,7 @@ async def test_the_real_kubelet_reports_a_failed_gpu_in_the_holders_status(
         statuses = pod["status"].get("containerStatuses") or []
         return pod if statuses and statuses[0].get("allocatedResourcesStatus") and statuses[0]["ready"] else None
 
-    pod = await _until("the GPU pod runs with its device in its status", running)
+    pod = await until("the GPU pod runs with its device in its status", running)
     (entry,) = pod["status"]["containerStatuses"][0]["allocatedResourcesStatus"]
     assert entry["name"] == GPU_RESOURCE
     (device,) = entry["resources"]
@@ -93,11 +80,11 @@ async def test_the_real_kubelet_reports_a_failed_gpu_in_the_holders_status(
             (entry,) = pod["status"]["containerStatuses"][0]["allocatedResourcesStatus"]
             return bool(entry["resources"][0]["health"] == "Unhealthy")
 
-        await _until("kubelet reports the failed GPU in the pod's status", unhealthy_in_status)
-        await _until("allocatable drops by the failed GPU", lambda: _is(real_kube, GPUS_PER_NODE - 1))
+        await until("kubelet reports the failed GPU in the pod's status", unhealthy_in_status)
+        await until("allocatable drops by the failed GPU", lambda: _is(real_kube, GPUS_PER_NODE - 1))
     finally:
         faults.recover(REAL_NODE, gpu)
-    await _until("allocatable is back once the GPU recovers", lambda: _is(real_kube, GPUS_PER_NODE))
+    await until("allocatable is back once the GPU recovers", lambda: _is(real_kube, GPUS_PER_NODE))
     await real_kube.delete(api_path("v1", "pods", namespace=real_namespace, name="holder"))
 
 
@@ -115,7 +102,7 @@ async def test_allocate_and_pod_resources_name_the_same_device(
         statuses = pod["status"].get("containerStatuses") or []
         return pod if statuses and statuses[0]["ready"] else None
 
-    await _until("the GPU pod runs", started)
+    await until("the GPU pod runs", started)
     socket = Path(real_lab.status()["nodes"]["real"][0]["pod_resources_socket"])
     async with PodResourcesClient(socket) as client:
         (seen,) = [p for p in await client.list_pods() if p.namespace == real_namespace and p.name == "seer"]
@@ -135,7 +122,7 @@ async def test_allocate_and_pod_resources_name_the_same_device(
         out, _ = await logs.communicate()
         return out.decode().strip() if logs.returncode == 0 else ""
 
-    assert await _until("the container's first line reaches its log", logged) == uuid
+    assert await until("the container's first line reaches its log", logged) == uuid
     await real_kube.delete(api_path("v1", "pods", namespace=real_namespace, name="seer"))
 
 
@@ -155,7 +142,7 @@ async def test_a_stopped_device_plugin_makes_the_real_kubelet_refuse_gpu_pods_un
     old_pid = before.pids[f"deviceplugin/{REAL_NODE}"]
     try:
         faults.plugin_down(REAL_NODE)
-        await _until("kubelet drops allocatable to 0 once the plugin is gone", lambda: _is(real_kube, 0))
+        await until("kubelet drops allocatable to 0 once the plugin is gone", lambda: _is(real_kube, 0))
         pod = _gpu_pod("window")
         pod["spec"]["nodeName"] = REAL_NODE  # bound as the scheduler would have, before it saw the drop
         del pod["spec"]["nodeSelector"]
@@ -165,11 +152,11 @@ async def test_a_stopped_device_plugin_makes_the_real_kubelet_refuse_gpu_pods_un
             pod = await real_kube.get(api_path("v1", "pods", namespace=real_namespace, name="window"))
             return pod if pod["status"].get("phase") == "Failed" else None
 
-        rejected = await _until("the real kubelet rejects the pod at admission", refused)
+        rejected = await until("the real kubelet rejects the pod at admission", refused)
         assert rejected["status"]["reason"] == "UnexpectedAdmissionError"
         assert GPU_RESOURCE in rejected["status"]["message"]
     finally:
         faults.plugin_up(REAL_NODE)
     after = real_lab.state()
     assert after is not None and after.pids[f"deviceplugin/{REAL_NODE}"] != old_pid  # a new process
-    await _until("allocatable returns with the new plugin process", lambda: _is(real_kube, GPUS_PER_NODE))
+    await until("allocatable returns with the new plugin process", lambda: _is(real_kube, GPUS_PER_NODE))

@@ -17,9 +17,11 @@ from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab import images, realnode, toolchain, versions
 from devheal.lab.cluster import Lab, LabSpec
+from devheal.lab.faults import Faults
 from devheal.lab.nodesim.nodes import node_name
+from devheal.model.cluster import GPU_RESOURCE
 
-from .conftest import REAL_NODES, SIMULATED_NODES, real_node_support
+from .conftest import GPUS_PER_NODE, REAL_NODES, SIMULATED_NODES, real_node_support, until
 from .host_state import HostState, cgroups_named, lab_mounts, lab_processes
 
 REAL_NODE = node_name(SIMULATED_NODES)
@@ -120,6 +122,37 @@ async def test_a_kubelet_may_write_its_own_node_but_not_another(real_lab: Lab) -
             )
     finally:
         await kubelet.close()
+
+
+async def test_a_stopped_kubelet_turns_its_node_unknown_through_the_real_node_lifecycle(
+    real_lab: Lab, real_kube: KubeClient
+) -> None:
+    faults = Faults(real_lab)
+
+    async def ready_status() -> tuple[str, str]:
+        node = await real_kube.get(api_path("v1", "nodes", name=REAL_NODE))
+        (ready,) = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        return str(ready["status"]), str(ready.get("reason", ""))
+
+    async def unknown() -> bool:
+        return await ready_status() == ("Unknown", "NodeStatusUnknown")
+
+    async def ready() -> bool:
+        return (await ready_status())[0] == "True"
+
+    async def all_gpus() -> bool:
+        node = await real_kube.get(api_path("v1", "nodes", name=REAL_NODE))
+        return bool(node["status"]["allocatable"].get(GPU_RESOURCE) == str(GPUS_PER_NODE))
+
+    try:
+        faults.node_not_ready(REAL_NODE)
+        # The controller manager's node lifecycle, after its grace period (50 s).
+        await until("the node's Ready condition turns Unknown", unknown, timeout=120)
+    finally:
+        faults.node_ready(REAL_NODE)
+    await until("the node is Ready again once kubelet runs", ready)
+    # Restarted, kubelet cleared its device-plugin directory: the plugin registered again.
+    await until("the GPUs are allocatable again", all_gpus)
 
 
 async def test_down_with_a_pod_running_leaves_no_process_mount_namespace_link_cgroup_or_rule() -> None:
