@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from devheal.lab.realnode import KUBELET_SYSCTLS
+from devheal.lab.realnode import KUBELET_SYSCTLS, RealNode, cgroup_pids
 
 
 def _namespaces(kind: str) -> frozenset[str]:
@@ -52,18 +52,34 @@ class HostState:
         sysctls = tuple((name, (Path("/proc/sys") / name).read_text().strip()) for name in KUBELET_SYSCTLS)
         return HostState(_namespaces("net"), _namespaces("mnt"), _links(), _iptables(), sysctls)
 
-    def added_since(self, before: HostState) -> dict[str, object]:
-        """What exists now and did not before (empty: nothing was left behind)."""
-        added: dict[str, object] = {
-            "network namespaces": sorted(self.net_namespaces - before.net_namespaces),
-            "mount namespaces": sorted(self.mount_namespaces - before.mount_namespaces),
-            "links": sorted(self.links - before.links),
+
+@dataclass(frozen=True)
+class NodeTraces:
+    """What a running real node has made on the machine: its mount namespace, its bridge and the veths
+    on it, its pods' network namespaces."""
+
+    mount_namespaces: frozenset[str]
+    links: frozenset[str]
+    net_namespaces: frozenset[str]
+
+    @staticmethod
+    def read(node: RealNode, mount_namespace: str) -> NodeTraces:
+        ports = Path(f"/sys/class/net/{node.bridge}/brif")
+        links = {node.bridge, *(port.name for port in ports.iterdir())} if ports.is_dir() else set()
+        nets = set()
+        for pid in cgroup_pids(node):
+            with contextlib.suppress(OSError):
+                nets.add(str(Path(f"/proc/{pid}/ns/net").readlink()))
+        return NodeTraces(frozenset({mount_namespace}), frozenset(links), frozenset(nets))
+
+    def still_there(self, now: HostState) -> dict[str, object]:
+        """Which of these exist in ``now`` (empty: all gone)."""
+        left: dict[str, object] = {
+            "mount namespaces": sorted(self.mount_namespaces & now.mount_namespaces),
+            "links": sorted(self.links & now.links),
+            "network namespaces": sorted(self.net_namespaces & now.net_namespaces),
         }
-        if self.iptables != before.iptables:
-            added["iptables"] = self.iptables
-        if self.sysctls != before.sysctls:
-            added["sysctls"] = self.sysctls
-        return {what: value for what, value in added.items() if value}
+        return {what: value for what, value in left.items() if value}
 
 
 def lab_mounts(lab_dir: Path) -> list[str]:

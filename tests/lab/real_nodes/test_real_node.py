@@ -22,7 +22,7 @@ from devheal.lab.nodesim.nodes import node_name
 from devheal.model.cluster import GPU_RESOURCE
 
 from .conftest import GPUS_PER_NODE, REAL_NODES, SIMULATED_NODES, real_node_support, until
-from .host_state import HostState, cgroups_named, lab_mounts, lab_processes
+from .host_state import HostState, NodeTraces, cgroups_named, lab_mounts, lab_processes
 
 REAL_NODE = node_name(SIMULATED_NODES)
 
@@ -172,22 +172,26 @@ async def test_down_with_a_pod_running_leaves_no_process_mount_namespace_link_cg
             await _wait_phase(kube, "busy", "sleeper", {"Running"})
         finally:
             await kube.close()
-        running = HostState.read().added_since(before)
-        assert running["links"], "the real node's bridge and the pod's veth exist while it runs"
-        assert running["network namespaces"], "the pod has a network namespace of its own"
+        # What this lab made, named while it runs (other labs on the machine may make their own meanwhile).
+        ours = NodeTraces.read(node, state.mount_namespaces[node.name])
+        assert len(ours.links) >= 2, f"the node's bridge and the pod's veth exist while it runs: {ours.links}"
+        assert ours.net_namespaces, "the pod has a network namespace of its own"
+        assert set(ours.still_there(HostState.read())) == {"mount namespaces", "links", "network namespaces"}
         assert cgroups_named(node.cgroup_root.lstrip("/"))
     finally:
         lab.down()
     assert lab_processes(lab.dir) == []
     assert lab_mounts(lab.dir) == []
     assert cgroups_named(realnode.lab_id(lab.dir)) == []
-    assert _left_behind(before) == {}
+    assert _still_there(ours) == {}
+    after = HostState.read()
+    assert (after.iptables, after.sysctls) == (before.iptables, before.sysctls)
 
 
-def _left_behind(before: HostState, timeout: float = 10) -> dict[str, object]:
-    """What the lab added and has not removed; namespaces are freed with their last process and mount,
-    which the kernel does at once, but poll rather than trust it."""
+def _still_there(ours: NodeTraces, timeout: float = 10) -> dict[str, object]:
+    """Which of ``ours`` still exist; namespaces are freed with their last process and mount, which the
+    kernel does at once, but poll rather than trust it."""
     deadline = time.monotonic() + timeout
-    while (left := HostState.read().added_since(before)) and time.monotonic() < deadline:
+    while (left := ours.still_there(HostState.read())) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
