@@ -70,6 +70,8 @@ class NodeTraces:
         for pid in cgroup_pids(node):
             with contextlib.suppress(OSError):
                 nets.add(str(Path(f"/proc/{pid}/ns/net").readlink()))
+        # A process kubelet or runc has just put in a pod's cgroup may not have joined the pod's network yet.
+        nets.discard(str(Path("/proc/self/ns/net").readlink()))
         return NodeTraces(frozenset({mount_namespace}), frozenset(links), frozenset(nets))
 
     def still_there(self, now: HostState) -> dict[str, object]:
