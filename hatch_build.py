@@ -1,8 +1,9 @@
-"""Build hook: generate the pod-resources gRPC code before hatchling packages the wheel.
+"""Build hook: generate the kubelet APIs' gRPC code (pod-resources, device plugin) before hatchling
+packages the wheel.
 
 The generated ``api_pb2*`` modules are git-ignored build outputs, so a clean clone or an
-sdist has only ``api.proto``. This hook runs the project's one generator
-(``devheal.kubelet.podresources.codegen``, also what ``scripts/bootstrap`` runs), and the
+sdist has only the ``api.proto`` files. This hook runs the project's one generator
+(``devheal.kubelet.codegen``, also what ``scripts/bootstrap`` runs), and the
 wheel target's ``artifacts`` setting packages what it wrote. The generator is loaded from
 its file, not imported as ``devheal...``: importing the package would need its runtime
 dependencies, which a build environment does not have. It needs ``grpcio-tools``, a
@@ -17,19 +18,19 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-CODEGEN = Path("src/devheal/kubelet/podresources/codegen.py")
+CODEGEN = Path("src/devheal/kubelet/codegen.py")
 
 
-class PodResourcesCodegenHook(BuildHookInterface):
-    """Generates ``api_pb2*.py(i)`` next to ``api.proto`` (skipped when they are current)."""
+class KubeletCodegenHook(BuildHookInterface):
+    """Generates ``api_pb2*.py(i)`` next to each ``api.proto`` (skipped when they are current)."""
 
     PLUGIN_NAME = "custom"
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         path = Path(self.root) / CODEGEN
         if not path.is_file():
-            raise RuntimeError(f"build hook: the pod-resources generator {path} is missing from the source tree")
-        spec = importlib.util.spec_from_file_location("_devheal_podresources_codegen", path)
+            raise RuntimeError(f"build hook: the kubelet APIs' generator {path} is missing from the source tree")
+        spec = importlib.util.spec_from_file_location("_devheal_kubelet_codegen", path)
         if spec is None or spec.loader is None:
             raise RuntimeError(f"build hook: cannot load {path} as a module")
         codegen = importlib.util.module_from_spec(spec)
@@ -38,8 +39,8 @@ class PodResourcesCodegenHook(BuildHookInterface):
             wrote = codegen.generate()
         except ModuleNotFoundError as exc:
             raise RuntimeError(
-                f"build hook: generating the pod-resources gRPC code needs {exc.name!r}; "
+                f"build hook: generating the kubelet APIs' gRPC code needs {exc.name!r}; "
                 "build with build isolation, or install the build requirements of pyproject.toml first"
             ) from exc
         if wrote:
-            self.app.display_info(f"generated {', '.join(p.name for p in codegen.outputs())} from api.proto")
+            self.app.display_info(f"generated {', '.join(str(p) for p in codegen.outputs())}")

@@ -61,15 +61,28 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 @app.command()
-def build() -> None:
+def build(
+    real_nodes: Annotated[
+        bool,
+        typer.Option(
+            "--real-nodes",
+            help="Also build the real nodes' binaries: kubelet, kube-proxy, containerd, runc, CNI plugins.",
+        ),
+    ] = False,
+) -> None:
     """Build (or find cached) the pinned control-plane binaries: etcd, kube-*, kubectl, kwok."""
     from devheal.lab import toolchain
 
     with err().status("checking binaries") as status:
         try:
-            path = toolchain.ensure_binaries(
-                lambda step, done, total: status.update(f"{step} {done}/{total}" if total else step)
-            )
+
+            def show(step: str, done: int, total: int) -> None:
+                status.update(f"{step} {done}/{total}" if total else step)
+
+            path = toolchain.ensure_binaries(show)
+            if real_nodes:
+                out().print(str(path))
+                path = toolchain.ensure_node_binaries(show)
         except toolchain.ToolchainError as exc:
             raise _fail(exc) from exc
     out().print(str(path))
@@ -81,20 +94,31 @@ def up(
     gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
     gpu_model: Annotated[str, typer.Option(help="GPU model name reported by the nodes.")] = "NVIDIA H100 80GB HBM3",
     dra_nodes: Annotated[
-        int, typer.Option(help="The last N nodes expose their GPUs through a simulated DRA driver (gpu.devheal.io).")
+        int,
+        typer.Option(help="The last N simulated nodes expose their GPUs through a simulated DRA driver."),
+    ] = 0,
+    real_nodes: Annotated[
+        int,
+        typer.Option(
+            help="The last N of the nodes are real: kubelet, containerd and runc, pods in their own network "
+            "namespaces (root; built on first use, minutes)."
+        ),
     ] = 0,
     directory: LabDir = None,
 ) -> None:
-    """Start etcd, kube-apiserver, controller manager, scheduler, kwok and the node simulator, detached."""
-    from devheal.lab import toolchain, versions
+    """Start etcd, kube-apiserver, controller manager, scheduler, kwok and the node simulator, detached
+    (and, with --real-nodes, a containerd and a kubelet per real node)."""
+    from devheal.lab import images, realnode, toolchain, versions
     from devheal.lab.cluster import Lab, LabError, LabSpec
 
     lab = Lab(directory)
-    spec = LabSpec(nodes=nodes, gpus_per_node=gpus_per_node, gpu_model=gpu_model, dra_nodes=dra_nodes)
+    spec = LabSpec(
+        nodes=nodes, gpus_per_node=gpus_per_node, gpu_model=gpu_model, dra_nodes=dra_nodes, real_nodes=real_nodes
+    )
     with err().status("starting lab") as status:
         try:
             state = lab.up(spec, progress=lambda msg: status.update(msg))
-        except (LabError, toolchain.ToolchainError) as exc:
+        except (LabError, toolchain.ToolchainError, images.ImageError, realnode.RealNodeError) as exc:
             raise _fail(exc) from exc
     err().print(
         f"[green]lab ready[/green] in {state.ready_seconds:.1f}s: {nodes} nodes x {gpus_per_node} GPUs "
@@ -143,6 +167,11 @@ def status(
         health = "[green]ok[/green]" if comp["healthy"] else f"[red]{comp['detail']}[/red]"
         table.add_row(name, str(comp["pid"] or "-"), str(comp["port"] or "-"), health)
     out().print(table)
+    simulated, real = info["nodes"]["simulated"], info["nodes"]["real"]
+    if simulated:
+        out().print(f"simulated nodes (kwok): {simulated[0]}..{simulated[-1]} ({len(simulated)})")
+    for node in real:
+        out().print(f"real node: {node['name']} (address {node['address']}, pods {node['pod_subnet']})")
     out().print(f"kubeconfig: {info['kubeconfig']}")
     if not all(c["healthy"] for c in info["components"].values()):
         raise typer.Exit(1)
@@ -238,7 +267,9 @@ def inject_plugin_restart(
     seconds: Annotated[float, typer.Option("--seconds", help="How long the device plugin is away.")] = 5.0,
     directory: LabDir = None,
 ) -> None:
-    """The device plugin restarts: the node's GPU capacity and allocatable drop to 0, then return."""
+    """The device plugin restarts: the node's GPU capacity and allocatable drop to 0, then return.
+
+    On a real node the plugin process is stopped and started again after --seconds (the command waits)."""
     from devheal.lab.cluster import Lab, LabError
     from devheal.lab.faults import Faults
 
@@ -250,7 +281,7 @@ def inject_plugin_restart(
 
 @inject_app.command("node-notready")
 def inject_node_notready(node: NodeOpt, directory: LabDir = None) -> None:
-    """The node's kubelet stops reporting Ready (undo with `inject node-ready`)."""
+    """The node's kubelet stops reporting Ready (undo with `inject node-ready`); on a real node kubelet stops."""
     from devheal.lab.cluster import Lab, LabError
     from devheal.lab.faults import Faults
 

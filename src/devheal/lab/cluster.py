@@ -10,11 +10,15 @@ stopped again.
 Stopping goes the other way, one tier at a time (``STOP_ORDER``): each component gets
 SIGTERM, a bounded grace, then SIGKILL, and the next tier is signalled only once the
 previous one is gone, so kube-apiserver never drains its requests against a dead etcd.
+
+Real nodes (``LabSpec.real_nodes``, devheal.lab.realnode) start after the simulated ones
+are Ready, each a containerd and a kubelet; ``down`` tears them down first, pods and all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -31,9 +35,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devheal.lab import commands, toolchain, versions
+from devheal.lab import commands, images, realnode, toolchain, versions
 from devheal.lab.commands import FEATURE_GATES as FEATURE_GATES
 from devheal.lab.pki import LabPki
+from devheal.lab.realnode import RealNode
 from devheal.model.cluster import GPU_RESOURCE
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "nodesim")
@@ -46,6 +51,9 @@ STOP_GRACE = 10.0
 
 KILL_WAIT = 5.0
 """Seconds a process has to be gone after SIGKILL before ``down`` reports it as left over."""
+
+MAX_REAL_NODES = 8
+"""Real nodes cost a kubelet and a containerd each (and a /24 of the lab's pod network)."""
 
 ProgressFn = Callable[[str], None]
 
@@ -61,11 +69,25 @@ class LabSpec:
     gpu_model: str = "NVIDIA H100 80GB HBM3"
     pod_resources_sockets: bool = True
     dra_nodes: int = 0
-    """The last this many nodes expose their GPUs through the simulated DRA driver, not the device plugin."""
+    """The last this many simulated nodes expose their GPUs through the simulated DRA driver, not the device plugin."""
+    real_nodes: int = 0
+    """The last this many of the ``nodes`` are real (kubelet, containerd, runc); the others are kwok nodes."""
+
+    @property
+    def simulated_nodes(self) -> int:
+        return self.nodes - self.real_nodes
 
     def validate(self) -> None:
-        if not 0 <= self.dra_nodes <= self.nodes:
-            raise LabError(f"--dra-nodes must be between 0 and --nodes ({self.nodes}), got {self.dra_nodes}")
+        if not 0 <= self.real_nodes <= min(self.nodes, MAX_REAL_NODES):
+            raise LabError(
+                f"--real-nodes must be between 0 and --nodes ({self.nodes}), at most {MAX_REAL_NODES}, "
+                f"got {self.real_nodes}"
+            )
+        if not 0 <= self.dra_nodes <= self.simulated_nodes:
+            raise LabError(
+                f"--dra-nodes must be between 0 and the simulated nodes (--nodes minus --real-nodes: "
+                f"{self.simulated_nodes}), got {self.dra_nodes}"
+            )
         if not 1 <= self.nodes <= 5000:
             raise LabError(f"--nodes must be between 1 and 5000, got {self.nodes}")
         if not 0 <= self.gpus_per_node <= 64:
@@ -81,6 +103,12 @@ class LabState:
     pids: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0
     ready_seconds: float = 0.0
+    pod_network: str = ""
+    """The real nodes' 10.x.0.0/16 (empty without real nodes)."""
+    mount_namespaces: dict[str, str] = field(default_factory=dict)
+    """Each real node's mount namespace (``readlink /proc/PID/ns/mnt`` of its containerd), for ``down``."""
+    host_sysctls: dict[str, str] = field(default_factory=dict)
+    """The machine's settings kubelet changes, as they were before the first real node started."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -94,7 +122,20 @@ class LabState:
             pids={k: int(v) for k, v in data.get("pids", {}).items()},
             started_at=float(data.get("started_at", 0.0)),
             ready_seconds=float(data.get("ready_seconds", 0.0)),
+            pod_network=str(data.get("pod_network", "")),
+            mount_namespaces={k: str(v) for k, v in data.get("mount_namespaces", {}).items()},
+            host_sysctls={k: str(v) for k, v in data.get("host_sysctls", {}).items()},
         )
+
+    def real_nodes(self, lab_dir: Path) -> list[RealNode]:
+        if not self.spec.real_nodes or not self.pod_network:
+            return []
+        network = ipaddress.IPv4Network(self.pod_network)
+        first = self.spec.simulated_nodes
+        return [
+            RealNode(name=node_name(first + i), index=i, lab_dir=lab_dir, pod_network=network)
+            for i in range(self.spec.real_nodes)
+        ]
 
 
 def default_lab_dir() -> Path:
@@ -172,11 +213,13 @@ class Lab:
         except (ValueError, KeyError, TypeError) as exc:
             raise LabError(f"{self.state_path} is unreadable ({exc}); remove the directory to start over") from exc
 
-    def control_url(self) -> str:
+    def control_url(self, node: str | None = None) -> str:
+        """The fault API of the node simulator, or of ``node``'s device plugin when it is a real node."""
         state = self.state()
         if state is None:
             raise LabError(f"no lab is running in {self.dir} (start one with `devheal lab up`)")
-        return f"http://127.0.0.1:{state.ports['nodesim']}"
+        plugin = state.ports.get(f"deviceplugin/{node}") if node else None
+        return f"http://127.0.0.1:{plugin or state.ports['nodesim']}"
 
     # ---- start -------------------------------------------------------------------------------
 
@@ -192,6 +235,14 @@ class Lab:
             )
         say("checking control-plane binaries")
         toolchain.ensure_binaries(lambda step, done, total: say(f"building {step} {done}/{total}" if total else step))
+        node_images: list[images.ImageArchive] = []
+        if spec.real_nodes:
+            realnode.check_machine()
+            say("checking real-node binaries")
+            toolchain.ensure_node_binaries(
+                lambda step, done, total: say(f"building {step} {done}/{total}" if total else step)
+            )
+            node_images = [images.pause_image(), images.busybox_image()]
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         # Every `up` is a fresh cluster: no objects or device faults from an earlier run.
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
@@ -210,6 +261,14 @@ class Lab:
             )
         }
         state = LabState(spec=spec, ports=ports, started_at=time.time())
+        if spec.real_nodes:
+            state.pod_network = str(realnode.pick_pod_network(self.dir))
+            state.host_sysctls = realnode.read_sysctls()
+            for node in state.real_nodes(self.dir):
+                ports[f"kubelet/{node.name}"] = free_port()
+                ports[f"kubelet-server/{node.name}"] = free_port()
+                if spec.gpus_per_node:
+                    ports[f"deviceplugin/{node.name}"] = free_port()
         self.kubeconfig.write_text(self.pki.kubeconfig(f"https://127.0.0.1:{ports['kube-apiserver']}"))
         self.kubeconfig.chmod(0o600)
         started = time.monotonic()
@@ -226,18 +285,24 @@ class Lab:
             for component in ("kube-controller-manager", "kube-scheduler", "kwok", "nodesim"):
                 self._wait(state, component, deadline, say)
             self._wait_nodes_ready(state, deadline, say)
+            for node in state.real_nodes(self.dir):
+                self._start_real_node(state, node, node_images, deadline, say)
+            self._wait_real_nodes_ready(state, deadline, say)
         except BaseException:
+            self._teardown_real_nodes(state)
             self._stop(state.pids)
             self.state_path.unlink(missing_ok=True)
             raise
         state.ready_seconds = time.monotonic() - started
         self.state_path.write_text(state.to_json())
         dra = f" ({spec.dra_nodes} through DRA)" if spec.dra_nodes else ""
-        say(f"lab ready in {state.ready_seconds:.1f}s: {spec.nodes} nodes x {spec.gpus_per_node} GPUs{dra}")
+        real = f", {spec.real_nodes} real" if spec.real_nodes else ""
+        say(f"lab ready in {state.ready_seconds:.1f}s: {spec.nodes} nodes x {spec.gpus_per_node} GPUs{dra}{real}")
         return state
 
-    def _start(self, state: LabState, component: str, cmd: list[str]) -> None:
+    def _start(self, state: LabState, component: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
         log = self.log_path(component)
+        log.parent.mkdir(parents=True, exist_ok=True)
         handle = log.open("ab")
         handle.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         handle.flush()
@@ -248,6 +313,7 @@ class Lab:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             cwd=self.dir,
+            env=env,
         )
         handle.close()
         self._children[component] = proc
@@ -262,7 +328,7 @@ class Lab:
             "-m",
             "devheal.lab.nodesim",
             f"--kubeconfig={self.kubeconfig}",
-            f"--nodes={spec.nodes}",
+            f"--nodes={spec.simulated_nodes}",
             f"--gpus-per-node={spec.gpus_per_node}",
             f"--gpu-model={spec.gpu_model}",
             f"--state-file={self.devices_path}",
@@ -273,6 +339,160 @@ class Lab:
             cmd.append(f"--socket-dir={self.socket_dir}")
         return cmd
 
+    def _start_real_node(
+        self,
+        state: LabState,
+        node: RealNode,
+        node_images: list[images.ImageArchive],
+        deadline: float,
+        say: ProgressFn,
+    ) -> None:
+        """containerd (its images imported), then kubelet with the node's own client identity."""
+        say(f"starting real node {node.name}")
+        self.pki.ensure_node(node.name)
+        kubeconfig = self.pki.kubeconfig(
+            f"https://127.0.0.1:{state.ports['kube-apiserver']}",
+            user=f"system:node:{node.name}",
+            cert=self.pki.node_cert(node.name),
+            key=self.pki.node_key(node.name),
+        )
+        realnode.prepare(
+            node,
+            self.pki.ca_cert,
+            kubeconfig,
+            port=state.ports[f"kubelet-server/{node.name}"],
+            healthz_port=state.ports[f"kubelet/{node.name}"],
+        )
+        containerd = node.containerd_component()
+        self._start(state, containerd, realnode.containerd_command(node), env=realnode.node_environment())
+        self._wait(state, containerd, deadline, say)
+        state.mount_namespaces[node.name] = realnode.mount_namespace(state.pids[containerd])
+        self.state_path.write_text(state.to_json())
+        for image in node_images:
+            say(f"{node.name}: importing {image.name}")
+            images.import_image(image, toolchain.node_binary("ctr"), node.containerd_socket)
+        kubelet = node.kubelet_component()
+        self._start(state, kubelet, realnode.kubelet_command(node, state.pids[containerd]))
+        self._wait(state, kubelet, deadline, say)
+        if state.spec.gpus_per_node:
+            plugin = f"deviceplugin/{node.name}"
+            self._start(state, plugin, self._gpu_plugin_cmd(state, node))
+            self._wait(state, plugin, deadline, say)
+
+    def _gpu_plugin_cmd(self, state: LabState, node: RealNode) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "devheal.lab.gpuplugin",
+            f"--node={node.name}",
+            f"--gpus={state.spec.gpus_per_node}",
+            f"--gpu-model={state.spec.gpu_model}",
+            f"--plugin-dir={node.device_plugin_dir}",
+            f"--http-port={state.ports[f'deviceplugin/{node.name}']}",
+            f"--state-file={node.dir / 'gpus.json'}",
+        ]
+
+    def _real_node(self, node: str) -> tuple[LabState, RealNode]:
+        state = self.state()
+        if state is None:
+            raise LabError(f"no lab is running in {self.dir} (start one with `devheal lab up`)")
+        for real in state.real_nodes(self.dir):
+            if real.name == node:
+                return state, real
+        raise LabError(f"{node} is not a real node of this lab (real: {[n.name for n in state.real_nodes(self.dir)]})")
+
+    def is_real_node(self, node: str) -> bool:
+        state = self.state()
+        return state is not None and any(n.name == node for n in state.real_nodes(self.dir))
+
+    def stop_device_plugin(self, node: str) -> None:
+        """Stop a real node's device plugin process, as a crash or a rollout does (kubelet sees its socket go)."""
+        state, _ = self._real_node(node)
+        component = f"deviceplugin/{node}"
+        pid = state.pids.get(component)
+        if pid is not None and self._running(pid):
+            leftover = self._stop({component: pid})
+            if leftover:
+                raise LabError(f"could not stop {', '.join(leftover)}")
+
+    def stop_kubelet(self, node: str) -> None:
+        """Stop a real node's kubelet (its containers keep running, as when kubelet dies on a machine)."""
+        state, real = self._real_node(node)
+        component = real.kubelet_component()
+        pid = state.pids.get(component)
+        if pid is not None and self._running(pid):
+            leftover = self._stop({component: pid})
+            if leftover:
+                raise LabError(f"could not stop {', '.join(leftover)}")
+
+    def start_kubelet(self, node: str, timeout: float = 60.0) -> None:
+        """Start a real node's kubelet again (unless it runs), in its containerd's mount namespace."""
+        state, real = self._real_node(node)
+        kubelet, containerd = real.kubelet_component(), real.containerd_component()
+        pid = state.pids.get(kubelet)
+        if pid is not None and self._running(pid):
+            return
+        containerd_pid = state.pids.get(containerd)
+        if containerd_pid is None or not self._running(containerd_pid):
+            raise LabError(f"{node}: containerd is not running, so kubelet cannot start again; restart the lab")
+        self._start(state, kubelet, realnode.kubelet_command(real, containerd_pid))
+        self._wait(state, kubelet, time.monotonic() + timeout, lambda msg: None)
+
+    def start_device_plugin(self, node: str, timeout: float = 30.0) -> None:
+        """Start a real node's device plugin process again (unless it runs): it registers with kubelet anew."""
+        state, real = self._real_node(node)
+        component = f"deviceplugin/{node}"
+        pid = state.pids.get(component)
+        if component not in state.ports:
+            raise LabError(f"{node} has no device plugin (the lab was started with --gpus-per-node 0)")
+        if pid is not None and self._running(pid):
+            return
+        self._start(state, component, self._gpu_plugin_cmd(state, real))
+        self._wait(state, component, time.monotonic() + timeout, lambda msg: None)
+
+    def _wait_real_nodes_ready(self, state: LabState, deadline: float, say: ProgressFn) -> None:
+        nodes = state.real_nodes(self.dir)
+        ready: set[str] = set()
+        while nodes and time.monotonic() < deadline:
+            for node in nodes:
+                for component in (node.containerd_component(), node.kubelet_component()):
+                    proc = self._children.get(component)
+                    if proc is not None and proc.poll() is not None:
+                        raise self._failure(component, f"exited with code {proc.returncode}")
+            try:
+                items = self._get_json(state, f"/api/v1/nodes?labelSelector={realnode.REAL_NODE_LABEL}%3Dtrue")
+                ready = {
+                    n["metadata"]["name"]
+                    for n in items["items"]
+                    if _node_ready(n) and _gpus(n) == state.spec.gpus_per_node
+                }
+            except (urllib.error.URLError, OSError, ValueError, KeyError):
+                ready = set()
+            say(f"real nodes ready: {len(ready)}/{len(nodes)}")
+            if len(ready) >= len(nodes):
+                return
+            time.sleep(0.5)
+        if nodes:
+            late = [n.name for n in nodes if n.name not in ready]
+            raise self._failure(nodes[0].kubelet_component(), f"left real node(s) {', '.join(late)} NotReady")
+
+    def _teardown_real_nodes(self, state: LabState) -> list[str]:
+        # The device plugins first: they talk to kubelet.
+        leftover = self._stop({c: pid for c, pid in state.pids.items() if c.startswith("deviceplugin/")})
+        for node in state.real_nodes(self.dir):
+            kubelet = state.pids.get(node.kubelet_component())
+            containerd = state.pids.get(node.containerd_component())
+            leftover += realnode.teardown(
+                node,
+                state.mount_namespaces.get(node.name, ""),
+                kubelet if kubelet and self._running(kubelet) else None,
+                containerd if containerd and self._running(containerd) else None,
+            )
+        if not leftover:
+            leftover += realnode.restore_sysctls(state.host_sysctls)
+        self._reap_children()
+        return leftover
+
     # ---- health ------------------------------------------------------------------------------
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -281,7 +501,7 @@ class Lab:
         return ctx
 
     def _health_url(self, state: LabState, component: str) -> tuple[str, ssl.SSLContext | None]:
-        port = state.ports[component]
+        port = state.ports.get(component, 0)
         if component == "etcd":
             return f"http://127.0.0.1:{port}/health", None
         if component == "kube-apiserver":
@@ -296,6 +516,11 @@ class Lab:
         return f"http://127.0.0.1:{port}/healthz", None
 
     def healthy(self, state: LabState, component: str) -> tuple[bool, str]:
+        if component.startswith("containerd/"):
+            node = next((n for n in state.real_nodes(self.dir) if n.containerd_component() == component), None)
+            if node is not None and realnode.containerd_answers(node):
+                return True, "socket answers"
+            return False, "socket does not answer"
         url, ctx = self._health_url(state, component)
         try:
             with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
@@ -338,7 +563,7 @@ class Lab:
             return json.loads(resp.read())
 
     def _wait_nodes_ready(self, state: LabState, deadline: float, say: ProgressFn) -> None:
-        want = state.spec.nodes
+        want = state.spec.simulated_nodes
         ready = 0
         while time.monotonic() < deadline:
             for component in ("kwok", "nodesim"):
@@ -350,7 +575,7 @@ class Lab:
             except (urllib.error.URLError, OSError, ValueError):
                 nodes = []
             ready = sum(1 for n in nodes if _node_ready(n) and _gpus(n) == _expected_gpus(n, state.spec))
-            say(f"nodes ready: {ready}/{want}")
+            say(f"simulated nodes ready: {ready}/{want}")
             if ready >= want:
                 return
             time.sleep(0.5)
@@ -364,7 +589,9 @@ class Lab:
         if state is None:
             return {"running": False, "dir": str(self.dir)}
         components = {}
-        for component in COMPONENTS:
+        real = state.real_nodes(self.dir)
+        node_components = [c for c in state.pids if c.startswith(("containerd/", "kubelet/", "deviceplugin/"))]
+        for component in (*COMPONENTS, *node_components):
             pid = state.pids.get(component)
             alive = pid is not None and self._running(pid)
             ok, detail = self.healthy(state, component) if alive else (False, "not running")
@@ -381,7 +608,29 @@ class Lab:
             "kubeconfig": str(self.kubeconfig),
             "spec": asdict(state.spec),
             "components": components,
-            "versions": {"kubernetes": versions.KUBERNETES, "etcd": versions.ETCD, "kwok": versions.KWOK},
+            "nodes": {
+                "simulated": [node_name(i) for i in range(state.spec.simulated_nodes)],
+                "real": [
+                    {
+                        "name": n.name,
+                        "address": str(n.gateway),
+                        "pod_subnet": str(n.subnet),
+                        "containerd_socket": str(n.containerd_socket),
+                        "pod_resources_socket": str(n.pod_resources_socket),
+                    }
+                    for n in real
+                ],
+            },
+            "versions": {
+                "kubernetes": versions.KUBERNETES,
+                "etcd": versions.ETCD,
+                "kwok": versions.KWOK,
+                **(
+                    {"containerd": versions.CONTAINERD, "runc": versions.RUNC, "cni_plugins": versions.CNI_PLUGINS}
+                    if real
+                    else {}
+                ),
+            },
         }
 
     def spawn_devheal(
@@ -421,10 +670,11 @@ class Lab:
             self._reap_children()
             return []
         running = [c for c, pid in state.pids.items() if self._running(pid)]
-        leftover = self._stop(state.pids, grace)
+        leftover = self._teardown_real_nodes(state)
+        leftover += self._stop(state.pids, grace)
         if leftover:
             raise LabError(
-                f"could not stop {', '.join(leftover)}: still running {KILL_WAIT:.0f}s after SIGKILL; "
+                f"could not stop {', '.join(leftover)}: still there {KILL_WAIT:.0f}s after SIGKILL; "
                 f"see the logs in {self.dir / 'logs'}"
             )
         self.state_path.unlink(missing_ok=True)
@@ -479,6 +729,13 @@ class Lab:
     def _reap_children(self) -> None:
         """Forget (and reap) the processes we started that have exited, whoever stopped them."""
         self._children = {c: proc for c, proc in self._children.items() if proc.poll() is None}
+
+
+def node_name(index: int) -> str:
+    """The lab's name of node ``index``, simulated or real (imported late: the simulator's package is heavy)."""
+    from devheal.lab.nodesim.nodes import node_name as name
+
+    return name(index)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -59,7 +59,13 @@ def apiserver(pki: LabPki, ports: dict[str, int]) -> list[str]:
         f"--tls-cert-file={pki.serving_cert}",
         f"--tls-private-key-file={pki.serving_key}",
         f"--client-ca-file={pki.ca_cert}",
-        "--authorization-mode=RBAC",
+        # As in a cluster: a kubelet (system:node:<name>) may touch only its own node and that node's pods.
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        # Logs and exec on a real node's pods: the API server's client identity towards kubelet.
+        f"--kubelet-client-certificate={pki.admin_cert}",
+        f"--kubelet-client-key={pki.admin_key}",
+        "--kubelet-preferred-address-types=InternalIP",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",

@@ -8,6 +8,7 @@ state after the change, as the simulator reports it.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -26,8 +27,11 @@ class Faults:
     def __init__(self, lab: Lab) -> None:
         self.lab = lab
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        url = self.lab.control_url() + path
+    def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, node: str | None = None
+    ) -> dict[str, Any]:
+        """``node``: the call is about one node, answered by its device plugin when it is a real node."""
+        url = self.lab.control_url(node) + path
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
@@ -47,7 +51,7 @@ class Faults:
             ) from exc
 
     def _fault(self, node: str, **body: Any) -> dict[str, Any]:
-        return self._call("POST", f"/v1/nodes/{node}/faults", body)
+        return self._call("POST", f"/v1/nodes/{node}/faults", body, node=node)
 
     def gpu_index(self, node: str, device_id: str) -> int:
         """The index of the GPU with UUID ``device_id`` on ``node`` (what the fault calls take)."""
@@ -68,15 +72,33 @@ class Faults:
         return self._fault(node, kind="recover", gpu=gpu)
 
     def plugin_restart(self, node: str, seconds: float = 5.0) -> dict[str, Any]:
-        """The device plugin goes away: capacity and allocatable drop to 0 for ``seconds``."""
+        """The device plugin goes away: capacity and allocatable drop to 0 for ``seconds``.
+
+        On a real node its process is stopped, and started again after ``seconds`` (this call waits)."""
+        if self.lab.is_real_node(node):
+            if not 0 <= seconds <= PLUGIN_DOWN_SECONDS:
+                raise FaultError(f"seconds must be between 0 and {PLUGIN_DOWN_SECONDS:.0f}, got {seconds}")
+            self.lab.stop_device_plugin(node)
+            time.sleep(seconds)
+            self.lab.start_device_plugin(node)
+            return self.devices(node)
         return self._fault(node, kind="plugin-restart", seconds=seconds)
 
     def plugin_down(self, node: str) -> dict[str, Any]:
-        """The device plugin stays away (a long outage): capacity and allocatable 0 until ``plugin_up``."""
+        """The device plugin stays away (a long outage): capacity and allocatable 0 until ``plugin_up``.
+
+        On a real node its process is stopped (the answer is the GPUs as it last saved them)."""
+        if self.lab.is_real_node(node):
+            last = self.devices(node)
+            self.lab.stop_device_plugin(node)
+            return {**last, "pluginRegistered": False, "allocatable": 0}
         return self.plugin_restart(node, seconds=PLUGIN_DOWN_SECONDS)
 
     def plugin_up(self, node: str) -> dict[str, Any]:
-        """The device plugin registers again now."""
+        """The device plugin registers again now (on a real node: its process starts again)."""
+        if self.lab.is_real_node(node):
+            self.lab.start_device_plugin(node)
+            return self.devices(node)
         return self.plugin_restart(node, seconds=0)
 
     def kills_hang(self, node: str, on: bool = True) -> dict[str, Any]:
@@ -91,9 +113,18 @@ class Faults:
         return self._fault(node, kind="nvml", failure=kind)
 
     def node_not_ready(self, node: str) -> dict[str, Any]:
+        """The node's kubelet stops reporting. On a real node its kubelet process is stopped: the controller
+        manager's node lifecycle turns the node's Ready condition Unknown after its grace period (50 s)."""
+        if self.lab.is_real_node(node):
+            self.lab.stop_kubelet(node)
+            return {"node": node, "kubelet": "stopped"}
         return self._fault(node, kind="node-notready")
 
     def node_ready(self, node: str) -> dict[str, Any]:
+        """Undo ``node_not_ready`` (on a real node: its kubelet starts again)."""
+        if self.lab.is_real_node(node):
+            self.lab.start_kubelet(node)
+            return {"node": node, "kubelet": "running"}
         return self._fault(node, kind="node-ready")
 
     def share(self, node: str, replicas: int = 1, profile: str = "") -> dict[str, Any]:
@@ -107,7 +138,7 @@ class Faults:
         return self._fault(node, kind="instance-fault", gpu=gpu, instance=instance, code=code)
 
     def devices(self, node: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/nodes/{node}")
+        return self._call("GET", f"/v1/nodes/{node}", node=node)
 
     def all_devices(self) -> dict[str, Any]:
         return self._call("GET", "/v1/nodes")

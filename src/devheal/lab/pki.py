@@ -1,7 +1,9 @@
 """Certificates and keys of a lab cluster: a CA, the API server's serving certificate,
-an admin client identity in ``system:masters``, and the service-account signing key.
+an admin client identity in ``system:masters``, the service-account signing key, and a
+client identity per real node (``system:node:<name>`` in ``system:nodes``, what the node
+authorizer and NodeRestriction expect of a kubelet).
 
-Generated once per lab directory; the admin kubeconfig embeds them.
+Generated once per lab directory; the kubeconfigs embed them.
 """
 
 from __future__ import annotations
@@ -82,22 +84,7 @@ class LabPki:
         def leaf(
             common: str, orgs: list[str], usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]
         ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-            key = ec.generate_private_key(ec.SECP256R1())
-            attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common)]
-            attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in orgs]
-            builder = (
-                x509.CertificateBuilder()
-                .subject_name(x509.Name(attrs))
-                .issuer_name(ca_name)
-                .public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now)
-                .not_valid_after(now + _VALID)
-                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            )
-            if sans:
-                builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            return key, builder.sign(ca_key, hashes.SHA256())
+            return _leaf(ca_key, ca_name, now, common, orgs, usage, sans)
 
         serving_sans: list[x509.GeneralName] = [
             x509.DNSName(name) for name in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
@@ -115,7 +102,33 @@ class LabPki:
             sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         )
 
-    def kubeconfig(self, server: str, user: str = "devheal-lab-admin") -> str:
+    def node_cert(self, node: str) -> Path:
+        return self.directory / f"node-{node}.crt"
+
+    def node_key(self, node: str) -> Path:
+        return self.directory / f"node-{node}.key"
+
+    def ensure_node(self, node: str) -> None:
+        """The client identity of a real node's kubelet: CN ``system:node:<node>``, O ``system:nodes``."""
+        if self.node_cert(node).exists() and self.node_key(node).exists():
+            return
+        self.ensure()
+        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
+        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{self.ca_key} is not the EC key this lab's CA is made with; remove {self.directory}")
+        ca_name = x509.load_pem_x509_certificate(self.ca_cert.read_bytes()).subject
+        now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+        key, cert = _leaf(
+            ca_key, ca_name, now, f"system:node:{node}", ["system:nodes"], ExtendedKeyUsageOID.CLIENT_AUTH, []
+        )
+        _write_key(self.node_key(node), key)
+        self.node_cert(node).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    def kubeconfig(
+        self, server: str, user: str = "devheal-lab-admin", cert: Path | None = None, key: Path | None = None
+    ) -> str:
+        """A kubeconfig for ``server``: the admin identity, or the client ``cert`` and ``key`` given."""
+
         def b64(path: Path) -> str:
             return base64.b64encode(path.read_bytes()).decode()
 
@@ -132,8 +145,8 @@ class LabPki:
                 {
                     "name": user,
                     "user": {
-                        "client-certificate-data": b64(self.admin_cert),
-                        "client-key-data": b64(self.admin_key),
+                        "client-certificate-data": b64(cert or self.admin_cert),
+                        "client-key-data": b64(key or self.admin_key),
                     },
                 }
             ],
@@ -141,6 +154,33 @@ class LabPki:
             "current-context": "devheal-lab",
         }
         return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _leaf(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_name: x509.Name,
+    now: datetime.datetime,
+    common: str,
+    orgs: list[str],
+    usage: x509.ObjectIdentifier,
+    sans: list[x509.GeneralName],
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common)]
+    attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in orgs]
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(attrs))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + _VALID)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:

@@ -1,4 +1,4 @@
-"""Build the lab's control-plane binaries from pinned Go modules, once, into a cache.
+"""Build the lab's binaries from pinned Go modules, once, into a cache.
 
 Kubernetes cannot be ``go install``-ed: its go.mod points the staging modules
 (k8s.io/api, k8s.io/client-go, ...) at local directories. So, per component, we
@@ -7,6 +7,12 @@ staging module with its published ``v0.x.y`` twin, and ``go build``-s the
 commands we need. Binaries land in a per-version directory under the user's
 cache; a build goes to a temporary directory first and is moved into place, so
 an interrupted build never leaves a half-written binary behind.
+
+Two sets, each in its own cache directory: the control plane (``ensure_binaries``,
+every lab) and the real nodes (``ensure_node_binaries``: kubelet, kube-proxy,
+containerd, runc, the CNI plugins), built only when a lab asks for real nodes.
+runc is the one cgo build: it needs a C compiler and libseccomp's headers, and
+``node_prerequisites`` names the Debian packages when they are missing.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from devheal.lab import versions
@@ -33,6 +40,25 @@ BINARIES = (
     "kubectl",
     "kwok",
 )
+
+NODE_BINARIES = (
+    "kubelet",
+    "kube-proxy",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "runc",
+    "bridge",
+    "host-local",
+    "loopback",
+    "portmap",
+    "pause",
+)
+"""What a real node runs: kubelet and kube-proxy, the container runtime, the CNI plugins, and the pod
+sandbox process (``pause``, from ``data/pause/main.go``) that devheal.lab.images packs into an image."""
+
+NODE_BUILD_PACKAGES = ("gcc", "pkg-config", "libseccomp-dev")
+"""Debian packages runc's cgo build needs (``node_prerequisites`` checks them)."""
 
 ProgressFn = Callable[[str, int, int], None]
 """Called as ``progress(step, done, total)``; total is 0 when unknown."""
@@ -68,6 +94,22 @@ def missing_binaries() -> list[str]:
     return [name for name in BINARIES if not os.access(binary(name), os.X_OK)]
 
 
+def node_version_dir() -> Path:
+    return cache_root() / "lab" / versions.node_cache_key()
+
+
+def node_bin_dir() -> Path:
+    return node_version_dir() / "bin"
+
+
+def node_binary(name: str) -> Path:
+    return node_bin_dir() / name
+
+
+def missing_node_binaries() -> list[str]:
+    return [name for name in NODE_BINARIES if not os.access(node_binary(name), os.X_OK)]
+
+
 @dataclass(frozen=True)
 class _Target:
     """One wrapper module and the commands it builds."""
@@ -79,6 +121,8 @@ class _Target:
     outputs: tuple[str, ...]
     ldflags: str = "-s -w"
     staging_replacements: bool = False
+    cgo: bool = False
+    tags: tuple[str, ...] = ()
 
 
 def _kubernetes_ldflags() -> str:
@@ -127,6 +171,71 @@ def _targets() -> tuple[_Target, ...]:
     )
 
 
+def _node_targets() -> tuple[_Target, ...]:
+    containerd = "github.com/containerd/containerd/v2"
+    plugins = "github.com/containernetworking/plugins"
+    return (
+        _Target(
+            name="kubelet",
+            module="k8s.io/kubernetes",
+            version=f"v{versions.KUBERNETES}",
+            packages=("k8s.io/kubernetes/cmd/kubelet", "k8s.io/kubernetes/cmd/kube-proxy"),
+            outputs=("kubelet", "kube-proxy"),
+            ldflags=_kubernetes_ldflags(),
+            staging_replacements=True,
+        ),
+        _Target(
+            name="containerd",
+            module=containerd,
+            version=f"v{versions.CONTAINERD}",
+            packages=tuple(f"{containerd}/cmd/{cmd}" for cmd in ("containerd", "containerd-shim-runc-v2", "ctr")),
+            outputs=("containerd", "containerd-shim-runc-v2", "ctr"),
+            ldflags=(
+                f"-s -w -X {containerd}/version.Version=v{versions.CONTAINERD} "
+                f"-X {containerd}/version.Package={containerd}"
+            ),
+            # No btrfs snapshotter: it needs cgo and btrfs headers, and the lab uses overlayfs.
+            tags=("no_btrfs",),
+        ),
+        _Target(
+            name="runc",
+            module="github.com/opencontainers/runc",
+            version=f"v{versions.RUNC}",
+            packages=("github.com/opencontainers/runc",),
+            outputs=("runc",),
+            ldflags=f"-s -w -X main.version={versions.RUNC} -X main.gitCommit=v{versions.RUNC}",
+            cgo=True,
+            tags=("seccomp", "urfave_cli_no_docs"),
+        ),
+        _Target(
+            name="cni-plugins",
+            module=plugins,
+            version=f"v{versions.CNI_PLUGINS}",
+            packages=tuple(
+                f"{plugins}/plugins/{path}"
+                for path in ("main/bridge", "ipam/host-local", "main/loopback", "meta/portmap")
+            ),
+            outputs=("bridge", "host-local", "loopback", "portmap"),
+        ),
+    )
+
+
+def node_prerequisites() -> None:
+    """Raise ToolchainError naming the apt-get command when runc's cgo build cannot work here."""
+    missing = []
+    if shutil.which("gcc") is None:
+        missing.append("gcc")
+    if shutil.which("pkg-config") is None:
+        missing.append("pkg-config")
+    elif subprocess.run(["pkg-config", "--exists", "libseccomp"], check=False).returncode != 0:
+        missing.append("libseccomp-dev")
+    if missing:
+        raise ToolchainError(
+            f"building runc {versions.RUNC} (cgo, seccomp) for the lab's real nodes needs "
+            f"{', '.join(missing)}: run `apt-get install -y {' '.join(missing)}` (scripts/bootstrap does, as root)"
+        )
+
+
 def _go() -> str:
     go = shutil.which("go")
     if go is None:
@@ -137,11 +246,11 @@ def _go() -> str:
     return go
 
 
-def _go_env(work: Path) -> dict[str, str]:
+def _go_env(work: Path, cgo: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
-            "CGO_ENABLED": "0",
+            "CGO_ENABLED": "1" if cgo else "0",
             "GOFLAGS": "-mod=mod -buildvcs=false -trimpath",
             "GOWORK": "off",
             "GO111MODULE": "on",
@@ -206,19 +315,20 @@ def _write_wrapper(go: str, src: Path, env: dict[str, str], log: Path, target: _
     (src / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
 
 
-def _build_target(go: str, target: _Target, work: Path, progress: ProgressFn) -> None:
-    src = version_dir() / "src" / target.name
-    log = version_dir() / "logs" / f"build-{target.name}.log"
+def _build_target(go: str, target: _Target, root: Path, work: Path, progress: ProgressFn) -> None:
+    src = root / "src" / target.name
+    log = root / "logs" / f"build-{target.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
-    env = _go_env(work)
+    env = _go_env(work, target.cgo)
     progress(f"{target.name}: resolving modules", 0, 0)
     _write_wrapper(go, src, env, log, target)
     _run([go, "mod", "download"], src, env, log, f"{target.name}: module download")
     env_tags = dict(env, GOFLAGS=env["GOFLAGS"] + " -tags=tools")
     _run([go, "mod", "tidy"], src, env_tags, log, f"{target.name}: go mod tidy")
+    tags = ["-tags", ",".join(target.tags)] if target.tags else []
     deps = _run(
-        [go, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", *target.packages],
+        [go, "list", *tags, "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", *target.packages],
         src,
         env,
         log,
@@ -227,7 +337,7 @@ def _build_target(go: str, target: _Target, work: Path, progress: ProgressFn) ->
     total = sum(1 for line in deps.splitlines() if line.strip())
     stage = work / f"out-{target.name}"
     stage.mkdir(parents=True, exist_ok=True)
-    cmd = [go, "build", "-v", "-ldflags", target.ldflags, "-o", str(stage) + os.sep, *target.packages]
+    cmd = [go, "build", "-v", *tags, "-ldflags", target.ldflags, "-o", str(stage) + os.sep, *target.packages]
     done = 0
     with log.open("a") as out:
         out.write(f"$ {' '.join(cmd)}\n")
@@ -245,7 +355,7 @@ def _build_target(go: str, target: _Target, work: Path, progress: ProgressFn) ->
     built = {p.name: p for p in stage.iterdir()}
     # go names a binary after its import path minus the major-version suffix.
     renames = {"server": "etcd"}
-    bins = bin_dir()
+    bins = root / "bin"
     bins.mkdir(parents=True, exist_ok=True)
     for name, path in built.items():
         final = renames.get(name, name)
@@ -269,32 +379,91 @@ def build_lock(root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def ensure_binaries(progress: ProgressFn | None = None) -> Path:
-    """Build whatever binary is missing; return the bin directory. Seconds when the cache is warm."""
+def _ensure(root: Path, targets: tuple[_Target, ...], progress: ProgressFn | None) -> Path:
+    """Build every target with a missing output under ``root``; return ``root/bin``."""
     report: ProgressFn = progress or (lambda step, done, total: None)
-    if not missing_binaries():
-        return bin_dir()
+    bins = root / "bin"
+
+    def missing() -> list[str]:
+        return [name for t in targets for name in t.outputs if not os.access(bins / name, os.X_OK)]
+
+    if not missing():
+        return bins
     go = _go()
-    with build_lock(version_dir()):
-        for target in _targets():
-            if all(os.access(binary(name), os.X_OK) for name in target.outputs):
+    with build_lock(root):
+        for target in targets:
+            if all(os.access(bins / name, os.X_OK) for name in target.outputs):
                 continue
-            work = version_dir() / "tmp"
+            work = root / "tmp"
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
             try:
-                _build_target(go, target, work, report)
+                _build_target(go, target, root, work, report)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-    still = missing_binaries()
+    still = missing()
     if still:
         raise ToolchainError(f"binaries still missing after build: {', '.join(still)}")
-    return bin_dir()
+    return bins
 
 
-def main() -> None:
-    """Entry point for scripts: build with plain-text progress on stderr."""
+def ensure_binaries(progress: ProgressFn | None = None) -> Path:
+    """Build whatever control-plane binary is missing; return the bin directory. Seconds when the cache is warm."""
+    return _ensure(version_dir(), _targets(), progress)
+
+
+def _build_pause(go: str, root: Path, progress: ProgressFn) -> None:
+    """The pod sandbox process: one static Go file of ours, no dependencies."""
+    src = root / "src" / "pause"
+    src.mkdir(parents=True, exist_ok=True)
+    log = root / "logs" / "build-pause.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    (src / "go.mod").write_text(
+        f"module devheal.local/labbuild/pause\n\ngo {versions.GO_MINIMUM[0]}.{versions.GO_MINIMUM[1]}\n"
+    )
+    (src / "main.go").write_text(resources.files("devheal.lab").joinpath("data/pause/main.go").read_text())
+    work = root / "tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        progress("pause: compiling", 0, 0)
+        _run([go, "build", "-ldflags", "-s -w", "-o", str(work / "pause"), "."], src, _go_env(work), log, "pause")
+        (root / "bin").mkdir(parents=True, exist_ok=True)
+        (work / "pause").replace(root / "bin" / "pause")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ensure_node_binaries(progress: ProgressFn | None = None) -> Path:
+    """Build whatever real-node binary is missing; return their bin directory.
+
+    Minutes the first time (kubelet and kube-proxy share most of their packages with the control plane's
+    build, containerd and the CNI plugins are new), seconds after."""
+    if not missing_node_binaries():
+        return node_bin_dir()
+    node_prerequisites()
+    root = node_version_dir()
+    bins = _ensure(root, _node_targets(), progress)
+    if not os.access(bins / "pause", os.X_OK):
+        with build_lock(root):
+            if not os.access(bins / "pause", os.X_OK):
+                _build_pause(_go(), root, progress or (lambda step, done, total: None))
+    still = missing_node_binaries()
+    if still:
+        raise ToolchainError(f"real-node binaries still missing after build: {', '.join(still)}")
+    return bins
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point for scripts: build with plain-text progress on stderr; ``--real-nodes`` builds the
+    real nodes' binaries instead of the control plane's."""
+    import argparse
     import sys
+
+    parser = argparse.ArgumentParser(prog="python -m devheal.lab.toolchain", description=main.__doc__)
+    parser.add_argument("--real-nodes", action="store_true", help="build kubelet, containerd, runc, CNI plugins")
+    args = parser.parse_args(argv)
 
     last_time = [0.0]
     last_step = [""]
@@ -306,11 +475,13 @@ def main() -> None:
             print(f"[lab build] {step}{frac}", file=sys.stderr, flush=True)
             last_time[0], last_step[0] = now, step
 
+    started = time.monotonic()
     try:
-        path = ensure_binaries(show)
+        path = ensure_node_binaries(show) if args.real_nodes else ensure_binaries(show)
     except ToolchainError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
+    print(f"[lab build] ready in {time.monotonic() - started:.0f}s", file=sys.stderr)
     print(path)
 
 

@@ -7,11 +7,8 @@ kubelet (names, field numbers, error codes) only shows on the wire.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +30,6 @@ from devheal.kubelet.podresources import (
     PodResourcesUnavailable,
     api_pb2,
     api_pb2_grpc,
-    codegen,
 )
 
 GPU = "nvidia.com/gpu"
@@ -451,45 +447,3 @@ async def test_group_serves_each_node_its_own_data(sock_dir: Path) -> None:
 
     assert len(group) == 0
     assert not any(p.exists() for p in sockets)
-
-
-# --- code generation ---------------------------------------------------------------------
-
-
-def test_codegen_skips_current_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    codegen.generate()  # a no-op unless api.proto or codegen.py changed since the last run
-    assert codegen.is_up_to_date()
-    assert codegen.generate() is False
-    assert "from . import api_pb2 as" in codegen.PB2_GRPC.read_text()
-
-    # An edited proto (newer than the outputs) makes them stale.
-    edited = tmp_path / "api.proto"
-    shutil.copy(codegen.PROTO, edited)
-    future = codegen.PB2.stat().st_mtime + 60
-    os.utime(edited, (future, future))
-    monkeypatch.setattr(codegen, "PROTO", edited)
-    assert not codegen.is_up_to_date()
-
-
-@pytest.mark.parametrize(
-    "line",
-    [
-        "from devheal.kubelet.podresources import api_pb2 as devheal_dot_api__pb2",
-        "import api_pb2 as api__pb2",
-    ],
-)
-def test_codegen_relativizes_the_pb2_import(line: str) -> None:
-    alias = line.rsplit(" ", 1)[1]
-    out = codegen.relativize_pb2_import(f"import grpc\n{line}\n")
-    assert out == f"import grpc\nfrom . import api_pb2 as {alias}\n"
-
-
-def test_package_import_does_not_need_generated_code() -> None:
-    # codegen runs as ``python -m devheal.kubelet.podresources.codegen``, which imports
-    # the package first; that must work before api_pb2 exists.
-    probe = (
-        "import sys, devheal.kubelet.podresources as p, devheal.kubelet.podresources.codegen;"
-        "assert not [m for m in sys.modules if m.endswith(('api_pb2', 'api_pb2_grpc'))], sys.modules;"
-        "assert p.PodResources"
-    )
-    subprocess.run([sys.executable, "-c", probe], check=True)

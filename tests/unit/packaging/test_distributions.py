@@ -149,6 +149,7 @@ def test_wheel_built_from_a_clean_tree_installs_and_runs(wheel_from_tree: Path, 
     names = zipfile.ZipFile(wheel_from_tree).namelist()
     for generated in GENERATED:
         assert f"{PODRESOURCES}/{generated}" in names
+        assert f"devheal/kubelet/deviceplugin/{generated}" in names
     _assert_runs(_install_and_run(wheel_from_tree, tmp_path, deps))
 
 
@@ -157,7 +158,8 @@ def test_sdist_holds_the_proto_and_the_hook_but_no_generated_code(sdist_and_whee
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     assert {"pyproject.toml", "hatch_build.py", "README.md", f"src/{PODRESOURCES}/api.proto"} <= names
-    assert f"src/{PODRESOURCES}/codegen.py" in names
+    assert "src/devheal/kubelet/codegen.py" in names
+    assert "src/devheal/kubelet/deviceplugin/api.proto" in names
     assert not [n for n in names if n.startswith(f"src/{PODRESOURCES}/api_pb2")]
 
 

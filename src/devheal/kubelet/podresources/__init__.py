@@ -1,7 +1,7 @@
 """The kubelet pod-resources v1 gRPC API: wire-compatible server, client and plain value types.
 
 The client and server need the generated ``api_pb2`` modules, which only exist
-after ``python -m devheal.kubelet.podresources.codegen`` has run; that command
+after ``python -m devheal.kubelet.codegen`` has run; that command
 imports this package first, so those names are loaded on first use rather than
 here. The value types have no such dependency and are imported eagerly.
 """

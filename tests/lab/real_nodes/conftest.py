@@ -1,0 +1,89 @@
+"""A lab with real nodes (kubelet, containerd, runc) beside a kwok node, for the tests in this folder.
+
+Real nodes need root (namespaces, cgroups, bridges), util-linux's ``unshare``/``nsenter``, and
+what their binaries and images are built from (a C compiler and libseccomp's headers for runc,
+Debian's busybox-static): ``scripts/bootstrap`` installs those as root. Where they are missing
+these tests skip and say which; the real-node binaries are built on first use (minutes, once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devheal.kube.client import KubeClient, api_path
+from devheal.lab import images, realnode, toolchain
+from devheal.lab.cluster import Lab, LabSpec
+
+REAL_NODES = 1
+SIMULATED_NODES = 1
+GPUS_PER_NODE = 2
+
+
+def real_node_support() -> str | None:
+    """Why real nodes cannot run on this machine, or None when they can."""
+    try:
+        realnode.check_machine()
+    except realnode.RealNodeError as exc:
+        return str(exc)
+    if toolchain.missing_node_binaries():
+        try:
+            toolchain.node_prerequisites()
+        except toolchain.ToolchainError as exc:
+            return str(exc)
+    if not images.have_busybox():
+        package = images.BUSYBOX_PACKAGE
+        return f"the workload image needs Debian's {package} (apt-get install -y {package})"
+    return None
+
+
+@pytest.fixture(scope="package")
+def real_lab() -> Iterator[Lab]:
+    reason = real_node_support()
+    if reason:
+        pytest.skip(reason)
+    # A short path: unix socket paths must stay under 108 bytes.
+    lab = Lab(Path(tempfile.mkdtemp(prefix="dhl-real-", dir="/tmp")))
+    lab.up(LabSpec(nodes=SIMULATED_NODES + REAL_NODES, gpus_per_node=GPUS_PER_NODE, real_nodes=REAL_NODES))
+    try:
+        yield lab
+    finally:
+        lab.down()
+
+
+@pytest.fixture
+async def real_kube(real_lab: Lab) -> AsyncIterator[KubeClient]:
+    client = await KubeClient.connect(str(real_lab.kubeconfig))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def real_namespace(real_kube: KubeClient) -> AsyncIterator[str]:
+    name = f"real-{os.urandom(4).hex()}"
+    await real_kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        await real_kube.delete(api_path("v1", "namespaces", name=name))
+
+
+async def until(what: str, probe: Callable[[], Awaitable[Any]], timeout: float = 60) -> Any:
+    """``probe()``'s first truthy answer, asked every quarter second; fails saying ``what`` did not happen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")

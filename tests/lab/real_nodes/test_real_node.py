@@ -1,0 +1,197 @@
+"""A real node in the lab: Kubernetes' own kubelet on containerd and runc registers, runs a pod in a
+network namespace of its own, is held to its own Node by the API server, and `down` leaves nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, api_path
+from devheal.lab import images, realnode, toolchain, versions
+from devheal.lab.cluster import Lab, LabSpec
+from devheal.lab.faults import Faults
+from devheal.lab.nodesim.nodes import node_name
+from devheal.model.cluster import GPU_RESOURCE
+
+from .conftest import GPUS_PER_NODE, REAL_NODES, SIMULATED_NODES, real_node_support, until
+from .host_state import HostState, NodeTraces, cgroups_named, lab_mounts, lab_processes
+
+REAL_NODE = node_name(SIMULATED_NODES)
+
+# The first test here builds the real nodes' binaries in its fixture (about 6 minutes on 2 cores, once).
+pytestmark = pytest.mark.timeout(1800)
+
+
+def _busybox_pod(name: str, command: str, restart: str = "Never") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": restart,
+            "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+            "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": images.busybox_image().name,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", command],
+                }
+            ],
+        },
+    }
+
+
+async def _wait_phase(kube: KubeClient, namespace: str, name: str, phases: set[str], timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    pod: Any = {}
+    while time.monotonic() < deadline:
+        pod = await kube.get(api_path("v1", "pods", namespace=namespace, name=name))
+        if pod.get("status", {}).get("phase") in phases:
+            return pod
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"pod {namespace}/{name} never reached {phases}: {pod.get('status')}")
+
+
+async def test_the_real_node_registers_ready_with_kubelet_and_containerd_as_pinned(
+    real_lab: Lab, real_kube: KubeClient
+) -> None:
+    nodes = (await real_kube.get(api_path("v1", "nodes")))["items"]
+    by_name = {n["metadata"]["name"]: n for n in nodes}
+    assert len(by_name) == SIMULATED_NODES + REAL_NODES
+    node = by_name[REAL_NODE]
+    info = node["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == f"v{versions.KUBERNETES}"
+    assert info["containerRuntimeVersion"] == f"containerd://{versions.CONTAINERD}"
+    assert node["metadata"]["labels"][realnode.REAL_NODE_LABEL] == "true"
+    assert {"key": realnode.REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
+    ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True"
+    status = real_lab.status()
+    assert [n["name"] for n in status["nodes"]["real"]] == [REAL_NODE]
+    assert status["nodes"]["simulated"] == [node_name(i) for i in range(SIMULATED_NODES)]
+    assert all(c["healthy"] for c in status["components"].values()), status["components"]
+
+
+async def test_a_busybox_pod_runs_to_completion_in_its_own_network_namespace(
+    real_lab: Lab, real_kube: KubeClient, real_namespace: str
+) -> None:
+    pods = api_path("v1", "pods", namespace=real_namespace)
+    command = "ip -4 -o addr show eth0 > /dev/termination-log; echo ran on a real node"
+    await real_kube.create(pods, _busybox_pod("hello", command))
+    pod = await _wait_phase(real_kube, real_namespace, "hello", {"Succeeded", "Failed"})
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    assert pod["spec"]["nodeName"] == REAL_NODE
+    (node,) = real_lab.status()["nodes"]["real"]
+    pod_ip = ipaddress.IPv4Address(pod["status"]["podIP"])
+    assert pod_ip in ipaddress.IPv4Network(node["pod_subnet"]) and str(pod_ip) != node["address"]
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 0
+    assert f"inet {pod_ip}/24" in terminated["message"]  # the address was the pod's own, inside the container
+    kubectl = [str(toolchain.binary("kubectl")), f"--kubeconfig={real_lab.kubeconfig}", "-n", real_namespace]
+    logs = await asyncio.create_subprocess_exec(*kubectl, "logs", "hello", stdout=subprocess.PIPE)
+    out, _ = await logs.communicate()
+    assert out.decode().strip() == "ran on a real node"  # through the API server from the real kubelet
+
+
+async def test_a_kubelet_may_write_its_own_node_but_not_another(real_lab: Lab) -> None:
+    node = realnode.RealNode(
+        name=REAL_NODE,
+        index=0,
+        lab_dir=real_lab.dir,
+        pod_network=ipaddress.IPv4Network(real_lab.status()["nodes"]["real"][0]["pod_subnet"]).supernet(new_prefix=16),
+    )
+    kubelet = await KubeClient.connect(str(node.kubeconfig))
+    try:
+        label = {"metadata": {"labels": {"devheal.io/test": "x"}}}
+        await kubelet.patch(api_path("v1", "nodes", name=REAL_NODE), label)
+        with pytest.raises(errors.Forbidden):  # the node authorizer
+            await kubelet.patch(api_path("v1", "nodes", name=node_name(0)), label)
+        with pytest.raises(errors.Forbidden):  # NodeRestriction: no node-restriction.kubernetes.io/ labels
+            await kubelet.patch(
+                api_path("v1", "nodes", name=REAL_NODE),
+                {"metadata": {"labels": {"node-restriction.kubernetes.io/x": "y"}}},
+            )
+    finally:
+        await kubelet.close()
+
+
+async def test_a_stopped_kubelet_turns_its_node_unknown_through_the_real_node_lifecycle(
+    real_lab: Lab, real_kube: KubeClient
+) -> None:
+    faults = Faults(real_lab)
+
+    async def ready_status() -> tuple[str, str]:
+        node = await real_kube.get(api_path("v1", "nodes", name=REAL_NODE))
+        (ready,) = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        return str(ready["status"]), str(ready.get("reason", ""))
+
+    async def unknown() -> bool:
+        return await ready_status() == ("Unknown", "NodeStatusUnknown")
+
+    async def ready() -> bool:
+        return (await ready_status())[0] == "True"
+
+    async def all_gpus() -> bool:
+        node = await real_kube.get(api_path("v1", "nodes", name=REAL_NODE))
+        return bool(node["status"]["allocatable"].get(GPU_RESOURCE) == str(GPUS_PER_NODE))
+
+    try:
+        faults.node_not_ready(REAL_NODE)
+        # The controller manager's node lifecycle, after its grace period (50 s).
+        await until("the node's Ready condition turns Unknown", unknown, timeout=120)
+    finally:
+        faults.node_ready(REAL_NODE)
+    await until("the node is Ready again once kubelet runs", ready)
+    # Restarted, kubelet cleared its device-plugin directory: the plugin registered again.
+    await until("the GPUs are allocatable again", all_gpus)
+
+
+async def test_down_with_a_pod_running_leaves_no_process_mount_namespace_link_cgroup_or_rule() -> None:
+    reason = real_node_support()
+    if reason:
+        pytest.skip(reason)
+    before = HostState.read()
+    lab = Lab(Path(tempfile.mkdtemp(prefix="dhl-down-", dir="/tmp")))
+    state = lab.up(LabSpec(nodes=1, gpus_per_node=1, real_nodes=1))
+    try:
+        (node,) = state.real_nodes(lab.dir)
+        kube = await KubeClient.connect(str(lab.kubeconfig))
+        try:
+            await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": "busy"}})
+            pods = api_path("v1", "pods", namespace="busy")
+            await kube.create(pods, _busybox_pod("sleeper", "exec sleep 3600", restart="Always"))
+            await _wait_phase(kube, "busy", "sleeper", {"Running"})
+        finally:
+            await kube.close()
+        # What this lab made, named while it runs (other labs on the machine may make their own meanwhile).
+        ours = NodeTraces.read(node, state.mount_namespaces[node.name])
+        assert len(ours.links) >= 2, f"the node's bridge and the pod's veth exist while it runs: {ours.links}"
+        assert ours.net_namespaces, "the pod has a network namespace of its own"
+        assert set(ours.still_there(HostState.read())) == {"mount namespaces", "links", "network namespaces"}
+        assert cgroups_named(node.cgroup_root.lstrip("/"))
+    finally:
+        lab.down()
+    assert lab_processes(lab.dir) == []
+    assert lab_mounts(lab.dir) == []
+    assert cgroups_named(realnode.lab_id(lab.dir)) == []
+    assert _still_there(ours) == {}
+    after = HostState.read()
+    assert (after.iptables, after.sysctls) == (before.iptables, before.sysctls)
+
+
+def _still_there(ours: NodeTraces, timeout: float = 10) -> dict[str, object]:
+    """Which of ``ours`` still exist; namespaces are freed with their last process and mount, which the
+    kernel does at once, but poll rather than trust it."""
+    deadline = time.monotonic() + timeout
+    while (left := ours.still_there(HostState.read())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
