@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 
 from devheal.model.steps import MAX_TIMESTAMP, MIN_TIMESTAMP
-from devheal.model.values import finite, show, whole_number
+from devheal.model.values import finite, json_object, show, whole_number
 
 RUN_FAILURE_ANNOTATION = "devheal.io/launcher-failed"
 MAX_ANNOTATION_LENGTH = 256
@@ -48,16 +48,9 @@ class RunFailure:
 
 def parse_run_failure(text: object) -> tuple[RunFailure | None, str]:
     """The failed run in an annotation value, or (None, why it is refused)."""
-    if not isinstance(text, str):
-        return None, f"expected a JSON object as a string, got {show(text)}"
-    if len(text) > MAX_ANNOTATION_LENGTH:
-        return None, f"longer than {MAX_ANNOTATION_LENGTH} characters ({len(text)})"
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return None, f"not JSON: {show(text)}"
-    if not isinstance(body, dict):
-        return None, f"expected a JSON object, got {show(body)}"
+    body, why = json_object(text, MAX_ANNOTATION_LENGTH)
+    if body is None:
+        return None, why
     code = whole_number(body.get("code"), minimum=1, maximum=255)
     if code is None:
         return None, f"code: expected an exit code within 1..255, got {show(body.get('code'))}"

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from devheal.model.values import finite, show, whole_number
+from devheal.model.values import finite, json_object, show, whole_number
 
 STEPS_ANNOTATION = "devheal.io/steps"
 MAX_ANNOTATION_LENGTH = 512
@@ -80,16 +80,9 @@ def _seconds(body: dict[str, object], key: str, low: float, high: float) -> tupl
 
 def parse_step_report(text: object) -> tuple[StepReport | None, str]:
     """The report in an annotation value, or (None, why it is refused)."""
-    if not isinstance(text, str):
-        return None, f"expected a JSON object as a string, got {show(text)}"
-    if len(text) > MAX_ANNOTATION_LENGTH:
-        return None, f"longer than {MAX_ANNOTATION_LENGTH} characters ({len(text)})"
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return None, f"not JSON: {show(text)}"
-    if not isinstance(body, dict):
-        return None, f"expected a JSON object, got {show(body)}"
+    body, why = json_object(text, MAX_ANNOTATION_LENGTH)
+    if body is None:
+        return None, why
     count = whole_number(body.get("count"))
     if count is None:
         return None, f"count: expected a whole number >= 0, got {show(body.get('count'))}"

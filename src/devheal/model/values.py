@@ -14,6 +14,7 @@ message that shows it, never accepted by accident nor turned into a crash. Pure.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 
@@ -55,6 +56,22 @@ def finite(value: object, *, minimum: float = -math.inf, maximum: float = math.i
         return None  # float() of it would raise
     number = float(value)
     return number if math.isfinite(number) and minimum <= number <= maximum else None
+
+
+def json_object(text: object, max_length: int) -> tuple[dict[str, object] | None, str]:
+    """An annotation value that must be a JSON object of at most ``max_length`` characters: the object, or (None,
+    why it is not one). Never raises."""
+    if not isinstance(text, str):
+        return None, f"expected a JSON object as a string, got {show(text)}"
+    if len(text) > max_length:
+        return None, f"longer than {max_length} characters ({len(text)})"
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        return None, f"not JSON: {show(text)}"
+    if not isinstance(body, dict):
+        return None, f"expected a JSON object, got {show(body)}"
+    return body, ""
 
 
 def show(value: object, limit: int = 80) -> str:

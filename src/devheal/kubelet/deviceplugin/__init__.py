@@ -7,8 +7,9 @@ first, so the server is loaded on first use rather than here.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from devheal.kubelet import lazy_exports
 
 if TYPE_CHECKING:
     from .server import DevicePluginServer, PluginDevice
@@ -18,14 +19,4 @@ __all__ = ["DevicePluginServer", "PluginDevice"]
 _LAZY = {"DevicePluginServer": "server", "PluginDevice": "server"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__, globals())
