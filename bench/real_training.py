@@ -29,8 +29,10 @@ gang), ``named`` (the rank the Remediation replaces: ``right``, ``wrong``, or ``
 ``pods_recreated``. The policy: ``actions.gang: RestartGang``, stragglers replaced at once,
 stalls after ``--stall-after``, exit code 79 a device error, no budgets in the way. With
 ``--hold-failed N`` the launchers hold a crashed run for an in-place restart (docs/gangs.md);
-without it (0) a crash fails every pod and the Job recreates the gang. Writes
-bench/results/real_training.json.
+without it (0) a crash fails every pod and the Job recreates the gang. ``--compare N`` then
+runs N pairs of the device fault answered in place by devheal and by evicting every pod of
+the gang (devheal paused; the Job ignores evictions, so it pays no backoff), side by side.
+Writes bench/results/real_training.json.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import write_results
+from devheal.controller.eviction import eviction
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab import network_cut
@@ -106,9 +109,14 @@ def job(ranks: int) -> dict[str, Any]:
     devheal's DeviceFailed condition) do not count against its backoff limit; other failures do."""
     body = gpu_job(JOB, ranks=ranks, gpus=8, indexed=True)
     body["spec"]["backoffLimit"] = 20
-    body["spec"]["podFailurePolicy"]["rules"].append(
-        {"action": "Ignore", "onExitCodes": {"containerName": "train", "operator": "In", "values": [DEVICE_ERROR_EXIT]}}
-    )
+    body["spec"]["podFailurePolicy"]["rules"] += [
+        {
+            "action": "Ignore",
+            "onExitCodes": {"containerName": "train", "operator": "In", "values": [DEVICE_ERROR_EXIT]},
+        },
+        # Evicted pods (the recreate-all path) are disruptions, not failures: no backoff, as Kubernetes' docs advise.
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    ]
     return body
 
 
@@ -386,8 +394,9 @@ async def set_paused(kube: KubeClient, paused: bool) -> None:
 
 
 async def recreate_all(gang: Gang, faults: Faults, timeout: float) -> Row:
-    """The device fault of ``run_fault`` answered by deleting every pod of the gang (devheal's policy paused), as a
-    plain failure policy or a JobSet restart does: every rank pays a new pod and a new process."""
+    """The device fault of ``run_fault`` answered by evicting every pod of the gang (devheal's policy paused), as a
+    JobSet restart or a person does: every rank pays a new pod and a new process. The Job ignores the evictions
+    (DisruptionTarget), so no backoff adds to it."""
     kube = gang.kube
     await set_paused(kube, True)
     try:
@@ -397,7 +406,11 @@ async def recreate_all(gang: Gang, faults: Faults, timeout: float) -> Row:
         victim = before[VICTIM]
         undo = await inject("device", gang, faults, victim)
         fault_at = time.time()
-        await kube.request("DELETE", api_path("v1", "pods", namespace=NS), params={"labelSelector": f"job-name={JOB}"})
+        for pod in before.values():  # evicted: DisruptionTarget, which the Job ignores (no backoff)
+            await kube.create(
+                api_path("v1", "pods", namespace=NS, name=pod["metadata"]["name"], subresource="eviction"),
+                eviction(NS, pod["metadata"]["name"], pod["metadata"]["uid"], None),
+            )
         recovered_s: float | None = None
         lost: int | None = None
         deadline = time.monotonic() + timeout

@@ -47,7 +47,11 @@ async def crash_rank_1(
         crashed, crashed_at = gang.signal_rank(1, signum)
 
         def failed(rs: list[dict]) -> list[dict]:
-            return [r for r in rs if r["spec"]["finding"]["kind"] == "RankFailed"]
+            # The restart (a replaced rank's node's suspect taint, decided from the same finding, is a record of
+            # its own).
+            return [
+                r for r in rs if r["spec"]["finding"]["kind"] == "RankFailed" and r["spec"]["action"] == "RestartGang"
+            ]
 
         records = await gang.harness.wait_remediation(
             lambda rs: bool(failed(rs)), "a RankFailed remediation", timeout=60
