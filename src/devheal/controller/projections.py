@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from devheal.engine.inplace import in_place_restart
 from devheal.engine.workloads import classify
@@ -236,30 +237,33 @@ _REFUSED_FAILURES: dict[str, str] = {}
 """Pod key -> the failed-run annotation last refused for it (logged once, as for step reports)."""
 
 
-def _steps(value: object, pod: str) -> StepReport | None:
-    """The launcher's step report, or None (absent, or refused with a warning: the pod counts as not reporting)."""
+T = TypeVar("T")
+
+
+def _launcher_note(
+    value: object, pod: str, parse: Callable[[object], tuple[T | None, str]], annotation: str, refused: dict[str, str]
+) -> T | None:
+    """A launcher's annotation read by ``parse``, or None: absent, or refused with one warning per pod and reason
+    (``refused`` remembers the last, bounded), so the pod counts as having said nothing."""
     if value is None:
         return None
-    report, why = parse_step_report(value)
-    if report is None and _REFUSED_STEPS.get(pod) != why:
-        if len(_REFUSED_STEPS) >= _REFUSED_STEPS_MAX:
-            _REFUSED_STEPS.clear()
-        _REFUSED_STEPS[pod] = why
-        log.warning("pod %s: annotation %s ignored: %s", pod, STEPS_ANNOTATION, why)
-    return report
+    read, why = parse(value)
+    if read is None and refused.get(pod) != why:
+        if len(refused) >= _REFUSED_STEPS_MAX:
+            refused.clear()
+        refused[pod] = why
+        log.warning("pod %s: annotation %s ignored: %s", pod, annotation, why)
+    return read
+
+
+def _steps(value: object, pod: str) -> StepReport | None:
+    """The launcher's step report (refused: the pod counts as not reporting)."""
+    return _launcher_note(value, pod, parse_step_report, STEPS_ANNOTATION, _REFUSED_STEPS)
 
 
 def _run_failure(value: object, pod: str) -> RunFailure | None:
-    """The failed run the pod's launcher holds, or None (absent, or refused with a warning: no failed run)."""
-    if value is None:
-        return None
-    failure, why = parse_run_failure(value)
-    if failure is None and _REFUSED_FAILURES.get(pod) != why:
-        if len(_REFUSED_FAILURES) >= _REFUSED_STEPS_MAX:
-            _REFUSED_FAILURES.clear()
-        _REFUSED_FAILURES[pod] = why
-        log.warning("pod %s: annotation %s ignored: %s", pod, RUN_FAILURE_ANNOTATION, why)
-    return failure
+    """The failed run the pod's launcher holds (refused: no failed run)."""
+    return _launcher_note(value, pod, parse_run_failure, RUN_FAILURE_ANNOTATION, _REFUSED_FAILURES)
 
 
 MALFORMED_GENERATION = -1
