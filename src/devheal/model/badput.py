@@ -142,8 +142,8 @@ class Badput:
         return {
             "cause": self.cause,
             "gpus": self.gpus,
-            "since": format_time(self.since),
-            "until": format_time(self.until),
+            "since": format_time(self.since, micro=True),
+            "until": format_time(self.until, micro=True),
             "gpuHours": round(self.gpu_hours, 4),
             "losses": {loss: round(hours, 4) for loss, hours in sorted(self.losses.items())},
         }
