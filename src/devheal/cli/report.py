@@ -156,10 +156,6 @@ def _print(
     seen_by = findings_by_cause(booked)
     table = cause_table(columns, lambda cause: seen_by.get(cause, "-"))
     total = sum(b.badput.gpu_hours for b in booked)
-    console.print(
-        render_cause_table(
-            f"GPU-hours lost by cause, {window}: all losses (awaiting remediation)",
-            table,
-        )
-    )
+    console.print(f"Remediations that ended from {window}" + (f", namespace {namespace}" if namespace else ""))
+    console.print(render_cause_table("GPU-hours lost by cause: all losses (awaiting remediation)", table))
     console.print(f"{len(booked)} remediations, {total:,.2f} GPU-hours lost", markup=False)
