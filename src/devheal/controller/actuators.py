@@ -33,6 +33,7 @@ from devheal.engine.badput import books_badput, ended_badput, workload_gpus
 from devheal.engine.placement import Release, Vacancy
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj
+from devheal.model.cluster import ClusterView
 from devheal.model.plan import Action, Blocked, EventReason, Phase, RemediationReason
 from devheal.model.policy import ActionKind
 from devheal.model.times import format_time, parse_time
@@ -194,7 +195,7 @@ class Actuators:
             return {"gpus": kept}
         if self.cache is None or not books_badput(action):
             return {}
-        gpus = workload_gpus(self.cache.view(), action)
+        gpus = workload_gpus(_workloads(self.cache), action)
         return {"gpus": gpus} if gpus > 0 else {}
 
     def _badput(self, action: Action, phase: Phase, status: Obj) -> Obj:
@@ -205,7 +206,7 @@ class Actuators:
         if gpus is None or started is None:
             return {}
         now = self.clock()
-        report = self.cache.view().report(action.node, now) if self.cache is not None else None
+        report = _workloads(self.cache).report(action.node, now) if self.cache is not None else None
         badput = ended_badput(action, phase, gpus, started, now, report)
         if badput is None:
             return {}
@@ -264,6 +265,12 @@ class Actuators:
             f"{outcome.message} ({action.finding.evidence})",
             "Warning" if failed else "Normal",
         )
+
+
+def _workloads(cache: ClusterCache) -> ClusterView:
+    """The cache's pods, gangs and agents' reports, without the indexes a round needs (``ClusterCache.view``
+    builds those, in time that grows with the cluster)."""
+    return ClusterView(nodes={}, pods=cache.pods.store, reports=cache.reports.store, gangs=cache.gangs)
 
 
 __all__ = ["REMEDIATIONS", "Actuators", "Outcome", "StepFailed", "remediation_body"]
