@@ -5,8 +5,12 @@ sighting (the finding's ``since``) to running again (the record ended Succeeded;
 Failed: until then, at least) as the simulator books them (``devheal.model.badput``):
 ``awaiting-remediation`` until the remediation started, ``restart`` from then on.
 
+A gang runs again when every rank runs the restart's generation (the record's Succeeded): the
+rendezvous and checkpoint load before its first step are not seen, so a gang's restart loss is
+a lower bound of the simulator's.
+
 The cause is one of the simulator's classes (``devheal.simulate.failures``), named from what
-the controller knows (the mapping docs/metrics.md documents):
+the controller knows (the mapping docs/controller.md documents):
 
 - a device finding: the class of the XID the node's agent reports on the finding's devices
   (``XID_CAUSES``), else ``faulty-gpu`` (Llama 3's catch-all GPU class); a device-error exit
