@@ -33,6 +33,7 @@ from devheal.engine.badput import books_badput, ended_badput, workload_gpus
 from devheal.engine.placement import Release, Vacancy
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj
+from devheal.model.badput import Badput
 from devheal.model.cluster import ClusterView
 from devheal.model.plan import Action, Blocked, EventReason, Phase, RemediationReason
 from devheal.model.policy import ActionKind
@@ -198,21 +199,26 @@ class Actuators:
         gpus = workload_gpus(_workloads(self.cache), action)
         return {"gpus": gpus} if gpus > 0 else {}
 
-    def _badput(self, action: Action, phase: Phase, status: Obj) -> Obj:
-        """``status.badput`` of a record that ends now (``devheal.engine.badput``), counted in the metric once,
-        as the record ends; empty when it books none."""
+    def _badput(self, action: Action, phase: Phase, status: Obj) -> Badput | None:
+        """What the workload of a record that ends now lost (``devheal.engine.badput``); None when it books
+        nothing."""
         gpus = whole_number(status.get("gpus"), minimum=1)
         started = parse_time(status.get("startedAt"))
         if gpus is None or started is None:
-            return {}
+            return None
         now = self.clock()
         report = _workloads(self.cache).report(action.node, now) if self.cache is not None else None
-        badput = ended_badput(action, phase, gpus, started, now, report)
-        if badput is None:
-            return {}
-        namespace = action.workload.namespace if action.workload is not None else split_key(action.target)[0]
-        metrics.BADPUT.labels(cause=badput.cause, namespace=namespace).inc(badput.gpu_hours)
-        return {"badput": badput.to_status()}
+        return ended_badput(action, phase, gpus, started, now, report)
+
+    async def _end(self, action: Action, written: Obj, badput: Badput | None) -> None:
+        """Write an ended record's status with its badput, then count the badput: once, as only a record that
+        is not ended yet gets here (a failed write leaves it to the next pass, uncounted)."""
+        if badput is not None:
+            written["badput"] = badput.to_status()
+        await self.records.set_status(action.name, written)
+        if badput is not None:
+            namespace = action.workload.namespace if action.workload is not None else split_key(action.target)[0]
+            metrics.BADPUT.labels(cause=badput.cause, namespace=namespace).inc(badput.gpu_hours)
 
     async def _dry_run(self, action: Action) -> Outcome:
         message = f"dry-run: would {action.kind} {action.target_kind} {action.target} ({action.reason})"
@@ -233,9 +239,7 @@ class Actuators:
     async def _failed(self, action: Action, exc: StepFailed, attempts: int, status: Obj) -> Outcome:
         phase = Phase.IN_PROGRESS if exc.retry else Phase.FAILED
         written: Obj = {"phase": phase.value, "reason": exc.reason, "message": str(exc), "attempts": attempts}
-        if phase is Phase.FAILED:
-            written.update(self._badput(action, phase, status))
-        await self.records.set_status(action.name, written)
+        await self._end(action, written, self._badput(action, phase, status) if phase is Phase.FAILED else None)
         metrics.ACTIONS.labels(action=action.kind.value, result="retry" if exc.retry else "failed").inc()
         await self.records.event(action, f"Devheal{action.kind}Failed", str(exc), "Warning")
         return Outcome(phase, exc.reason, str(exc))
@@ -251,10 +255,10 @@ class Actuators:
             "attempts": attempts,
             "steps": steps[-20:],
         }
-        if outcome.phase is not Phase.IN_PROGRESS:
+        ended = outcome.phase is not Phase.IN_PROGRESS
+        if ended:
             final["completedAt"] = format_time(self.clock())
-            final.update(self._badput(action, outcome.phase, status))
-        await self.records.set_status(action.name, final)
+        await self._end(action, final, self._badput(action, outcome.phase, status) if ended else None)
         results = {Phase.FAILED: "failed", Phase.IN_PROGRESS: "in-progress"}
         metrics.ACTIONS.labels(action=action.kind.value, result=results.get(outcome.phase, "succeeded")).inc()
         metrics.LATENCY.observe(max(0.0, self.clock() - action.finding.since))

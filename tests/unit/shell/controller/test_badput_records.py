@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 from devheal.controller.actuators import Actuators
 from devheal.controller.cache import ClusterCache
 from devheal.controller.projections import project_remediation
+from devheal.kube import errors
 from devheal.kube.client import KubeClient
 from devheal.model.badput import Badput
 from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION
@@ -24,6 +25,7 @@ from devheal.model.policy import ActionKind
 from tests.shell.fixtures import EPOCH, unix_clock
 from tests.shell.memapi import MemApi
 from tests.shell.waiting import until
+from tests.unit.shell.controller.test_actuators_api import PODS as ACTUATED_PODS
 from tests.unit.shell.controller.test_actuators_api import REMEDIATIONS, actuators, deschedule, policy, train_pod
 from tests.unit.shell.controller.test_gang_restart import PODS, REPORTS, gang, rank, restart, synced
 
@@ -150,3 +152,29 @@ async def test_records_of_nodes_notices_dry_runs_and_actuators_without_a_cache_b
     assert (await actuators(kube).execute(evicted)).phase is Phase.SUCCEEDED  # no cache: its GPUs are unknown
     status = api.get(f"{REMEDIATIONS}/{evicted.name}")["status"]
     assert "badput" not in status and "gpus" not in status
+
+
+async def test_a_badput_is_counted_once_after_its_record_is_written(api: MemApi, kube: KubeClient) -> None:
+    pod = train_pod(api)
+    action = deschedule(pod)
+    status = f"{REMEDIATIONS}/{action.name}/status"
+    # The record's last write fails once the pod is evicted: nothing is counted, and the next pass ends the record.
+    api.meanwhile(
+        lambda: api.fail_next(422, verb="patch", path=status, message="refused"),
+        verb="create",
+        path=f"{ACTUATED_PODS}/train-0/eviction",
+    )
+    before = counted("faulty-gpu")
+    async with synced(kube) as cache:
+        acting = with_cache(kube, cache)
+        await asyncio.sleep(60)
+        with pytest.raises(errors.Invalid):
+            await acting.execute(action)
+        assert counted("faulty-gpu") == before
+        assert api.get(status.removesuffix("/status"))["status"]["phase"] == "InProgress"
+        outcome = await acting.execute(action)
+        await acting.execute(action)  # ended: read back, not counted again
+    assert outcome.phase is Phase.SUCCEEDED
+    booked = api.get(status.removesuffix("/status"))["status"]["badput"]
+    assert booked["gpuHours"] == pytest.approx(60 / 3600, abs=1e-3)
+    assert counted("faulty-gpu") - before == pytest.approx(booked["gpuHours"], abs=1e-4)
