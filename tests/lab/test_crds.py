@@ -22,6 +22,7 @@ from devheal.kube.crds import CRD_NAMES, crd_path, install_crds
 from devheal.lab import toolchain
 from devheal.lab.cluster import Lab
 from devheal.model.api import GROUP_VERSION
+from devheal.model.badput import Badput, remediation_badput
 from devheal.model.policy import PolicyError, Quantity, RemediationMode, parse_policy
 
 API = GROUP_VERSION
@@ -122,7 +123,17 @@ async def test_printer_columns_are_in_the_crds_and_shown_by_kubectl(
 ) -> None:
     expected = {
         "remediationpolicies.devheal.io": ["DryRun", "Paused", "MaxUnhealthy", "Age"],
-        "remediations.devheal.io": ["Finding", "Target", "Node", "Action", "Phase", "Reason", "Age"],
+        "remediations.devheal.io": [
+            "Finding",
+            "Target",
+            "Node",
+            "Action",
+            "Phase",
+            "Reason",
+            "Lost GPU-h",
+            "Cause",
+            "Age",
+        ],
         "nodedevices.devheal.io": ["Healthy", "Total", "Worst", "Age"],
     }
     for name, columns in expected.items():
@@ -372,6 +383,15 @@ async def test_a_remediation_records_progress_in_status_and_its_spec_is_immutabl
     patched = await installed.patch(remediation_path(name, "status"), {"status": status})
     assert patched["status"] == status
     assert patched["spec"] == body["spec"]
+    # The record of an old controller has no badput, and stays readable; a new one adds it as it ends.
+    badput = remediation_badput("faulty-gpu", 8, 1767225600.0, 1767226050.0, 1767226950.0)  # 1 + 2 GPU-hours
+    assert badput is not None
+    booked = {"gpus": 8, "badput": badput.to_status()}
+    patched = await installed.patch(remediation_path(name, "status"), {"status": booked})
+    assert patched["status"] == {**status, **booked}
+    assert Badput.from_status(patched["status"]["badput"]) == badput
+    with pytest.raises(errors.Invalid, match=r"status\.badput\.gpus"):
+        await installed.patch(remediation_path(name, "status"), {"status": {"badput": {**booked["badput"], "gpus": 0}}})
 
     with pytest.raises(errors.Invalid, match="spec is immutable: a Remediation records one decision"):
         await installed.patch(remediation_path(name), {"spec": {"action": "Deschedule"}})
@@ -381,6 +401,32 @@ async def test_a_remediation_records_progress_in_status_and_its_spec_is_immutabl
     labelled = await installed.patch(remediation_path(name), {"metadata": {"labels": {"devheal.io/node": "n1"}}})
     assert labelled["metadata"]["labels"] == {"devheal.io/node": "n1"}
     assert (await installed.get(remediation_path(name)))["spec"]["action"] == "FailPod"
+
+
+async def test_kubectl_shows_what_a_remediation_cost(installed: KubeClient, lab: Lab, cleanup: list[str]) -> None:
+    name = unique("rem-cost")
+    cleanup.append(remediation_path(name))
+    await installed.create(remediation_path(), remediation(name))
+    badput = remediation_badput("gpu-hbm3", 64, 1767225600.0, 1767225630.0, 1767225780.0)
+    assert badput is not None
+    status = {"phase": "Succeeded", "reason": "PodFailed", "gpus": 64, "badput": badput.to_status()}
+    await installed.patch(remediation_path(name, "status"), {"status": status})
+    process = await asyncio.create_subprocess_exec(
+        str(toolchain.binary("kubectl")),
+        f"--kubeconfig={lab.kubeconfig}",
+        "get",
+        "rem",
+        name,
+        "-o",
+        "wide",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    header, row = out.decode().splitlines()
+    assert header.split()[6:10] == ["REASON", "LOST", "GPU-H", "CAUSE"]
+    assert row.split()[6:9] == ["PodFailed", "3.2", "gpu-hbm3"]
 
 
 @pytest.mark.parametrize(

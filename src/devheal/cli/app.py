@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("devheal.cli.controller", "controller"),
     "agent": ("devheal.cli.agent", "agent"),
     "simulate": ("devheal.cli.simulate", "simulate"),
+    "report": ("devheal.cli.report", "report"),
     "launch": ("devheal.cli.launch", "launch"),
     "barrier": ("devheal.cli.restart_all", "barrier"),
     "sidecar": ("devheal.cli.restart_all", "sidecar"),

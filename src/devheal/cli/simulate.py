@@ -159,31 +159,18 @@ def _tables(comparison: Comparison) -> list[Table]:
 
 def _cause_table(comparison: Comparison) -> Table:
     """Training GPU-hours lost by what caused them: per strategy, all losses and (in brackets) the time spent
-    awaiting remediation, so the largest remediable share stands out."""
-    from rich.table import Table
-
+    awaiting remediation, so the largest remediable share stands out. ``devheal report`` prints the same table
+    from a cluster's Remediations (``devheal.model.badput.cause_table``)."""
+    from devheal.cli.report import render_cause_table
+    from devheal.model.badput import cause_table
     from devheal.simulate.failures import CLASSES
     from devheal.simulate.results import mean_by_cause
 
     means = {name: mean_by_cause(rs) for name, rs in comparison.results.items()}
-    causes = sorted(
-        {c for per in means.values() for c in per},
-        key=lambda c: -max(sum(m.get(c, {}).values()) for m in means.values()),
+    table = cause_table(means, lambda cause: str(CLASSES[cause].signal) if cause in CLASSES else "-")
+    return render_cause_table(
+        "Training GPU-hours lost by cause (mean per run): all losses (awaiting remediation)", table
     )
-    table = Table(title="Training GPU-hours lost by cause (mean per run): all losses (awaiting remediation)")
-    table.add_column("cause", no_wrap=True)
-    table.add_column("seen by", no_wrap=True)
-    for name in means:
-        table.add_column(name, justify="right")
-    for cause in causes:
-        row = [cause, str(CLASSES[cause].signal) if cause in CLASSES else "-"]
-        for per in means.values():
-            losses = per.get(cause, {})
-            awaiting = losses.get("awaiting-remediation", 0.0)
-            cell = _gpu_hours(sum(losses.values()))
-            row.append(f"{cell} ({_gpu_hours(awaiting)})" if awaiting >= 0.5 else cell)
-        table.add_row(*row)
-    return table
 
 
 def _describe(config: SimConfig, seeds: list[int], replay: Path | None) -> str:

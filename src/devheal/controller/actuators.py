@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from devheal.controller import metrics
-from devheal.controller.action_family import Actuator, Outcome, Policies, StepFailed, Steps
+from devheal.controller.action_family import Actuator, Outcome, Policies, StepFailed, Steps, split_key
 from devheal.controller.cache import ClusterCache
 from devheal.controller.degraded_actions import LiftDegraded, TaintDegraded
 from devheal.controller.device_taints import TaintDevice, UntaintDevice
@@ -29,12 +29,16 @@ from devheal.controller.node_actions import Cordon, Drain, Lift, Taint
 from devheal.controller.node_remediation import NodeRemediation
 from devheal.controller.pod_actions import Deschedule, FailPod, Notify, release_gate
 from devheal.controller.records import REMEDIATIONS, Records, remediation_body
+from devheal.engine.badput import books_badput, ended_badput, workload_gpus
 from devheal.engine.placement import Release, Vacancy
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, Obj
+from devheal.model.badput import Badput
+from devheal.model.cluster import ClusterView
 from devheal.model.plan import Action, Blocked, EventReason, Phase, RemediationReason
 from devheal.model.policy import ActionKind
-from devheal.model.times import format_time
+from devheal.model.times import format_time, parse_time
+from devheal.model.values import whole_number
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,7 @@ class Actuators:
         self.policies = policies
         self.clock = clock
         self.in_progress: set[str] = set()
+        self.cache = cache
         self.records = Records(client, clock)
         self.gangs = GangRestarter(
             client,
@@ -153,22 +158,21 @@ class Actuators:
         attempts = int(status.get("attempts") or 0) + 1
         steps = list(status.get("steps") or [])
         if not continuing:
-            await self.records.set_status(
-                action.name,
-                {
-                    "phase": Phase.IN_PROGRESS.value,
-                    "reason": RemediationReason.ACTING,
-                    "message": action.reason,
-                    "attempts": attempts,
-                    "startedAt": status.get("startedAt") or format_time(started),
-                    "observedAt": format_time(action.finding.since),
-                    "steps": steps,
-                },
-            )
+            status = {
+                "phase": Phase.IN_PROGRESS.value,
+                "reason": RemediationReason.ACTING,
+                "message": action.reason,
+                "attempts": attempts,
+                "startedAt": status.get("startedAt") or format_time(started),
+                "observedAt": format_time(action.finding.since),
+                "steps": steps,
+                **self._workload_gpus(action, status),
+            }
+            await self.records.set_status(action.name, status)
         try:
             outcome, new_steps = await self.families[action.kind].act(action, obj)
         except StepFailed as exc:
-            return await self._failed(action, exc, attempts)
+            return await self._failed(action, exc, attempts, status)
         if (
             continuing
             and not new_steps
@@ -178,8 +182,43 @@ class Actuators:
             if outcome.message != status.get("message"):
                 await self.records.set_status(action.name, {"message": outcome.message})
             return outcome  # a pass that changed nothing: not an attempt
-        await self._record_outcome(action, outcome, steps, new_steps, attempts)
+        await self._record_outcome(action, outcome, steps, new_steps, attempts, status)
         return outcome
+
+    # ---- badput ------------------------------------------------------------------------------
+
+    def _workload_gpus(self, action: Action, status: Obj) -> Obj:
+        """``status.gpus`` as the remediation begins: the GPUs of the workload it stops, read from the cache
+        before anything is evicted (kept from an earlier attempt). Empty when it books no badput or none is
+        known (no cache)."""
+        kept = whole_number(status.get("gpus"), minimum=1)
+        if kept is not None:
+            return {"gpus": kept}
+        if self.cache is None or not books_badput(action):
+            return {}
+        gpus = workload_gpus(_workloads(self.cache), action)
+        return {"gpus": gpus} if gpus > 0 else {}
+
+    def _badput(self, action: Action, phase: Phase, status: Obj) -> Badput | None:
+        """What the workload of a record that ends now lost (``devheal.engine.badput``); None when it books
+        nothing."""
+        gpus = whole_number(status.get("gpus"), minimum=1)
+        started = parse_time(status.get("startedAt"))
+        if gpus is None or started is None:
+            return None
+        now = self.clock()
+        report = _workloads(self.cache).report(action.node, now) if self.cache is not None else None
+        return ended_badput(action, phase, gpus, started, now, report)
+
+    async def _end(self, action: Action, written: Obj, badput: Badput | None) -> None:
+        """Write an ended record's status with its badput, then count the badput: once, as only a record that
+        is not ended yet gets here (a failed write leaves it to the next pass, uncounted)."""
+        if badput is not None:
+            written["badput"] = badput.to_status()
+        await self.records.set_status(action.name, written)
+        if badput is not None:
+            namespace = action.workload.namespace if action.workload is not None else split_key(action.target)[0]
+            metrics.BADPUT.labels(cause=badput.cause, namespace=namespace).inc(badput.gpu_hours)
 
     async def _dry_run(self, action: Action) -> Outcome:
         message = f"dry-run: would {action.kind} {action.target_kind} {action.target} ({action.reason})"
@@ -197,17 +236,16 @@ class Actuators:
         await self.records.event(action, EventReason.DRY_RUN, message)
         return Outcome(Phase.DRY_RUN, RemediationReason.DRY_RUN, message)
 
-    async def _failed(self, action: Action, exc: StepFailed, attempts: int) -> Outcome:
+    async def _failed(self, action: Action, exc: StepFailed, attempts: int, status: Obj) -> Outcome:
         phase = Phase.IN_PROGRESS if exc.retry else Phase.FAILED
-        await self.records.set_status(
-            action.name, {"phase": phase.value, "reason": exc.reason, "message": str(exc), "attempts": attempts}
-        )
+        written: Obj = {"phase": phase.value, "reason": exc.reason, "message": str(exc), "attempts": attempts}
+        await self._end(action, written, self._badput(action, phase, status) if phase is Phase.FAILED else None)
         metrics.ACTIONS.labels(action=action.kind.value, result="retry" if exc.retry else "failed").inc()
         await self.records.event(action, f"Devheal{action.kind}Failed", str(exc), "Warning")
         return Outcome(phase, exc.reason, str(exc))
 
     async def _record_outcome(
-        self, action: Action, outcome: Outcome, steps: list[Obj], new_steps: Steps, attempts: int
+        self, action: Action, outcome: Outcome, steps: list[Obj], new_steps: Steps, attempts: int, status: Obj
     ) -> None:
         steps += [{"name": s, "at": format_time(self.clock())} for s in new_steps]
         final: Obj = {
@@ -217,9 +255,10 @@ class Actuators:
             "attempts": attempts,
             "steps": steps[-20:],
         }
-        if outcome.phase is not Phase.IN_PROGRESS:
+        ended = outcome.phase is not Phase.IN_PROGRESS
+        if ended:
             final["completedAt"] = format_time(self.clock())
-        await self.records.set_status(action.name, final)
+        await self._end(action, final, self._badput(action, outcome.phase, status) if ended else None)
         results = {Phase.FAILED: "failed", Phase.IN_PROGRESS: "in-progress"}
         metrics.ACTIONS.labels(action=action.kind.value, result=results.get(outcome.phase, "succeeded")).inc()
         metrics.LATENCY.observe(max(0.0, self.clock() - action.finding.since))
@@ -230,6 +269,12 @@ class Actuators:
             f"{outcome.message} ({action.finding.evidence})",
             "Warning" if failed else "Normal",
         )
+
+
+def _workloads(cache: ClusterCache) -> ClusterView:
+    """The cache's pods, gangs and agents' reports, without the indexes a round needs (``ClusterCache.view``
+    builds those, in time that grows with the cluster)."""
+    return ClusterView(nodes={}, pods=cache.pods.store, reports=cache.reports.store, gangs=cache.gangs)
 
 
 __all__ = ["REMEDIATIONS", "Actuators", "Outcome", "StepFailed", "remediation_body"]

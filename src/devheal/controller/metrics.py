@@ -33,3 +33,9 @@ UNREADABLE_OBJECTS = Counter(
 ROUND_FAILURES = Counter(
     "devheal_round_failures_total", "Decision rounds that raised an unexpected error (the loop backs off and goes on)"
 )
+BADPUT = Counter(
+    "devheal_badput_gpu_hours_total",
+    "GPU-hours workloads lost from a fault's first sighting to running again, by the simulator's cause class and "
+    "the workload's namespace, counted as each Remediation on a pod or a gang ends (its status.badput)",
+    ["cause", "namespace"],
+)

@@ -4,6 +4,8 @@ A unit is a workload on whole nodes: a training gang (checkpointed; any member's
 failure stops all of it), an inference replica (stateless) or a batch-job slot (loses the
 running job). Its wall time splits exactly into useful time and named losses, so the
 losses a report shows always add up to what the workload did not get.
+
+The loss categories (``Loss``) and the running costs' causes are the controller's too (``devheal.model.badput``).
 """
 
 from __future__ import annotations
@@ -12,28 +14,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-
-class Loss(StrEnum):
-    """Where a workload's wall time went when it was not doing useful work."""
-
-    ROLLBACK = "rollback"
-    """Progress since the last checkpoint, lost when the workload stopped."""
-    AWAITING_REMEDIATION = "awaiting-remediation"
-    """Stopped, with a member still on a failed node, until something acts (a strategy, Kubernetes, a person)."""
-    AWAITING_NODE = "awaiting-node"
-    """Released from failed nodes, waiting for a free healthy node (the spare pool was empty)."""
-    RESTART = "restart"
-    """Pods recreated or restarted, rendezvous, checkpoint load."""
-    CHECKPOINTS = "checkpoints"
-    """Training paused to write checkpoints."""
-    STRAGGLERS = "stragglers"
-    """A slow (gray) member held the whole gang back."""
-
-
-CHECKPOINT_CAUSE = "checkpoints"
-SLOW_NODE_CAUSE = "slow-node"
-OTHER_CAUSE = "other"
-"""An outage no failure started (a drain of a healthy node, say)."""
+from devheal.model.badput import CHECKPOINT_CAUSE, OTHER_CAUSE, SLOW_NODE_CAUSE, Loss
 
 
 class UnitKind(StrEnum):

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from devheal.model import badput
+from devheal.model.badput import LossByCause, gpu_hours
 from devheal.simulate.fleet import Loss, Unit, UnitKind
 
 
@@ -176,28 +178,20 @@ def serving_availability(units: Iterable[Unit], horizon_s: float, peak: float, t
     return served / asked if asked > 0 else None
 
 
-def losses_by_cause(units: Iterable[Unit]) -> dict[str, dict[str, float]]:
-    """Training gangs' GPU-hours lost, by cause then by loss category (non-zero entries only)."""
-    out: dict[str, dict[str, float]] = {}
-    for u in units:
-        if u.kind is not UnitKind.GANG:
-            continue
-        for (cause, loss), seconds in u.by_cause.items():
-            if seconds > 0:
-                per = out.setdefault(cause, {})
-                per[loss.value] = per.get(loss.value, 0.0) + seconds * u.gpus / 3600
-    return {cause: dict(sorted(per.items())) for cause, per in sorted(out.items())}
+def losses_by_cause(units: Iterable[Unit]) -> LossByCause:
+    """Training gangs' GPU-hours lost, by cause then by loss category (non-zero entries only): the table the
+    controller's records make too (``devheal.model.badput``)."""
+    return badput.losses_by_cause(
+        (cause, loss.value, gpu_hours(seconds, u.gpus))
+        for u in units
+        if u.kind is UnitKind.GANG
+        for (cause, loss), seconds in u.by_cause.items()
+    )
 
 
-def mean_by_cause(results: Sequence[StrategyResult]) -> dict[str, dict[str, float]]:
+def mean_by_cause(results: Sequence[StrategyResult]) -> LossByCause:
     """``training_loss_by_cause`` averaged over runs (a cause absent from a run counts as 0 there)."""
-    out: dict[str, dict[str, float]] = {}
-    for r in results:
-        for cause, per in r.training_loss_by_cause.items():
-            into = out.setdefault(cause, {})
-            for loss, hours in per.items():
-                into[loss] = into.get(loss, 0.0) + hours / len(results)
-    return {cause: dict(sorted(per.items())) for cause, per in sorted(out.items())}
+    return badput.mean_by_cause([r.training_loss_by_cause for r in results])
 
 
 @dataclass(frozen=True)

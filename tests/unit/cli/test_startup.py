@@ -23,6 +23,7 @@ HELP = [
     ["controller"],
     ["agent"],
     ["simulate"],
+    ["report"],
     ["launch"],
     ["features"],
     ["demo"],

@@ -204,6 +204,8 @@ def test_manifests_are_fresh_copies() -> None:
                 ("Action", ".spec.action"),
                 ("Phase", ".status.phase"),
                 ("Reason", ".status.reason"),
+                ("Lost GPU-h", ".status.badput.gpuHours"),
+                ("Cause", ".status.badput.cause"),
                 ("Age", ".metadata.creationTimestamp"),
             ],
         ),

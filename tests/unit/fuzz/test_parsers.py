@@ -22,6 +22,8 @@ The parsers (``grep -rn "def parse_\\|def project_" src``), what they read, thei
   ``tests/unit/shell/controller/test_projections_input.py``.
 - ``controller.dra_projections.project_resource_slice``, ``project_device_taint_rule`` (``ProjectionError``):
   here.
+- ``model.badput.Badput.from_status``: a Remediation's ``status.badput`` (``BadputError``): here, and
+  ``tests/unit/model/test_badput.py``.
 - ``controller.gangs.recorded_restart``: a gang restart's notes on its Remediation (``InvalidGeneration``): here.
 - ``agent.classification.parse_classification``, ``merge_tables`` (``ClassificationError``):
   ``tests/unit/agent/test_classification_input.py``; ``load_classification`` of an override file's text
@@ -55,6 +57,7 @@ from devheal.controller.projections import (
 )
 from devheal.controller.records import remediation_body
 from devheal.model import times
+from devheal.model.badput import Badput, BadputError
 from devheal.model.degradation_policy import parse_degradation, parse_repair
 from devheal.model.device_policy import parse_devices
 from devheal.model.dra import parse_claim_entry, parse_device_id
@@ -125,6 +128,31 @@ def test_a_step_report_is_sane_or_refused_with_a_reason(value: Any) -> None:
     assert all(v is None or math.isfinite(v) for v in (report.p50, report.last, report.run))
     pod = project_pod({"metadata": {"namespace": "ml", "name": "p", "annotations": {STEPS_ANNOTATION: value}}})
     assert pod.steps == report
+
+
+# ---- a Remediation's badput ---------------------------------------------------------------------
+
+BADPUT = {
+    "cause": ("faulty-gpu", "network", "other"),
+    "gpus": (1, 8, 4096),
+    "since": ("2026-01-01T00:00:00Z", "2026-01-01T00:00:00.250000Z"),
+    "until": ("2026-01-01T00:10:00Z", "2026-01-02T00:00:00.000001Z"),
+    "gpuHours": (0.0, 1.5),
+    "losses": {"awaiting-remediation": (0.0, 0.25), "restart": (1.0, 1234.5)},
+}
+
+
+@FUZZ
+@given(st.one_of(shaped(BADPUT), json_values()))
+def test_a_status_badput_reads_back_sanely_or_is_refused_naming_the_field(value: Any) -> None:
+    try:
+        badput = Badput.from_status(value)
+    except BadputError as exc:
+        assert str(exc).startswith("status.badput") and len(str(exc)) < 1000
+        return
+    assert badput.gpus >= 1 and badput.until >= badput.since
+    assert all(math.isfinite(h) and h >= 0 for h in badput.losses.values())
+    assert Badput.from_status(badput.to_status()).cause == badput.cause
 
 
 # ---- held failed runs ---------------------------------------------------------------------------
