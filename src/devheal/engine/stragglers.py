@@ -24,6 +24,10 @@ compute and before its collectives, the others have reported the step that rank 
 finished and wait for it in the collective. When no rank stands out, the whole gang restarts
 in place and nobody is replaced.
 
+A gang is also **stalled at its rendezvous** when no rank has stepped in its current run and
+a majority of its ranks reported reaching the rendezvous (``report_joined``) at least
+``stall.joinAfter`` ago while the others never did: those are named (``rendezvous_stall``).
+
 A gang's rank has **failed** (``RankFailed``) when its launcher holds a failed run of the
 pod's current generation (``devheal launch --hold-failed``: the training command exited by
 itself with a non-zero code; ``Pod.run_failure``) and no restart is under way. The finding
@@ -152,7 +156,7 @@ class StragglerTracker:
             for f in self._stragglers(view, members, rules, now, seen):
                 found.append(f)
                 slow[f.pod_uid] = rules.replaces
-            stalled = stall(members, rules, now)
+            stalled = stall(members, rules, now) or rendezvous_stall(members, rules, now)
             if stalled is not None:
                 found.append(stalled)
         found += failed_runs(view, policies, now)
@@ -277,6 +281,49 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
         pod=first.key,
         pod_uid=first.uid if culprit else "",
         device_ids=tuple(sorted({d.device_id for d in first.devices})) if culprit else (),
+    )
+
+
+def rendezvous_stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding | None:
+    """A ``GangStalled`` finding naming the ranks that never reached their gang's rendezvous in this run, while a
+    majority of the gang did at least ``stall.joinAfter`` ago and no rank has stepped since (None otherwise).
+
+    A rank behind a cut network starts again after a restart like the others, and its launcher still acknowledges
+    the restart (a pod's control traffic is not its data network), but it never reaches the rendezvous store its
+    peers connected to (``report_joined``): they wait for it, and no step is ever reported to judge a stall by.
+    Only a minority is named: when the rank that hosts the store is the one cut off, every other rank is missing
+    from it, and a majority missing says nothing about which rank is at fault."""
+    joined: list[tuple[Pod, float]] = []
+    missing: list[Pod] = []
+    for pod in members:
+        r = pod.steps
+        if pod.phase != "Running" or not pod.node or r is None or r.run is None or r.window > 0:
+            return None  # a rank not running, not reporting, or stepping in this run: not stuck at its rendezvous
+        if pod.restart_generation > pod.acknowledged_generation or holds_failed_run(pod):
+            return None  # a restart is under way, or a run failed (``failed_runs``)
+        if r.joined is not None and r.joined >= r.run:
+            joined.append((pod, r.joined))
+        else:
+            missing.append(pod)
+    if not joined or not missing or len(missing) >= len(joined):
+        return None
+    first_join = min(t for _, t in joined)
+    waited = now - first_join
+    if waited < rules.stall.join_after:
+        return None
+    culprit = sorted(missing, key=lambda p: p.key)[0]
+    others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return Finding(
+        kind=FindingKind.GANG_STALLED,
+        node=culprit.node,
+        sources=(FindingSource.STEP_TIMES,),
+        evidence=f"rank {culprit.key}{others} of gang {culprit.workload.key} never reached its rendezvous, "
+        f"{len(joined)} of {len(members)} ranks reached it {waited:.0f}s ago (limit {rules.stall.join_after:.0f}s) "
+        f"and no rank has stepped since",
+        since=first_join + rules.stall.join_after,
+        pod=culprit.key,
+        pod_uid=culprit.uid,
+        device_ids=tuple(sorted({d.device_id for d in culprit.devices})),
     )
 
 

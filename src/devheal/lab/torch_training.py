@@ -15,7 +15,8 @@ atomically; a step counts once every rank's file is there) and resumes from the 
 complete checkpoint when it starts, so a restarted gang loses only the steps since then. It
 reports each step to the launcher with ``devheal.launch.report_step`` as docs/stragglers.md
 asks: with DDP the forward pass, reported before the backward pass (where the all-reduce runs);
-with FSDP the whole step, since every phase of it waits on collectives. A lab fault that slows the rank's GPUs
+with FSDP the whole step, since every phase of it waits on collectives. Each run reports
+reaching the rendezvous store (``report_joined``) before it sets up gloo. A lab fault that slows the rank's GPUs
 (``DEVHEAL_LAB_DEVICES``/``DEVHEAL_LAB_POD``, ``devheal.lab.slowdown``) stretches its compute.
 
 Lab faults reach it as signals: SIGUSR1 exits with ``--device-error-exit-code`` (a loop that
@@ -43,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from devheal.lab.slowdown import PodSlowdown
-from devheal.launch import report_step
+from devheal.launch import report_joined, report_step
 
 SHAPES = ("ddp", "fsdp")
 
@@ -167,7 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR2, hang.arm)
     torch.set_num_threads(1)
     os.umask(0)  # the lab's ranks run as their nodes' users and share one checkpoint directory
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    timeout = datetime.timedelta(seconds=args.timeout)
+    # The rendezvous store first, then the report that this rank reached it: a rank whose network is cut never
+    # does, while its peers did (docs/stragglers.md). Rank 0 hosts the store and does not wait for the others here.
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0, timeout, wait_for_workers=False
+    )
+    report_joined()
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     events("joined")
     model = _wrap(_model(args.width, args.layers), args.shape)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

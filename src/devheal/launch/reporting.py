@@ -93,6 +93,30 @@ def _split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _launcher() -> tuple[str, int] | None:
+    """The launcher's step endpoint, or None outside a launcher or while reports are suspended after a failure."""
+    address = os.environ.get(ADDR_ENV)
+    if not address:
+        if not _state["told_absent"]:
+            _state["told_absent"] = True
+            log.debug("%s is not set (not run by devheal launch); step reports are dropped", ADDR_ENV)
+        return None
+    if time.monotonic() < float(_state["suspended_until"]):
+        return None
+    return _split_address(address)
+
+
+def _send(host: str, port: int, body: dict[str, object], what: str) -> None:
+    status = _connection.post(host, port, json.dumps(body).encode())
+    if status >= 300:
+        log.debug("launcher refused a %s: HTTP %s", what, status)
+
+
+def _failed(exc: Exception, what: str) -> None:
+    _state["suspended_until"] = time.monotonic() + BACKOFF_SECONDS
+    log.debug("%s failed (%s: %s); skipping reports for %.0fs", what, type(exc).__name__, exc, BACKOFF_SECONDS)
+
+
 def report_step(duration_seconds: float, step: int | None = None) -> None:
     """Report that one training step took ``duration_seconds`` (and, optionally, which step it was).
 
@@ -100,14 +124,8 @@ def report_step(duration_seconds: float, step: int | None = None) -> None:
     never raises, and does nothing outside a launcher.
     """
     try:
-        address = os.environ.get(ADDR_ENV)
-        if not address:
-            if not _state["told_absent"]:
-                _state["told_absent"] = True
-                log.debug("%s is not set (not run by devheal launch); step reports are dropped", ADDR_ENV)
-            return
-        now = time.monotonic()
-        if now < float(_state["suspended_until"]):
+        target = _launcher()
+        if target is None:
             return
         if isinstance(duration_seconds, bool) or not isinstance(duration_seconds, int | float):
             log.debug("step report dropped: duration %r is not a number", duration_seconds)
@@ -118,11 +136,22 @@ def report_step(duration_seconds: float, step: int | None = None) -> None:
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             log.debug("step number %r is not an integer; reporting the duration alone", step)
             step = None
-        host, port = _split_address(address)
-        body = json.dumps({"duration_seconds": float(duration_seconds), "step": step}).encode()
-        status = _connection.post(host, port, body)
-        if status >= 300:
-            log.debug("launcher refused a step report: HTTP %s", status)
+        _send(*target, {"duration_seconds": float(duration_seconds), "step": step}, "step report")
     except Exception as exc:
-        _state["suspended_until"] = time.monotonic() + BACKOFF_SECONDS
-        log.debug("step report failed (%s: %s); skipping reports for %.0fs", type(exc).__name__, exc, BACKOFF_SECONDS)
+        _failed(exc, "step report")
+
+
+def report_joined() -> None:
+    """Report that this rank reached its gang's rendezvous: call it once per run, when the rank has connected to
+    the rendezvous store (the ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``), before ``init_process_group``.
+
+    A rank whose peers reached the rendezvous while it never did (its network cut, its node's fabric down) is
+    then named when its gang stalls at a restart (docs/stragglers.md). Never raises; does nothing outside a
+    launcher.
+    """
+    try:
+        target = _launcher()
+        if target is not None:
+            _send(*target, {"joined": True}, "rendezvous report")
+    except Exception as exc:
+        _failed(exc, "rendezvous report")

@@ -53,6 +53,8 @@ class StepStats:
     arrivals: deque[float] = field(default_factory=deque)
     run_started: float | None = None
     """When the current run of the training command started (monotonic seconds), if known."""
+    joined_at: float | None = None
+    """When the current run reported that it reached its gang's rendezvous (monotonic seconds), if it did."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -75,11 +77,17 @@ class StepStats:
         self.durations.append(float(duration_seconds))
         self.arrivals.append(now)
 
+    def joined(self, now: float) -> None:
+        """The current run reached its gang's rendezvous (the first report of it counts)."""
+        if self.joined_at is None:
+            self.joined_at = now
+
     def new_run(self, now: float | None = None) -> None:
         """The training command was restarted: forget the window (the figures describe this run), keep the totals."""
         self.durations.clear()
         self.arrivals.clear()
         self.run_started = now
+        self.joined_at = None
 
     def published(self, now: float, wall_now: float, window: int = PUBLISHED_WINDOW) -> StepReport:
         """What the launcher publishes on its pod: the median of the last ``window`` steps of this run, the
@@ -99,6 +107,7 @@ class StepStats:
             last=wall(self.last_report),
             run=wall(self.run_started),
             interval=percentile(gaps, 0.5) if gaps else None,
+            joined=wall(self.joined_at),
         )
 
     def steps_per_second(self) -> float | None:

@@ -52,6 +52,9 @@ class StepReport:
     run: float | None = None
     interval: float | None = None
     """Median seconds between reports (the gang's step, waits included); None when not known."""
+    joined: float | None = None
+    """When the current run's training process reported that it reached its gang's rendezvous (``report_joined``);
+    None when it has not (or does not report it)."""
 
     def to_annotation(self) -> str:
         """The annotation value the launcher writes (compact JSON, short floats)."""
@@ -62,6 +65,8 @@ class StepReport:
         body["last"] = None if self.last is None else round(self.last, 3)
         if self.run is not None:
             body["run"] = round(self.run, 3)
+        if self.joined is not None:
+            body["joined"] = round(self.joined, 3)
         return json.dumps(body, separators=(",", ":"))
 
 
@@ -101,6 +106,9 @@ def parse_step_report(text: object) -> tuple[StepReport | None, str]:
     run, why = _seconds(body, "run", MIN_TIMESTAMP, MAX_TIMESTAMP)
     if why:
         return None, why
+    joined, why = _seconds(body, "joined", MIN_TIMESTAMP, MAX_TIMESTAMP)
+    if why:
+        return None, why
     if window > 0 and p50 is None:
         return None, f"p50: null although window is {window}"
-    return StepReport(count=count, window=window, p50=p50, last=last, run=run, interval=interval), ""
+    return StepReport(count=count, window=window, p50=p50, last=last, run=run, interval=interval, joined=joined), ""

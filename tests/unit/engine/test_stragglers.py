@@ -8,7 +8,7 @@ import pytest
 
 from devheal.engine.decide import decide
 from devheal.engine.rounds import DecisionRound
-from devheal.engine.stragglers import StragglerTracker, _Streak, gangs, outlier_bound, stall
+from devheal.engine.stragglers import StragglerTracker, _Streak, gangs, outlier_bound, rendezvous_stall, stall
 from devheal.model.cluster import ClusterView, DeviceHealth, DeviceStatus, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import SUSPECT_FINDINGS, Action, Blocked, FindingKind, InFlight, Phase, TargetKind
@@ -307,6 +307,62 @@ def test_no_stall_while_a_rank_is_restarting_pending_or_has_no_step_in_its_run()
     fresh = replace(members[0], steps=StepReport(100, 0, None, t, EPOCH))  # restarted: no step in this run yet
     assert stall([fresh, *members[1:]], StragglerRules(), later) is None
     assert stall([replace(members[0], steps=None), *members[1:]], StragglerRules(), later) is None
+
+
+def at_rendezvous(joined: list[float | None], run: float) -> list[Pod]:
+    """Ranks of a run started at ``run`` that have not stepped yet; ``joined``: when each reached its rendezvous."""
+    return [
+        replace(p, steps=StepReport(100, 0, None, None, run, joined=j))
+        for p, j in zip(ranks([run] * len(joined)), joined, strict=True)
+    ]
+
+
+def test_a_rank_that_never_reaches_its_restarts_rendezvous_is_named_once_its_peers_waited_join_after() -> None:
+    """Measured with PyTorch: a rank behind a cut network started again with its gang, its launcher acknowledged
+    the restart, and it never connected to the rendezvous store its peers had; no rank ever stepped again."""
+    run = EPOCH + 1000
+    members = at_rendezvous([run + 5, None, run + 6, run + 5.5], run)
+    rules = StragglerRules()  # joinAfter 120 s
+    assert rendezvous_stall(members, rules, run + 124) is None
+    f = rendezvous_stall(members, rules, run + 125)
+    assert f is not None and f.kind is FindingKind.GANG_STALLED
+    assert (f.pod, f.pod_uid, f.node) == ("train/llm-1", "uid-llm-1", members[1].node)
+    assert "never reached its rendezvous" in f.evidence and "3 of 4 ranks" in f.evidence
+    assert f.since == run + 5 + 120
+
+
+def test_no_rank_is_named_at_a_rendezvous_a_majority_never_reached() -> None:
+    """The rank hosting the store cut off: it alone reports reaching it, and every other rank is missing."""
+    run = EPOCH + 1000
+    later = run + 1000
+    assert rendezvous_stall(at_rendezvous([run + 1, None, None, None], run), StragglerRules(), later) is None
+    assert rendezvous_stall(at_rendezvous([run + 1, None, run + 2, None], run), StragglerRules(), later) is None
+    assert rendezvous_stall(at_rendezvous([None, None, None, None], run), StragglerRules(), later) is None
+
+
+def test_a_rendezvous_is_not_judged_once_a_rank_steps_while_restarting_or_by_a_join_of_an_earlier_run() -> None:
+    run = EPOCH + 1000
+    later = run + 1000
+    members = at_rendezvous([run + 5, None, run + 6, run + 5.5], run)
+    stepping = replace(members[0], steps=StepReport(101, 1, 0.1, run + 7, run, joined=run + 5))
+    assert rendezvous_stall([stepping, *members[1:]], StragglerRules(), later) is None
+    restarting = replace(members[1], restart_generation=1)
+    assert rendezvous_stall([members[0], restarting, *members[2:]], StragglerRules(), later) is None
+    stale = replace(members[1], steps=StepReport(100, 0, None, None, run, joined=run - 50))  # joined the last run
+    f = rendezvous_stall([members[0], stale, *members[2:]], StragglerRules(), later)
+    assert f is not None and f.pod_uid == "uid-llm-1"
+
+
+def test_the_rank_missing_at_the_rendezvous_is_replaced_and_its_node_steered_away_from() -> None:
+    run = EPOCH + 1000
+    members = at_rendezvous([run + 5, None, run + 6, run + 5.5], run)
+    view = ClusterView(nodes=next(iter(GangStream(ranks=4).views(1))).nodes, pods={p.key: p for p in members})
+    policies = [straggler_policy(stall={"joinAfter": "30s"})]
+    findings = StragglerTracker().observe(view, policies, run + 40)
+    plan = decide(view, findings, policies, [], run + 40)
+    taint, restart = plan.actions
+    assert (taint.kind, taint.target) == (ActionKind.TAINT_DEGRADED, members[1].node)
+    assert (restart.kind, restart.cause) == (ActionKind.RESTART_GANG, "uid-llm-1")
 
 
 def stalled_view(last: list[float]) -> ClusterView:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from devheal.launch import reporting
-from devheal.launch.reporting import ADDR_ENV, report_step
+from devheal.launch.reporting import ADDR_ENV, report_joined, report_step
 from devheal.launch.steps import StepStats
 from devheal.launch.steps_server import StepsServer, parse_steps_address
 
@@ -50,6 +50,21 @@ async def test_reported_steps_are_aggregated_and_served(server: StepsServer, mon
     snap = await asyncio.to_thread(get_json, server.address)
     assert snap["count"] == 6 and snap["last_step"] == 4 and snap["generation"] == 4
     assert snap["mean_seconds"] == pytest.approx(0.35)
+
+
+async def test_a_run_reports_reaching_its_rendezvous(server: StepsServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ADDR_ENV, server.address)
+    assert server.stats.joined_at is None
+    await asyncio.to_thread(report_joined)
+    assert server.stats.joined_at is not None and server.stats.count == 0, "not a step"
+
+
+def test_reporting_the_rendezvous_without_a_launcher_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ADDR_ENV, raising=False)
+    report_joined()  # no launcher: nothing to tell, nothing raised
+    monkeypatch.setenv(ADDR_ENV, "127.0.0.1:1")  # nobody listening
+    report_joined()
+    assert reporting._state["suspended_until"] > 0
 
 
 async def test_bad_reports_are_dropped_client_side(server: StepsServer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -108,3 +108,14 @@ def test_the_published_interval_is_the_whole_step_when_the_rank_reports_only_its
         stats.record(0.1, i, 1.0 + 0.5 * i)
     report = stats.published(now=7.0, wall_now=1_900_000_007.0)
     assert (report.p50, report.interval) == (0.1, 0.5)
+
+
+def test_the_run_reached_its_rendezvous_is_published_once_and_forgotten_by_a_new_run() -> None:
+    stats = StepStats()
+    stats.new_run(100.0)
+    assert stats.published(now=101.0, wall_now=1_900_000_001.0).joined is None
+    stats.joined(103.0)
+    stats.joined(105.0)  # the first report of it counts
+    assert stats.published(now=106.0, wall_now=1_900_000_006.0).joined == 1_900_000_003.0
+    stats.new_run(110.0)
+    assert stats.published(now=111.0, wall_now=1_900_000_011.0).joined is None

@@ -24,6 +24,16 @@ def test_the_interval_between_reports_round_trips_and_is_optional() -> None:
     assert parse_step_report('{"count":5,"window":5,"p50":1,"interval":null}')[0] == StepReport(5, 5, 1.0, None)
 
 
+def test_when_the_run_reached_its_rendezvous_round_trips_and_is_optional() -> None:
+    report = StepReport(count=50, window=0, p50=None, last=None, run=T - 10, joined=T - 4)
+    text = report.to_annotation()
+    assert '"joined":1764586996.25' in text
+    assert parse_step_report(text) == (report, "")
+    assert '"joined"' not in StepReport(count=50, window=0, p50=None, last=None, run=T).to_annotation()
+    refused, why = parse_step_report('{"count":5,"window":0,"p50":null,"joined":"soon"}')
+    assert refused is None and why.startswith("joined: expected a finite number or null")
+
+
 def test_a_new_run_has_an_empty_window() -> None:
     report = StepReport(count=50, window=0, p50=None, last=T, run=T)
     assert parse_step_report(report.to_annotation()) == (report, "")
