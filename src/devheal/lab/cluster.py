@@ -362,6 +362,7 @@ class Lab:
             kubeconfig,
             port=state.ports[f"kubelet-server/{node.name}"],
             healthz_port=state.ports[f"kubelet/{node.name}"],
+            apiserver_port=state.ports["kube-apiserver"],
         )
         containerd = node.containerd_component()
         self._start(state, containerd, realnode.containerd_command(node), env=realnode.node_environment())
