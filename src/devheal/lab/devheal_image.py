@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import configparser
 import hashlib
+import importlib.util
 import json
 import re
 import shutil
@@ -421,6 +422,12 @@ def build_base_layer(
 def build_devheal_layer(project: Path, dest: Path, log: Path, progress: Progress) -> None:
     """The devheal wheel installed into the base layer's virtual environment, as a layer tar."""
     with tempfile.TemporaryDirectory(prefix="devheal-", dir=dest.parent) as tmp:
+        missing = [module for module in ("hatchling", "grpc_tools") if importlib.util.find_spec(module) is None]
+        if missing:
+            raise ImageError(
+                f"building the devheal wheel needs the build requirements in this Python ({sys.executable}): "
+                f"{', '.join(missing)} missing (pip install --require-hashes -r requirements-build.lock)"
+            )
         progress("building the devheal wheel (hatchling; its hook generates the gRPC code)")
         wheels = Path(tmp) / "dist"
         _run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(wheels)], log, "the wheel", project)
