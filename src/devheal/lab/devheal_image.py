@@ -484,6 +484,8 @@ def devheal_image(progress: Progress | None = None) -> ImageArchive:
     directory.mkdir(parents=True, exist_ok=True)
     with toolchain.build_lock(directory):
         log = directory / "build.log"
+        if log.is_file() and log.stat().st_size > 2**20:
+            log.unlink()  # the log of many builds: start again
         packages = resolve_packages(log, say)
         lock = project / "requirements-runtime.lock"
         base_key = content_key(
@@ -497,7 +499,8 @@ def devheal_image(progress: Progress | None = None) -> ImageArchive:
         archive = directory / f"devheal-{image_key}.tar"
         if archive.is_file():
             return ImageArchive(name, archive)
-        log.write_text(f"building {name}\n")
+        with log.open("a") as handle:
+            handle.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} building {name}\n")
         base = directory / f"base-{base_key}.tar"
         if not base.is_file():
             download(packages, directory / "debs", log, say)
