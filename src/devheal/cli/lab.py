@@ -46,6 +46,13 @@ inject_app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(inject_app, name="inject")
+image_app = typer.Typer(
+    help="The devheal image for the real nodes, built here from Debian's packages and the wheel.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    add_completion=False,
+)
+app.add_typer(image_app, name="image")
 
 LabDir = Annotated[
     Path | None,
@@ -303,3 +310,42 @@ def inject_node_ready(node: NodeOpt, directory: LabDir = None) -> None:
     except LabError as exc:
         raise _fail(exc) from exc
     out().print(f"{node}: Ready again")
+
+
+def _devheal_image() -> Any:
+    """Build (or find) the devheal image with progress on stderr; its archive."""
+    from devheal.lab import devheal_image
+
+    with err().status("devheal image") as status:
+        return devheal_image.devheal_image(lambda message: status.update(message))
+
+
+@image_app.command("build")
+def image_build() -> None:
+    """Build (or find cached) the devheal image archive for the current sources: Debian's Python 3.11, the
+    locked runtime dependencies and the wheel, non-root, for a read-only root file system. Prints the
+    image's name and the archive's path (a minute or two the first time, under a second when nothing changed)."""
+    from devheal.lab.images import ImageError
+
+    try:
+        image = _devheal_image()
+    except ImageError as exc:
+        raise _fail(exc) from exc
+    err().print(f"[green]built[/green] {image.path.stat().st_size / 2**20:.0f} MiB")
+    out().print(image.name)
+    out().print(str(image.path))
+
+
+@image_app.command("import")
+def image_import(directory: LabDir = None) -> None:
+    """Build (or find) the devheal image and import it into every real node of the running lab; prints its name."""
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.images import ImageError
+
+    try:
+        image = _devheal_image()
+        nodes = Lab(directory).import_image(image)
+    except (ImageError, LabError) as exc:
+        raise _fail(exc) from exc
+    err().print(f"imported into {', '.join(nodes)}")
+    out().print(image.name)

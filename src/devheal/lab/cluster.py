@@ -362,6 +362,7 @@ class Lab:
             kubeconfig,
             port=state.ports[f"kubelet-server/{node.name}"],
             healthz_port=state.ports[f"kubelet/{node.name}"],
+            apiserver_port=state.ports["kube-apiserver"],
         )
         containerd = node.containerd_component()
         self._start(state, containerd, realnode.containerd_command(node), env=realnode.node_environment())
@@ -391,6 +392,22 @@ class Lab:
             f"--http-port={state.ports[f'deviceplugin/{node.name}']}",
             f"--state-file={node.dir / 'gpus.json'}",
         ]
+
+    def import_image(self, image: images.ImageArchive) -> list[str]:
+        """Import ``image`` into every real node's containerd (pods then run it with ``imagePullPolicy: Never``);
+        return the nodes it went to. An image of the same name is replaced."""
+        state = self.state()
+        if state is None:
+            raise LabError(f"no lab is running in {self.dir} (start one with `devheal lab up`)")
+        nodes = state.real_nodes(self.dir)
+        if not nodes:
+            raise LabError(f"the lab in {self.dir} has no real nodes to import {image.name} into (--real-nodes K)")
+        for node in nodes:
+            pid = state.pids.get(node.containerd_component())
+            if pid is None or not self._running(pid):
+                raise LabError(f"{node.name}: containerd is not running, so {image.name} cannot be imported")
+            images.import_image(image, toolchain.node_binary("ctr"), node.containerd_socket)
+        return [node.name for node in nodes]
 
     def _real_node(self, node: str) -> tuple[LabState, RealNode]:
         state = self.state()

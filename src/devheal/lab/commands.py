@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from devheal.lab import toolchain
-from devheal.lab.pki import LabPki
+from devheal.lab.pki import SERVICE_CLUSTER_IP_RANGE, LabPki
 
 FEATURE_GATES = {
     "ResourceHealthStatus": True,
@@ -69,7 +69,7 @@ def apiserver(pki: LabPki, ports: dict[str, int]) -> list[str]:
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
-        "--service-cluster-ip-range=10.96.0.0/16",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--endpoint-reconciler-type=none",
         "--allow-privileged=true",
         "--profiling=false",

@@ -21,6 +21,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from devheal.lab import toolchain
 
@@ -91,16 +92,55 @@ def _digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def oci_archive(name: str, entries: list[Entry], config: dict[str, object]) -> tuple[str, bytes]:
-    """The OCI image layout archive of a one-layer image: (manifest digest, archive bytes)."""
-    layer = layer_tar(entries)
+def _file_digest(path: Path) -> str:
+    with path.open("rb") as handle:
+        return "sha256:" + hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def tree_layer(root: Path, out: BinaryIO) -> None:
+    """A reproducible layer of everything under ``root``: its files, directories and symbolic links
+    in path order, with their modes, owned by root at time 0 (hard links become separate files)."""
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(root.rglob("*"), key=lambda p: p.relative_to(root).as_posix()):
+            stat = path.lstat()
+            info = tarfile.TarInfo(path.relative_to(root).as_posix())
+            info.mode = stat.st_mode & 0o7777
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            if path.is_symlink():
+                info.type = tarfile.SYMTYPE
+                info.linkname = str(path.readlink())
+                tar.addfile(info)
+            elif path.is_dir():
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif path.is_file():
+                info.size = stat.st_size
+                with path.open("rb") as handle:
+                    tar.addfile(info, handle)
+            else:
+                raise ImageError(f"{path}: neither a file, a directory nor a symbolic link; a layer cannot hold it")
+
+
+Layer = bytes | Path
+"""A layer's uncompressed tar: in memory (small images) or in a file (large ones)."""
+
+
+def write_oci_archive(out: BinaryIO, name: str, layers: list[Layer], config: dict[str, object]) -> str:
+    """Write the OCI image layout archive of an image of ``layers`` (bottom first) to ``out``; return its
+    manifest digest. Layer files are streamed, never held in memory."""
+    described = [
+        (_digest(layer), len(layer)) if isinstance(layer, bytes) else (_file_digest(layer), layer.stat().st_size)
+        for layer in layers
+    ]
     image_config = json.dumps(
         {
             "architecture": go_arch(),
             "os": "linux",
             "config": config,
-            "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
-            "history": [{"created_by": "devheal.lab.images"}],
+            "rootfs": {"type": "layers", "diff_ids": [digest for digest, _ in described]},
+            "history": [{"created_by": "devheal.lab.images"}] * len(layers),
         },
         sort_keys=True,
     ).encode()
@@ -109,7 +149,7 @@ def oci_archive(name: str, entries: list[Entry], config: dict[str, object]) -> t
             "schemaVersion": 2,
             "mediaType": _MANIFEST,
             "config": {"mediaType": _CONFIG, "digest": _digest(image_config), "size": len(image_config)},
-            "layers": [{"mediaType": _LAYER, "digest": _digest(layer), "size": len(layer)}],
+            "layers": [{"mediaType": _LAYER, "digest": digest, "size": size} for digest, size in described],
         },
         sort_keys=True,
     ).encode()
@@ -132,10 +172,32 @@ def oci_archive(name: str, entries: list[Entry], config: dict[str, object]) -> t
         },
         sort_keys=True,
     ).encode()
-    files = [Entry("oci-layout", 0o644, b'{"imageLayoutVersion":"1.0.0"}'), Entry("index.json", 0o644, index)]
-    files += [Entry(f"blobs/sha256/{_digest(blob)[7:]}", 0o644, blob) for blob in (layer, image_config, manifest)]
-    dirs = [Entry("blobs"), Entry("blobs/sha256")]
-    return _digest(manifest), layer_tar(dirs + files)
+    blobs: dict[str, Layer] = {
+        f"blobs/sha256/{digest[7:]}": layer for (digest, _), layer in zip(described, layers, strict=True)
+    }
+    blobs |= {f"blobs/sha256/{_digest(blob)[7:]}": blob for blob in (image_config, manifest)}
+    blobs |= {"oci-layout": b'{"imageLayoutVersion":"1.0.0"}', "index.json": index}
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for directory in ("blobs", "blobs/sha256"):
+            tar.addfile(Entry(directory).tarinfo())
+        for path in sorted(blobs):
+            blob = blobs[path]
+            info = Entry(path, 0o644, b"").tarinfo()
+            if isinstance(blob, bytes):
+                info.size = len(blob)
+                tar.addfile(info, io.BytesIO(blob))
+            else:
+                info.size = blob.stat().st_size
+                with blob.open("rb") as handle:
+                    tar.addfile(info, handle)
+    return _digest(manifest)
+
+
+def oci_archive(name: str, entries: list[Entry], config: dict[str, object]) -> tuple[str, bytes]:
+    """The OCI image layout archive of a one-layer image: (manifest digest, archive bytes)."""
+    buffer = io.BytesIO()
+    digest = write_oci_archive(buffer, name, [layer_tar(entries)], config)
+    return digest, buffer.getvalue()
 
 
 def _store(name: str, entries: list[Entry], config: dict[str, object]) -> ImageArchive:

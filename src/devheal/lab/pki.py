@@ -20,6 +20,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
+"""The Services' virtual addresses (kube-apiserver's ``--service-cluster-ip-range``)."""
+
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+"""The ``kubernetes`` Service's ClusterIP (the range's first address): in the API server's serving
+certificate, and where a real node's pods reach the API server (devheal.lab.realnode)."""
+
 _VALID = datetime.timedelta(days=365)
 
 
@@ -89,7 +96,7 @@ class LabPki:
         serving_sans: list[x509.GeneralName] = [
             x509.DNSName(name) for name in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
         ]
-        serving_sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "10.96.0.1")]
+        serving_sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", KUBERNETES_SERVICE_IP)]
         key, cert = leaf("kube-apiserver", [], ExtendedKeyUsageOID.SERVER_AUTH, serving_sans)
         _write_key(self.serving_key, key)
         self.serving_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

@@ -12,7 +12,13 @@ Networking: each node has a Linux bridge with a /24 of its own in a 10.x.0.0/16 
 clear of the machine's routes; containerd's CNI (bridge + host-local + portmap; loopback for
 ``lo``) puts each pod in its own network namespace with an address from it, its default route
 through the bridge's address. No masquerading and no IP forwarding turned on: pod traffic reaches
-this machine and its pods, and goes nowhere else. Pods' cgroups live under a cgroup root per node
+this machine and its pods, and goes nowhere else. The ``kubernetes`` Service: one nat rule per
+node takes its pods' connections to the Service's ClusterIP (port 443) to the API server on
+127.0.0.1 (DNAT), which the bridge's own ``route_localnet`` lets through; both go with the node
+(the rule at teardown, the setting with the bridge). Not kube-proxy: the real nodes share this
+machine's network namespace, so a kube-proxy per node (or per lab, with labs side by side) would
+each claim the same KUBE-* chains, and it would want the API server off loopback, an endpoint
+reconciler and machine-wide settings; the pods need no other Service. Pods' cgroups live under a cgroup root per node
 (``/devheal-<lab id>-<node>`` in every hierarchy), so ``teardown`` finds every process and
 every cgroup a node made.
 """
@@ -24,6 +30,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -36,6 +43,7 @@ from typing import Any
 from devheal.lab import toolchain
 from devheal.lab.commands import FEATURE_GATES
 from devheal.lab.images import PAUSE_IMAGE
+from devheal.lab.pki import KUBERNETES_SERVICE_IP
 
 REAL_NODE_LABEL = "devheal.io/real-node"
 """Label (value ``true``) and NoSchedule taint key of every real node: the lab's simulated workloads
@@ -61,9 +69,11 @@ def check_machine() -> None:
     """Raise RealNodeError saying what is missing when real nodes cannot run on this machine."""
     if os.geteuid() != 0:
         raise RealNodeError("--real-nodes needs root: real nodes make network namespaces, cgroups and bridges")
-    missing = [tool for tool in ("unshare", "nsenter", "ip", "mount") if shutil.which(tool) is None]
+    missing = [tool for tool in ("unshare", "nsenter", "ip", "mount", "iptables") if shutil.which(tool) is None]
     if missing:
-        raise RealNodeError(f"--real-nodes needs {', '.join(missing)} on PATH (Debian: util-linux, iproute2, mount)")
+        raise RealNodeError(
+            f"--real-nodes needs {', '.join(missing)} on PATH (Debian: util-linux, iproute2, mount, iptables)"
+        )
     if not _hierarchies():
         raise RealNodeError(f"--real-nodes needs cgroups mounted under {CGROUP_ROOT}")
 
@@ -136,6 +146,11 @@ class RealNode:
     @property
     def cni_conf_dir(self) -> Path:
         return self.dir / "cni" / "net.d"
+
+    @property
+    def service_rule_comment(self) -> str:
+        """Marks the node's nat rule, so teardown finds it (also one a killed lab left)."""
+        return f"devheal-lab {lab_id(self.lab_dir)} {self.name}: kubernetes Service"
 
     def containerd_component(self) -> str:
         return f"containerd/{self.name}"
@@ -298,6 +313,20 @@ def kubelet_configuration(node: RealNode, ca_cert: Path, port: int, healthz_port
     }
 
 
+KUBERNETES_SERVICE_PORT = 443
+
+
+def kubernetes_service_rule(node: RealNode, apiserver_port: int) -> list[str]:
+    """The nat PREROUTING rule taking the node's pods' connections to the ``kubernetes`` Service to the API server."""
+    return [
+        "-i", node.bridge,
+        "-d", f"{KUBERNETES_SERVICE_IP}/32",
+        "-p", "tcp", "-m", "tcp", "--dport", str(KUBERNETES_SERVICE_PORT),
+        "-m", "comment", "--comment", node.service_rule_comment,
+        "-j", "DNAT", "--to-destination", f"127.0.0.1:{apiserver_port}",
+    ]  # fmt: skip
+
+
 def containerd_command(node: RealNode) -> list[str]:
     """containerd in a new private mount namespace, with the node's two fixed paths set up first."""
     return [
@@ -341,9 +370,10 @@ def node_environment() -> dict[str, str]:
 # ---- the machine's side ---------------------------------------------------------------------------
 
 
-def prepare(node: RealNode, ca_cert: Path, kubeconfig: str, port: int, healthz_port: int) -> None:
+def prepare(node: RealNode, ca_cert: Path, kubeconfig: str, port: int, healthz_port: int, apiserver_port: int) -> None:
     """Write the node's configuration and make what it needs on the machine: its cgroup root in every
-    hierarchy, its bridge with the gateway address, and the two mount points its namespace binds over."""
+    hierarchy, its bridge with the gateway address, the two mount points its namespace binds over, and
+    the way from its pods to the API server through the ``kubernetes`` Service."""
     import yaml
 
     # Every `up` is a fresh node, as it is a fresh cluster: no containers, images or addresses from an earlier run.
@@ -360,6 +390,7 @@ def prepare(node: RealNode, ca_cert: Path, kubeconfig: str, port: int, healthz_p
         path.mkdir(parents=True, exist_ok=True)
     _make_cgroup_root(node)
     _make_bridge(node)
+    _route_kubernetes_service(node, apiserver_port)
 
 
 def _hierarchies() -> list[Path]:
@@ -390,6 +421,40 @@ def _make_bridge(node: RealNode) -> None:
         _ip("link", "add", node.bridge, "type", "bridge")
     _ip("addr", "replace", f"{node.gateway}/{node.subnet.prefixlen}", "dev", node.bridge)
     _ip("link", "set", node.bridge, "up")
+
+
+def _iptables(*args: str) -> str:
+    proc = subprocess.run(["iptables", "-w", "5", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RealNodeError(f"`iptables {shlex.join(args)}` failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _route_kubernetes_service(node: RealNode, apiserver_port: int) -> None:
+    """Pods reach the API server, which listens on loopback, at the ``kubernetes`` Service's ClusterIP.
+
+    Routing to 127.0.0.1 from another interface is refused unless that interface allows it: the
+    bridge's own ``route_localnet`` (not the machine-wide one) does, for the bridge alone, and goes with it."""
+    _remove_service_rules(node)  # one a killed lab left with the same name
+    (Path("/proc/sys/net/ipv4/conf") / node.bridge / "route_localnet").write_text("1")
+    _iptables("-t", "nat", "-A", "PREROUTING", *kubernetes_service_rule(node, apiserver_port))
+
+
+def _remove_service_rules(node: RealNode) -> list[str]:
+    """Delete the node's nat rules (found by their comment); return those that could not be deleted."""
+    try:
+        listed = _iptables("-t", "nat", "-S", "PREROUTING")
+    except RealNodeError as exc:
+        return [f"{node.name}: iptables rules ({exc})"]
+    left = []
+    for line in listed.splitlines():
+        words = shlex.split(line)
+        if words[:2] == ["-A", "PREROUTING"] and node.service_rule_comment in words:
+            try:
+                _iptables("-t", "nat", "-D", "PREROUTING", *words[2:])
+            except RealNodeError as exc:
+                left.append(f"{node.name}: iptables rule {line!r} ({exc})")
+    return left
 
 
 def containerd_answers(node: RealNode) -> bool:
@@ -531,6 +596,7 @@ def teardown(node: RealNode, mount_ns: str, kubelet_pid: int | None, containerd_
         except OSError as exc:
             leftover.append(f"{node.name}: cgroup {path} ({exc.strerror})")
     leftover += _remove_bridge(node)
+    leftover += _remove_service_rules(node)
     return leftover
 
 

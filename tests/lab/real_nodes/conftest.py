@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.lab import images, realnode, toolchain
+from devheal.lab import devheal_image, images, realnode, toolchain
 from devheal.lab.cluster import Lab, LabSpec
 
 REAL_NODES = 1
@@ -56,6 +56,14 @@ def real_lab() -> Iterator[Lab]:
         yield lab
     finally:
         lab.down()
+
+
+@pytest.fixture(scope="package")
+def devheal_image_name(real_lab: Lab) -> str:
+    """The devheal image, built from the sources (a minute or two the first time) and imported into the real node."""
+    image = devheal_image.devheal_image()
+    real_lab.import_image(image)
+    return image.name
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """What a lab could leave behind on this machine, read from /proc, /sys and ``ip``/``iptables``:
-namespaces, network links, iptables rules, and the settings kubelet changes when it starts."""
+namespaces, network links, iptables rules, the settings kubelet changes when it starts, and the
+machine's routing settings."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ def _iptables() -> str:
     return "\n".join(lines)
 
 
+ROUTING_SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet", "net/ipv4/conf/default/route_localnet")
+"""Machine-wide settings a way to the `kubernetes` Service could change (kube-proxy does): the lab must not."""
+
+
 @dataclass(frozen=True)
 class HostState:
     net_namespaces: frozenset[str]
@@ -49,7 +54,8 @@ class HostState:
 
     @staticmethod
     def read() -> HostState:
-        sysctls = tuple((name, (Path("/proc/sys") / name).read_text().strip()) for name in KUBELET_SYSCTLS)
+        names = (*KUBELET_SYSCTLS, *ROUTING_SYSCTLS)
+        sysctls = tuple((name, (Path("/proc/sys") / name).read_text().strip()) for name in names)
         return HostState(_namespaces("net"), _namespaces("mnt"), _links(), _iptables(), sysctls)
 
 

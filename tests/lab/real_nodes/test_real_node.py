@@ -22,7 +22,7 @@ from devheal.lab.nodesim.nodes import node_name
 from devheal.model.cluster import GPU_RESOURCE
 
 from .conftest import GPUS_PER_NODE, REAL_NODES, SIMULATED_NODES, real_node_support, until
-from .host_state import HostState, NodeTraces, cgroups_named, lab_mounts, lab_processes
+from .host_state import ROUTING_SYSCTLS, HostState, NodeTraces, cgroups_named, lab_mounts, lab_processes
 
 REAL_NODE = node_name(SIMULATED_NODES)
 
@@ -155,7 +155,7 @@ async def test_a_stopped_kubelet_turns_its_node_unknown_through_the_real_node_li
     await until("the GPUs are allocatable again", all_gpus)
 
 
-async def test_down_with_a_pod_running_leaves_no_process_mount_namespace_link_cgroup_or_rule() -> None:
+async def test_down_with_a_pod_running_leaves_no_process_mount_namespace_link_cgroup_rule_or_setting() -> None:
     reason = real_node_support()
     if reason:
         pytest.skip(reason)
@@ -178,6 +178,11 @@ async def test_down_with_a_pod_running_leaves_no_process_mount_namespace_link_cg
         assert ours.net_namespaces, "the pod has a network namespace of its own"
         assert set(ours.still_there(HostState.read())) == {"mount namespaces", "links", "network namespaces"}
         assert cgroups_named(node.cgroup_root.lstrip("/"))
+        running = HostState.read()
+        assert node.service_rule_comment in running.iptables, "the pods' way to the kubernetes Service"
+        assert Path(f"/proc/sys/net/ipv4/conf/{node.bridge}/route_localnet").read_text().strip() == "1"
+        routing = [(name, value) for name, value in running.sysctls if name in ROUTING_SYSCTLS]
+        assert routing == [(name, value) for name, value in before.sysctls if name in ROUTING_SYSCTLS]
     finally:
         lab.down()
     assert lab_processes(lab.dir) == []

@@ -19,6 +19,8 @@ import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 
+from devheal.lab.devheal_image import VENV, image_config
+
 REPO = Path(__file__).resolve().parents[3]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 IMAGE_USER = "65532"
@@ -209,3 +211,19 @@ def test_hadolint_finds_nothing() -> None:
         [str(hadolint), "--no-color", "Dockerfile"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_labs_devheal_image_has_the_final_stages_runtime_settings() -> None:
+    """devheal.lab.devheal_image builds the image without Docker: the same user, entry point and environment."""
+    config = image_config("3.11")
+    env = dict(pair.split("=", 1) for args in _final("ENV") for pair in args.split())
+    lab_env = dict(str(item).split("=", 1) for item in config["Env"])  # type: ignore[attr-defined]
+    for name, value in env.items():
+        if name == "PATH":
+            assert value == "/opt/devheal/bin:$PATH" and lab_env[name].startswith(f"{VENV}/bin:"), lab_env[name]
+        elif not name.startswith("PIP_"):  # no pip in either runtime
+            assert lab_env.get(name) == value, f"the lab's image: {name}={lab_env.get(name)}, Dockerfile: {value}"
+    assert config["User"] == _final("USER")[-1]
+    assert config["WorkingDir"] == _final("WORKDIR")[-1]
+    assert config["Entrypoint"] == json.loads(_final("ENTRYPOINT")[-1])
+    assert config["Cmd"] == json.loads(_final("CMD")[-1])

@@ -1,0 +1,98 @@
+"""The devheal image, built here from Debian's packages and the wheel, runs on a real node as the Dockerfile's
+image does: its entry point is `devheal`, its user is not root, and it works on a read-only root file system."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from devheal.kube.client import KubeClient, api_path
+from devheal.lab import realnode, toolchain
+from devheal.lab.cluster import Lab
+
+# The fixtures may build the real nodes' binaries (minutes, once) and the image (a minute or two, once).
+pytestmark = pytest.mark.timeout(1800)
+
+PROBE = """
+import errno, json, os, sys
+try:
+    open("/opt/devheal/written", "w")
+    write = "written"
+except OSError as exc:
+    write = errno.errorcode[exc.errno]
+import devheal.cli.app
+report = {"uid": os.getuid(), "gid": os.getgid(), "write": write, "executable": sys.executable,
+          "home": os.environ["HOME"], "bytecode": sys.dont_write_bytecode}
+open("/dev/termination-log", "w").write(json.dumps(report))
+"""
+
+
+def _hardened(name: str, image: str, command: list[str] | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "Never",
+        "securityContext": {
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if command:
+        container["command"] = command
+    return container
+
+
+async def _finished(kube: KubeClient, namespace: str, name: str, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    pod: Any = {}
+    while time.monotonic() < deadline:
+        pod = await kube.get(api_path("v1", "pods", namespace=namespace, name=name))
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            return pod
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"pod {namespace}/{name} did not finish: {pod.get('status')}")
+
+
+async def test_the_image_runs_devheal_as_non_root_on_a_read_only_root_file_system(
+    real_lab: Lab, real_kube: KubeClient, real_namespace: str, devheal_image_name: str
+) -> None:
+    pod = {
+        "metadata": {"name": "devheal-image"},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+            "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+            # No runAsUser: kubelet checks the image's own user (65532) is not root.
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                _hardened("help", devheal_image_name),  # the image's ENTRYPOINT and CMD: `devheal --help`
+                _hardened("probe", devheal_image_name, ["python", "-c", PROBE]),
+            ],
+        },
+    }
+    await real_kube.create(api_path("v1", "pods", namespace=real_namespace), pod)
+    done = await _finished(real_kube, real_namespace, "devheal-image")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    states = {s["name"]: s["state"]["terminated"] for s in done["status"]["containerStatuses"]}
+    assert {name: state["exitCode"] for name, state in states.items()} == {"help": 0, "probe": 0}
+    assert json.loads(states["probe"]["message"]) == {
+        "uid": 65532,
+        "gid": 65532,
+        "write": "EROFS",
+        "executable": "/opt/devheal/bin/python",
+        "home": "/tmp",
+        "bytecode": True,
+    }
+    kubectl = [str(toolchain.binary("kubectl")), f"--kubeconfig={real_lab.kubeconfig}", "-n", real_namespace]
+    logs = await asyncio.create_subprocess_exec(
+        *kubectl, "logs", "devheal-image", "-c", "help", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    out, _ = await logs.communicate()
+    assert out.decode().startswith("Usage: devheal"), out.decode()
