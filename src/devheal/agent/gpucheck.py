@@ -30,17 +30,24 @@ from devheal.agent.nvml import NvmlBackend
 from devheal.agent.status import Availability, build_status
 from devheal.agent.telemetry import CLOCK_REASON_NAMES, DeviceReading, TelemetryUnavailable
 from devheal.model.cluster import DeviceHealth
+from devheal.model.recovery_action import RecoveryActionReading
 
 KUBELET_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 NO_GPU_EXIT = 2
+
+
+def _recovery(r: DeviceReading) -> str:
+    if r.recovery_action is None:
+        return "recovery action: not reported"
+    return f"recovery action: {RecoveryActionReading(r.recovery_action).describe()}"
 
 
 def _describe_reading(r: DeviceReading) -> str:
     if r.lost:
         return "LOST (NVML_ERROR_GPU_IS_LOST)"
     if r.reset_required:
-        return "RESET REQUIRED (NVML_ERROR_RESET_REQUIRED)"
-    parts = []
+        return f"RESET REQUIRED (NVML_ERROR_RESET_REQUIRED), {_recovery(r)}"
+    parts = [_recovery(r)]
     if r.temperature_c is not None:
         parts.append(f"{r.temperature_c:.0f} C")
     if r.power_w is not None:
@@ -130,6 +137,7 @@ async def _measure(
                 pods.availability if pods is not None else no_pods,
                 conditions,
                 now,
+                recovery_actions={u: r.recovery_action for u, r in readings.items() if r.recovery_action is not None},
             )
             conditions = status["conditions"]
             for info in inventory:
@@ -211,6 +219,9 @@ def run(args: argparse.Namespace, nvml: Any = None, out: TextIO = sys.stdout) ->
                     "remedy": assessment.remedy.value,
                     "reasons": [r.message for r in assessment.reasons],
                     "reading": _describe_reading(reading),
+                    "recoveryAction": None
+                    if reading.recovery_action is None
+                    else RecoveryActionReading(reading.recovery_action).to_status(),
                 }
             )
         if args.seconds > 0:

@@ -1,11 +1,15 @@
 """The NVML telemetry backend: what a real GPU node reports, through nvidia-ml-py (``pynvml``).
 
 - **Inventory** at start: index, UUID, name, PCI bus id of every GPU.
-- **Events** (XIDs, single- and double-bit ECC) arrive through an NVML event set, waited
-  on by a dedicated thread (``nvmlEventSetWait`` blocks), which feeds a queue and wakes
-  the agent, so an XID is handled at once rather than at the next poll.
-- **Readings** every sample: clock event (throttle) reasons, temperature, power and the
-  PCIe link (cheap calls); every ``slow_interval`` seconds, or at once after an ECC event:
+- **Events** (XIDs, single- and double-bit ECC, a changed recovery action) arrive
+  through an NVML event set, waited on by a dedicated thread (``nvmlEventSetWait``
+  blocks), which feeds a queue and wakes the agent, so an XID is handled at once rather
+  than at the next poll.
+- **Readings** every sample: NVML's recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``
+  through ``nvmlDeviceGetFieldValues``; absent where the driver or GPU does not report it, and
+  read first, so a GPU that requires a reset still says which action it wants), clock event
+  (throttle) reasons, temperature, power and the PCIe link (cheap calls); every
+  ``slow_interval`` seconds, or at once after an ECC event:
   ECC counters, remapped rows, retired pages, PCIe replays and NVLink error counters
   (costlier calls whose rules look at minutes, not seconds).
 
@@ -53,6 +57,8 @@ from devheal.agent.telemetry import (
     XidEvent,
     init_failure_reason,
 )
+from devheal.model.recovery_action import FIELD_ID
+from devheal.model.values import whole_number
 
 log = logging.getLogger("devheal.agent.nvml")
 
@@ -60,6 +66,11 @@ log = logging.getLogger("devheal.agent.nvml")
 _XID_EVENT = ("nvmlEventTypeXidCriticalError", 0x8)
 _SBE_EVENT = ("nvmlEventTypeSingleBitEccError", 0x1)
 _DBE_EVENT = ("nvmlEventTypeDoubleBitEccError", 0x2)
+_RECOVERY_EVENT = ("nvmlEventTypeGpuRecoveryAction", 0x8000)
+"""The recovery action changed: only wakes the agent, which reads it with the next sample."""
+_RECOVERY_FIELD = ("NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", FIELD_ID)
+_VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+"""``c_nvmlValue_t``'s members by ``NVML_VALUE_TYPE_*`` (0 double, 1 unsigned int, ... 6 unsigned short)."""
 
 _NVLINK_COUNTERS = (
     ("replay", "NVML_NVLINK_ERROR_DL_REPLAY", 0),
@@ -332,8 +343,10 @@ class NvmlBackend:
     def _start_events(self) -> None:
         nv = self._nv
         wanted = 0
-        for name, fallback in (_XID_EVENT, _SBE_EVENT, _DBE_EVENT):
+        for name, fallback in (_XID_EVENT, _SBE_EVENT, _DBE_EVENT, _RECOVERY_EVENT):
             wanted |= int(getattr(nv, name, fallback))
+        # Without the GPU's own list, only the events every driver knows: an older one refuses the rest.
+        known = wanted & ~int(getattr(nv, *_RECOVERY_EVENT))
         try:
             self._event_set = nv.nvmlEventSetCreate()
         except nv.NVMLError as exc:
@@ -346,7 +359,7 @@ class NvmlBackend:
             try:
                 supported = int(nv.nvmlDeviceGetSupportedEventTypes(dev.handle))
             except nv.NVMLError:
-                supported = wanted
+                supported = known
             try:
                 nv.nvmlDeviceRegisterEvents(dev.handle, wanted & supported, self._event_set)
             except nv.NVMLError as exc:
@@ -511,7 +524,9 @@ class NvmlBackend:
         if dev.placeholder:
             return DeviceReading(uuid, lost=True, errors=("the GPU could not be read at start",))
         errors: list[str] = []
+        recovery: int | None = None
         try:
+            recovery = self._recovery_action(dev, errors)
             clocks = self._call(dev, "nvmlDeviceGetCurrentClocksEventReasons", errors)
             if clocks is None:
                 clocks = self._call(dev, "nvmlDeviceGetCurrentClocksThrottleReasons", errors)
@@ -536,7 +551,7 @@ class NvmlBackend:
             return DeviceReading(uuid, lost=True, errors=(str(exc),))
         except _ResetRequired as exc:
             dev.slow_at = float("-inf")
-            return DeviceReading(uuid, reset_required=True, errors=(str(exc),))
+            return DeviceReading(uuid, reset_required=True, errors=(str(exc),), recovery_action=recovery)
         slow = dev.slow
         pcie = None
         if all(v is not None for v in link):
@@ -553,7 +568,41 @@ class NvmlBackend:
             temperature_c=None if temperature is None else float(temperature),
             power_w=None if power_mw is None else float(power_mw) / 1000.0,
             errors=tuple(errors),
+            recovery_action=recovery,
         )
+
+    def _recovery_action(self, dev: _Device, errors: list[str]) -> int | None:
+        """NVML's recovery action for the GPU (its number), None where the driver or the GPU does not report it.
+
+        ``nvmlDeviceGetFieldValues`` answers each field with a status of its own: an old driver that does not know
+        the field says INVALID_ARGUMENT or NOT_SUPPORTED for it (remembered: not asked again)."""
+        nv = self._nv
+        field_id = int(getattr(nv, *_RECOVERY_FIELD))
+        values = self._call(dev, "nvmlDeviceGetFieldValues", errors, (field_id,))
+        if not values:
+            return None
+        value = values[0]
+        status = int(getattr(value, "nvmlReturn", 0))
+        if status != 0:
+            unsupported = {
+                int(getattr(nv, "NVML_ERROR_NOT_SUPPORTED", 3)),
+                int(getattr(nv, "NVML_ERROR_INVALID_ARGUMENT", 2)),
+                int(getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)),
+            }
+            if status in unsupported:
+                dev.unsupported.add(("nvmlDeviceGetFieldValues", ((field_id,),)))  # ``_call``'s key
+            elif status not in (nv.NVML_ERROR_GPU_IS_LOST, getattr(nv, "NVML_ERROR_RESET_REQUIRED", 16)):
+                # A lost GPU or one that requires a reset shows in the calls that follow.
+                errors.append(f"nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): {nv.NVMLError(status)}")
+            return None
+        kind = int(getattr(value, "valueType", 1))
+        member = _VALUE_FIELDS[kind] if 0 <= kind < len(_VALUE_FIELDS) else "uiVal"
+        number = whole_number(getattr(value.value, member, None), maximum=2**32 - 1)
+        if number is None:
+            errors.append(
+                f"nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): unreadable value of type {kind}"
+            )
+        return number
 
     def _read_slow(self, dev: _Device, errors: list[str]) -> dict[str, Any]:
         nv = self._nv

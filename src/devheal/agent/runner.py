@@ -253,6 +253,9 @@ class NodeAgent:
             self.publisher.conditions,
             now,
             self.options.resource_name,
+            recovery_actions={
+                uuid: r.recovery_action for uuid, r in self.readings.items() if r.recovery_action is not None
+            },
         )
         # Metrics first: they show nothing older than what the API shows.
         if self.metrics is not None:

@@ -14,7 +14,10 @@ would give, so the agent's classification decides health exactly as on a GPU nod
   94, 95 leave a volatile double-bit ECC count; XID 63 a pending row remap; XID 64 a
   remap failure; any other hardware XID leaves the GPU requiring a reset;
 - a slowdown above 1.0 sets the HW_SLOWDOWN clock event reason;
-- ``recover`` clears all of that, as a GPU reset would (volatile counters start over).
+- the recovery action the lab set for the GPU (``recoveryAction``, NVML's number; the fault
+  ``recovery-action``) is NVML's ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (none for a lost GPU);
+- ``recover`` clears all of that, as a GPU reset would (volatile counters start over, and a
+  recovery action reads NONE).
 
 This module speaks HTTP itself: the agent does not depend on the lab's code.
 """
@@ -46,6 +49,7 @@ from devheal.agent.telemetry import (
     TelemetryUnavailable,
     XidEvent,
 )
+from devheal.model.values import whole_number
 
 log = logging.getLogger("devheal.agent.simulated")
 
@@ -271,10 +275,11 @@ def reading_from_simulated(dev: Mapping[str, Any]) -> DeviceReading:
     if health == "Unhealthy":
         match = _XID_IN_REASON.search(str(dev.get("reason") or ""))
         fault = int(match.group(1)) if match else None
+    recovery = whole_number(dev.get("recoveryAction"), maximum=2**32 - 1)
     if fault == 79:
         return DeviceReading(uuid, lost=True, errors=("GPU is lost",))
     if health == "Unhealthy" and fault not in DBE_XIDS and fault not in (63, 64):
-        return DeviceReading(uuid, reset_required=True, errors=("GPU requires restart",))
+        return DeviceReading(uuid, reset_required=True, errors=("GPU requires restart",), recovery_action=recovery)
     lifetime_dbe = sum(1 for code in xids if code in DBE_XIDS)
     return DeviceReading(
         uuid=uuid,
@@ -291,6 +296,7 @@ def reading_from_simulated(dev: Mapping[str, Any]) -> DeviceReading:
         nvlink=NvLinkErrors(),
         temperature_c=45.0 + 20.0 * min(1.0, slowdown - 1.0),
         power_w=round(350.0 / slowdown, 1),
+        recovery_action=recovery,
     )
 
 

@@ -2,10 +2,11 @@
 
 The shape follows ``devheal/crds/nodedevices.yaml``: one entry per device keyed by id
 (the GPU UUID, as the device plugin reports it), each with its reasons ordered so that
-the last is the current one (the controller reads it that way), the pod holding the
-device, and node-level counts, the worst reason and conditions. ``content_key`` is the
-status without the fields that change on every write (``updatedAt``, ``lastSeen``), so
-the publisher can write only when something a reader cares about changed.
+the last is the current one (the controller reads it that way), NVML's recovery action
+for it where the driver reports one, the pod holding the device, and node-level counts,
+the worst reason and conditions. ``content_key`` is the status without the fields that
+change on every write (``updatedAt``, ``lastSeen``), so the publisher can write only
+when something a reader cares about changed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from devheal.agent.health import DeviceAssessment, Reason
 from devheal.agent.telemetry import DeviceInfo
 from devheal.model.cluster import DRIVER_FAILURE_REASONS, GPU_RESOURCE, DeviceHealth
 from devheal.model.node_devices import NODE_CONDITION, Remedy
+from devheal.model.recovery_action import RecoveryActionReading
 from devheal.model.times import format_time
 
 Obj = dict[str, Any]
@@ -109,8 +111,10 @@ def build_status(
     previous_conditions: Sequence[Obj],
     now: float,
     default_resource: str = GPU_RESOURCE,
+    recovery_actions: Mapping[str, int] | None = None,
 ) -> Obj:
-    """The whole ``status`` of the node's NodeDevices object."""
+    """The whole ``status`` of the node's NodeDevices object. ``recovery_actions``: NVML's recovery action (its
+    number) per device that reports one, from the latest reading; left out while telemetry is unavailable."""
     devices: list[Obj] = []
     healthy = 0
     worst: Reason | None = None
@@ -130,6 +134,9 @@ def build_status(
             "health": health.value,
             "reasons": [_reason_obj(r) for r in reasons],
         }
+        action = (recovery_actions or {}).get(info.uuid) if telemetry.ok else None
+        if action is not None:
+            entry["recoveryAction"] = RecoveryActionReading(action).to_status()
         pod = holders.get(info.uuid)
         if pod is not None:
             entry["pod"] = {"namespace": pod.namespace, "name": pod.name, "container": pod.container}

@@ -148,6 +148,9 @@ class DeviceReading:
     power_w: float | None = None
     errors: tuple[str, ...] = ()
     """Reads that failed for another reason, e.g. ``nvmlDeviceGetPowerUsage: Unknown Error``."""
+    recovery_action: int | None = None
+    """NVML's recovery action for the GPU (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``), its raw number; None when
+    the driver or the GPU does not report it (``devheal.model.recovery_action``)."""
 
     def signals(self) -> dict[str, float]:
         """Named values for classification rules; signals this reading lacks are left out."""

@@ -268,6 +268,33 @@ def inject_recover(node: NodeOpt, gpu: GpuOpt, directory: LabDir = None) -> None
         raise _fail(exc) from exc
 
 
+@inject_app.command("recovery-action")
+def inject_recovery_action(
+    node: NodeOpt,
+    gpu: GpuOpt,
+    action: Annotated[
+        str,
+        typer.Option(
+            "--action",
+            help="NVML's recovery action: None, GPUReset, NodeReboot, DrainP2P, DrainAndReset, RecoverIMEXDomain, "
+            "BusReset, SystemReboot (or NVML's name or number); 'unset': the driver does not report it.",
+        ),
+    ],
+    directory: LabDir = None,
+) -> None:
+    """The GPU's driver reports this recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the agent reads it."""
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.faults import Faults
+
+    try:
+        result = Faults(Lab(directory)).recovery_action(node, gpu, None if action == "unset" else action)
+    except LabError as exc:
+        raise _fail(exc) from exc
+    _show(result, gpu)
+    reported = result["devices"][gpu].get("recoveryAction")
+    out().print(f"recovery action: {'not reported' if reported is None else reported}")
+
+
 @inject_app.command("plugin-restart")
 def inject_plugin_restart(
     node: NodeOpt,

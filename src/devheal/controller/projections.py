@@ -54,6 +54,7 @@ from devheal.model.plan import (
     TargetKind,
 )
 from devheal.model.policy import ActionKind
+from devheal.model.recovery_action import reported_recovery_action
 from devheal.model.run_failure import RUN_FAILURE_ANNOTATION, RunFailure, parse_run_failure
 from devheal.model.steps import STEPS_ANNOTATION, StepReport, parse_step_report
 from devheal.model.times import parse_time
@@ -372,6 +373,7 @@ def project_node_devices(obj: Obj) -> NodeDevicesReport:
                 pod=f"{pod.get('namespace')}/{pod.get('name')}" if pod.get("name") else "",
                 since=parse_time(worst.get("firstSeen")),
                 reasons=tuple(listed),
+                recovery_action=reported_recovery_action(dev.get("recoveryAction")),
             )
         )
     updated_text = status.get("updatedAt")

@@ -25,7 +25,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from devheal.engine import dra, infrastructure, node_signals
+from devheal.engine import dra, infrastructure, node_signals, recovery
 from devheal.engine.breaker import Breaker, gpu_nodes, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
@@ -197,13 +197,14 @@ def _supersedes(action: Action, in_flight: Sequence[InFlight]) -> bool:
 
 
 def escalation_step(
-    rules: NodeRules, node: str, epoch: int, in_flight: Sequence[InFlight], now: float
+    rules: NodeRules, node: str, epoch: int, in_flight: Sequence[InFlight], now: float, start: int = 0
 ) -> tuple[int, str]:
     """The rung of the node's remediation ladder to take now, and why when it is a step up.
 
-    The highest rung recorded for this episode stays while it is in progress within its
-    timeout (its record carries it on) or once it succeeded; the next rung is taken when it
-    failed or ran past its timeout; the last rung is never left.
+    ``start`` (the rung NVML's recovery action asks for, ``devheal.engine.recovery``) is the
+    episode's first rung. The highest rung recorded for this episode stays while it is in
+    progress within its timeout (its record carries it on) or once it succeeded; the next
+    rung is taken when it failed or ran past its timeout; the last rung is never left.
     """
     taken = [
         r
@@ -211,7 +212,7 @@ def escalation_step(
         if r.action is ActionKind.REMEDIATE_NODE and r.node == node and r.resume is not None and r.resume.epoch == epoch
     ]
     if not taken:
-        return 0, ""
+        return min(max(start, 0), max(len(rules.ladder) - 1, 0)), ""
     last = max(taken, key=lambda r: (r.resume.step if r.resume is not None else 0, r.started))
     step = last.resume.step if last.resume is not None else 0
     ladder = rules.ladder
@@ -308,11 +309,17 @@ def _candidate_actions(
             # GPU failed: one dead GPU is no reason to stop the pods on the healthy ones.
             held = now - f.since
             all_held = now - (f.all_failed_since if f.all_failed_since is not None else f.since)
+            # What NVML's recovery action asks of the failed GPUs: where the ladder starts, whether to drain first.
+            asked = recovery.requested(view.report(node.name, now), f.device_ids) if rules.ladder else ()
+            drain_first = recovery.drains_first(asked)
             if rules.ladder and f.node_idle and held >= rules.remediate_after:
-                step, why = escalation_step(rules, node.name, node.lifts, in_flight, now)
+                start = recovery.ladder_start(rules.ladder, asked)
+                step, why = escalation_step(rules, node.name, node.lifts, in_flight, now, start.step)
                 count = len(f.device_ids)
                 failed = "all GPUs" if f.all_devices_failed else f"{count} GPUs" if count > 1 else "a GPU"
                 waited = f"{failed} failed for {held:.0f}s (>= {rules.remediate_after:.0f}s), node idle"
+                if start.reason:
+                    waited += f"; {start.reason}"
                 out.append(
                     (
                         replace(
@@ -327,10 +334,17 @@ def _candidate_actions(
             elif (
                 rules.ladder
                 and rules.remediation is RemediationMode.DRAIN
-                and f.all_devices_failed
-                and all_held >= rules.remediate_after
+                and (
+                    (f.all_devices_failed and all_held >= rules.remediate_after)
+                    or (drain_first and held >= rules.remediate_after)
+                )
             ):
-                reason = f"all GPUs failed for {all_held:.0f}s; policy drains busy nodes"
+                if f.all_devices_failed and all_held >= rules.remediate_after:
+                    reason = f"all GPUs failed for {all_held:.0f}s; policy drains busy nodes"
+                    reason += f" ({drain_first})" if drain_first else ""
+                else:
+                    # Peer-to-peer traffic touches the node's other GPUs too: their pods go with it.
+                    reason = f"{drain_first}; policy drains busy nodes"
                 out.append((replace(base, kind=ActionKind.DRAIN, reason=reason), policy))
         elif f.kind is FindingKind.NODE_RECOVERED and node.owned and now - f.since >= rules.hold_down:
             hold_down = lift_hold_down(rules, node.name, in_flight, now)

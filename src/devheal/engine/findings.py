@@ -14,6 +14,10 @@ A node agent's report is a claim by that node, checked before it counts:
 - a report whose heartbeat is older than ``ClusterView.report_max_age`` is stale: it
   produces no finding, and its node is not clean either (``FindingTracker.unknown``),
   so nothing is lifted or ended on its word.
+
+On a node devheal quarantined (its taint or cordon), a device the agent still reports
+Unhealthy but whose NVML recovery action reads None no longer counts as failed
+(``devheal.engine.recovery.cleared``): the node can be clean, and lifted after the hold-down.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from devheal.engine import dra, infrastructure, node_signals, sharing
+from devheal.engine import dra, infrastructure, node_signals, recovery, sharing
 from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
 from devheal.model.cluster import ClusterView, DeviceHealth, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARKS
@@ -235,7 +239,11 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
     for node in view.nodes.values():
         failed = set(in_pod_status.get(node.name, ()))
         report = view.report(node.name, now)  # None when stale: its devices say nothing any more
-        if not failed and node.gap_since is None and (report is None or not report.unhealthy):
+        unhealthy = report.unhealthy if report is not None else ()
+        if unhealthy and node.owned - DEGRADED_MARKS:
+            # Quarantined by devheal: a device NVML says needs no action keeps it no longer (engine.recovery).
+            unhealthy = tuple(d for d in unhealthy if not recovery.cleared(d))
+        if not failed and node.gap_since is None and not unhealthy:
             continue  # no sign of trouble: skip the policy lookup (most nodes, every round)
         policy = policy_for_node(policies, node)
         if policy is None:
@@ -245,11 +253,11 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
         if failed:
             sources.append(FindingSource.POD_STATUS)
         since_candidates = []
-        if report is not None and report.unhealthy:
+        if unhealthy:
             own = dra.agent_dra_devices(view, node.name) if view.dra_devices else frozenset()
-            failed.update(d.device_id for d in report.unhealthy if d.device_id not in own)
+            failed.update(d.device_id for d in unhealthy if d.device_id not in own)
             sources.append(FindingSource.NODE_DEVICES)
-            since_candidates += [d.since for d in report.unhealthy if d.since is not None]
+            since_candidates += [d.since for d in unhealthy if d.since is not None]
         # A GPU the device plugin took away for an unknown XID is no failed GPU either.
         guessed = sum(1 for d in report.devices if only_unknown_xid(d)) if report is not None and node.gpu_gap else 0
         gap = max(0, node.gpu_gap - guessed)
@@ -263,6 +271,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
             sources.append(FindingSource.NODE_CAPACITY)
         idle = not any(p.active and p.gpu_request > 0 for p in pods)
         total = max(node.gpu_capacity, len(report.devices) if report is not None else 0)
+        asked = recovery.requested(report, failed)
         found.append(
             Finding(
                 kind=FindingKind.NODE_DEVICES_FAILED,
@@ -271,6 +280,7 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
                 evidence=(
                     f"{failed_count} of {total} GPUs failed; allocatable {node.gpu_allocatable}/{node.gpu_capacity}"
                     + ("; node idle" if idle else "; node busy")
+                    + (f"; NVML recovery action: {recovery.describe(asked)}" if asked else "")
                 ),
                 since=min(since_candidates) if since_candidates else now,
                 device_ids=tuple(sorted(failed)),
@@ -326,12 +336,20 @@ class FindingTracker:
             clean_since = self.node_clean_since.setdefault(name, now)
             # devheal's degraded taint has a recovery of its own (DegradationRecovered, devheal.engine.degradation).
             if node.owned - DEGRADED_MARKS and policy_for_node(policies, node) is not None:
+                report = view.report(name, now)
+                none = [d.device_id for d in report.unhealthy if recovery.cleared(d)] if report is not None else []
+                evidence = f"all {node.gpu_capacity} GPUs healthy since {now - clean_since:.0f}s"
+                if none:
+                    evidence = (
+                        f"no failed GPU since {now - clean_since:.0f}s: NVML's recovery action reads None "
+                        f"(no action needed) for {', '.join(none)}, still reported Unhealthy by the node agent"
+                    )
                 out.append(
                     Finding(
                         kind=FindingKind.NODE_RECOVERED,
                         node=name,
                         sources=(FindingSource.NODE_CAPACITY,),
-                        evidence=f"all {node.gpu_capacity} GPUs healthy since {now - clean_since:.0f}s",
+                        evidence=evidence,
                         since=clean_since,
                     )
                 )

@@ -15,6 +15,8 @@ from typing import Any
 
 from devheal.lab.sharing import Sharing
 from devheal.model.cluster import GPU_RESOURCE, DeviceHealth
+from devheal.model.recovery_action import NVML_NAMES, NVML_VALUES, UINT32_MAX
+from devheal.model.values import show, whole_number
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})
 """XIDs usually caused by the workload, not the device: counted, device stays healthy."""
@@ -77,6 +79,8 @@ class Device:
     slowdown: float = 1.0
     xids: list[XidRecord] = field(default_factory=list)
     holder: Holder | None = None
+    recovery_action: int | None = None
+    """NVML's recovery action (its number) the simulated driver reports; None: the field is not reported."""
 
     @property
     def allocatable(self) -> bool:
@@ -92,6 +96,7 @@ class Device:
             "reason": self.reason,
             "slowdown": self.slowdown,
             "xids": [{"code": x.code, "at": x.at, "message": x.message} for x in self.xids],
+            "recoveryAction": self.recovery_action,
             "holder": None
             if self.holder is None
             else {
@@ -107,6 +112,22 @@ class Device:
 def device_uuid(node: str, index: int) -> str:
     """A stable, realistic-looking GPU UUID (``GPU-<uuid>``) for a node's device index."""
     return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}.gpu{index}.devheal.lab"))
+
+
+def parse_recovery_action(value: object) -> int | None:
+    """A recovery action as a fault gives it -> NVML's number: the status's name (``GPUReset``), NVML's
+    (``NVML_GPU_RECOVERY_ACTION_GPU_RESET`` or ``GPU_RESET``), any number (a newer driver's too), or None (the
+    driver does not report the field); raises ValueError naming what is accepted."""
+    if value is None:
+        return None
+    number = whole_number(value, maximum=UINT32_MAX, text=True)
+    if number is not None:
+        return number
+    for known, action in NVML_VALUES.items():
+        if value in (action.value, action.name, NVML_NAMES[action]):
+            return known
+    names = ", ".join(a.value for a in NVML_VALUES.values())
+    raise ValueError(f"recovery action must be one of {names}, NVML's name or number, or null; got {show(value)}")
 
 
 MAX_XID_HISTORY = 64
@@ -254,6 +275,16 @@ class SimulatedNodeGpus:
         dev.health = Health.HEALTHY
         dev.reason = ""
         dev.slowdown = 1.0
+        if dev.recovery_action is not None:
+            dev.recovery_action = 0  # after a reset, a driver that reports the field says NONE
+        return changed
+
+    def set_recovery_action(self, index: int, value: object) -> bool:
+        """The simulated driver reports this recovery action for the GPU (``parse_recovery_action``)."""
+        dev = self.device(index)
+        action = parse_recovery_action(value)
+        changed = dev.recovery_action != action
+        dev.recovery_action = action
         return changed
 
     def restart_plugin(self, now: float, seconds: float) -> None:

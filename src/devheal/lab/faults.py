@@ -71,6 +71,12 @@ class Faults:
     def recover(self, node: str, gpu: int) -> dict[str, Any]:
         return self._fault(node, kind="recover", gpu=gpu)
 
+    def recovery_action(self, node: str, gpu: int, action: str | int | None) -> dict[str, Any]:
+        """The GPU's driver reports this NVML recovery action (``GPUReset``, ``NodeReboot``, ``None``, NVML's name
+        or number; None: the field is not reported), what the node agent's simulated backend reads. The GPU's
+        health is left as it is: inject the XID that broke it first."""
+        return self._fault(node, kind="recovery-action", gpu=gpu, action=action)
+
     def plugin_restart(self, node: str, seconds: float = 5.0) -> dict[str, Any]:
         """The device plugin goes away: capacity and allocatable drop to 0 for ``seconds``.
 

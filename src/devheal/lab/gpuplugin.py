@@ -29,13 +29,14 @@ from devheal.kubelet.deviceplugin import DevicePluginServer, PluginDevice
 from devheal.lab import devices as devmod
 from devheal.lab.devices import SimulatedNodeGpus
 from devheal.model.cluster import GPU_RESOURCE
+from devheal.model.values import whole_number
 
 log = logging.getLogger("devheal.lab.gpuplugin")
 
 ENDPOINT = "devheal-gpu.sock"
 """The plugin's socket in kubelet's device-plugin directory."""
 
-FAULT_KINDS = ("xid", "recover")
+FAULT_KINDS = ("xid", "recover", "recovery-action")
 """What this plugin can be told; the other faults of the node simulator do not reach real nodes yet."""
 
 
@@ -57,6 +58,7 @@ def load_health(gpus: SimulatedNodeGpus, state_file: Path) -> None:
             dev.xids = [
                 devmod.XidRecord(int(x["code"]), float(x["at"]), str(x["message"])) for x in dev_json.get("xids", [])
             ]
+            dev.recovery_action = whole_number(dev_json.get("recoveryAction"))
 
 
 class GpuPlugin:
@@ -90,6 +92,11 @@ class GpuPlugin:
             if not isinstance(code, int) or isinstance(code, bool) or code <= 0:
                 raise ValueError(f"code must be a positive XID number, got {code!r}")
             changed = self.gpus.inject_xid(gpu, code, time.time())
+        elif kind == "recovery-action":
+            # The agent reads it; kubelet's view (the plugin's devices) does not change.
+            if self.gpus.set_recovery_action(gpu, body.get("action")):
+                self.save()
+            return self.snapshot()
         else:
             changed = self.gpus.recover(gpu)
         if changed:

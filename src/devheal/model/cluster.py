@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from devheal.model.dra import DeviceQuarantine, SliceDevice
 from devheal.model.node_devices import Remedy
+from devheal.model.recovery_action import RecoveryActionReading
 from devheal.model.restarts import InPlaceRestart
 from devheal.model.run_failure import RunFailure
 from devheal.model.steps import StepReport
@@ -258,6 +259,8 @@ class ReportedDevice:
     since: float | None = None
     reasons: tuple[ReportedReason, ...] = ()
     """Every reason the agent gives, least severe first (the last is ``reason``/``code``/``since``)."""
+    recovery_action: RecoveryActionReading | None = None
+    """NVML's recovery action for the device (``recoveryAction``); None: not reported (an older agent or driver)."""
 
 
 @dataclass(frozen=True, slots=True)

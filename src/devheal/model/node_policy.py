@@ -3,8 +3,11 @@
 Its taint and cordon, when the node counts as failed, and how it is remediated: idle-only
 or by draining, through an external remediator's template (medik8s convention: a
 ``FooRemediationTemplate`` creates ``FooRemediation`` objects), or an ordered ladder of
-them (``escalation``), each rung with a timeout. Pure; the parsers take their caller's
-error class so their messages name the policy and the field (``devheal.model.policy``).
+them (``escalation``), each rung with a timeout and, optionally, the remedy its template carries out
+(``remedy``: ResetGPU, RebootNode, ReplaceHardware; medik8s's own kinds are known without it), so a
+ladder can start at the rung NVML's recovery action asks for (``devheal.engine.recovery``).
+Pure; the parsers take their caller's error class so their messages name the policy and the
+field (``devheal.model.policy``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from devheal.model import fields, times
+from devheal.model.node_devices import Remedy
 from devheal.model.values import show
 
 
@@ -35,12 +39,30 @@ class TemplateRef:
         return self.kind[: -len("Template")] if self.kind.endswith("Template") else self.kind
 
 
+RUNG_REMEDIES = (Remedy.RESET_GPU, Remedy.REBOOT_NODE, Remedy.REPLACE_HARDWARE)
+"""What a rung's template can do (``node.escalation[].remedy``), cheapest first."""
+
+KNOWN_TEMPLATE_REMEDIES = {
+    "SelfNodeRemediationTemplate": Remedy.REBOOT_NODE,
+    "FenceAgentsRemediationTemplate": Remedy.REBOOT_NODE,
+    "MachineDeletionRemediationTemplate": Remedy.REPLACE_HARDWARE,
+}
+"""medik8s's remediators, by template kind: what they do when a rung does not say (``remedy``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class EscalationStep:
     """One rung of a node's remediation ladder: a template, and how long it may take before the next rung."""
 
     template: TemplateRef
     timeout: float
+    remedy: Remedy | None = None
+    """``remedy``: what the template does (ResetGPU, RebootNode, ReplaceHardware); None: not said."""
+
+    @property
+    def does(self) -> Remedy | None:
+        """What the rung does: its ``remedy``, else what a known medik8s template kind does; None: unknown."""
+        return self.remedy if self.remedy is not None else KNOWN_TEMPLATE_REMEDIES.get(self.template.kind)
 
 
 DEFAULT_ESCALATION_TIMEOUT = 1800.0
@@ -92,14 +114,17 @@ def parse_escalation(value: Any, where: str, error: type[ValueError]) -> tuple[E
     steps = []
     for i, item in enumerate(value):
         at = f"{where}[{i}]"
-        spec = fields.mapping(item, at, error, fields=("template", "timeout"))
+        spec = fields.mapping(item, at, error, fields=("template", "timeout", "remedy"))
         template = parse_template(spec.get("template"), f"{at}.template", error)
         if template is None:
             raise error(f"{at}.template: required")
         timeout = times.parse_duration(spec.get("timeout", "30m"), f"{at}.timeout", error=error)
         if timeout <= 0:
             raise error(f"{at}.timeout: must be more than 0s")
-        steps.append(EscalationStep(template, timeout))
+        remedy = spec.get("remedy")
+        if remedy is not None:
+            remedy = fields.choice(remedy, Remedy, None, f"{at}.remedy", error, options=RUNG_REMEDIES)
+        steps.append(EscalationStep(template, timeout, remedy))
     kinds = [(s.template.api_version, s.template.kind) for s in steps]
     if len(set(kinds)) != len(kinds):
         # Each rung's object is named after the node: two rungs of one kind would be the same object.

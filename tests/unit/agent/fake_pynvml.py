@@ -1,7 +1,7 @@
 """A fake ``pynvml`` for the NVML backend's tests: the real module's names, constants and call signatures.
 
 Each fake GPU holds the values NVML would report; tests change them, inject events
-(``FakeNvml.xid``) or make a GPU fall off the bus (``gpu.lost = True``: every call on it
+(``FakeNvml.xid``, ``FakeNvml.recovery_action``) or make a GPU fall off the bus (``gpu.lost = True``: every call on it
 raises ``NVMLError(NVML_ERROR_GPU_IS_LOST)``, as the real library does). A call can hang
 as in a driver in trouble (``FakeNvml.hang(name)``: it blocks until ``FakeNvml.unhang()``).
 ``test_fake_matches_the_real_module`` checks the signatures against the installed pynvml.
@@ -43,10 +43,21 @@ NVML_NVLINK_ERROR_DL_REPLAY = 0
 NVML_NVLINK_ERROR_DL_RECOVERY = 1
 NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
 NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_GPU_RECOVERY_ACTION_NONE = 0
+NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
+NVML_GPU_RECOVERY_ACTION_NODE_REBOOT = 2
+NVML_GPU_RECOVERY_ACTION_DRAIN_P2P = 3
+NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET = 4
+NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN = 5
+NVML_GPU_RECOVERY_ACTION_BUS_RESET = 6
+NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT = 7
 
 nvmlEventTypeSingleBitEccError = 0x1
 nvmlEventTypeDoubleBitEccError = 0x2
 nvmlEventTypeXidCriticalError = 0x8
+nvmlEventTypeGpuRecoveryAction = 0x8000
 nvmlClocksEventReasonSwPowerCap = 0x4
 nvmlClocksEventReasonHwSlowdown = 0x8
 
@@ -113,6 +124,8 @@ class FakeGpu:
     unsupported: set[str] = field(default_factory=set)
     failing: dict[str, int] = field(default_factory=dict)
     """Calls that fail with the given NVML error code."""
+    recovery_action: int | None = NVML_GPU_RECOVERY_ACTION_NONE
+    """``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``; None: the driver answers the field NOT_SUPPORTED (an older one)."""
 
 
 class FakeNvml:
@@ -142,6 +155,11 @@ class FakeNvml:
 
     def xid(self, gpu: FakeGpu, code: int) -> None:
         self._events.put(EventData(gpu, nvmlEventTypeXidCriticalError, code))
+
+    def recovery_action(self, gpu: FakeGpu, action: int | None) -> None:
+        """The driver sets the GPU's recovery action and raises the event that says so."""
+        gpu.recovery_action = action
+        self._events.put(EventData(gpu, nvmlEventTypeGpuRecoveryAction, 0))
 
     def ecc_event(self, gpu: FakeGpu, double_bit: bool = True) -> None:
         kind = nvmlEventTypeDoubleBitEccError if double_bit else nvmlEventTypeSingleBitEccError
@@ -215,7 +233,12 @@ class FakeNvml:
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         self._gpu(handle, "nvmlDeviceGetSupportedEventTypes")
-        return nvmlEventTypeXidCriticalError | nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError
+        return (
+            nvmlEventTypeXidCriticalError
+            | nvmlEventTypeSingleBitEccError
+            | nvmlEventTypeDoubleBitEccError
+            | nvmlEventTypeGpuRecoveryAction
+        )
 
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
         self.registered[self._gpu(handle, "nvmlDeviceRegisterEvents").uuid] = eventTypes
@@ -279,6 +302,20 @@ class FakeNvml:
         if link >= gpu.nvlinks:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED if gpu.nvlinks == 0 else NVML_ERROR_INVALID_ARGUMENT)
         return 1
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Any) -> Any:
+        """The real module's answer: an array of its own ``c_nvmlFieldValue_t``, each with a status of its own."""
+        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for i, field_id in enumerate(fieldIds):
+            values[i].fieldId = field_id
+            if field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None:
+                values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+                values[i].value.uiVal = gpu.recovery_action
+                values[i].nvmlReturn = NVML_SUCCESS
+            else:
+                values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        return values
 
     def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int:
         return self._gpu(device, "nvmlDeviceGetNvLinkErrorCounter").nvlink_errors.get((link, counter), 0)

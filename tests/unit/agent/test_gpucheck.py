@@ -34,7 +34,7 @@ def test_no_gpu_or_driver_fails_with_a_clear_message() -> None:
 
 
 def test_inventory_health_and_overhead_with_a_fake_gpu(tmp_path: Path) -> None:
-    gpus = [FakeGpu(0, "GPU-0000"), FakeGpu(1, "GPU-1111", lost=False, pcie=(5, 8, 5, 16))]
+    gpus = [FakeGpu(0, "GPU-0000"), FakeGpu(1, "GPU-1111", lost=False, pcie=(5, 8, 5, 16), recovery_action=None)]
     nvml = FakeNvml(gpus)
     out = io.StringIO()
     report = tmp_path / "report.json"
@@ -46,8 +46,11 @@ def test_inventory_health_and_overhead_with_a_fake_gpu(tmp_path: Path) -> None:
     assert "GPU 0: GPU-0000  NVIDIA H100 80GB HBM3" in text
     assert "GPU 1: Degraded" in text and "PCIe link trained narrower" in text
     assert "% of one core; RSS" in text
+    assert "recovery action: None (NVML_GPU_RECOVERY_ACTION_NONE)" in text
+    assert "recovery action: not reported" in text, "GPU 1's driver does not report it"
     data = json.loads(report.read_text())
     assert [d["health"] for d in data["devices"]] == ["Healthy", "Degraded"]
+    assert [d.get("recoveryAction") for d in data["devices"]] == [{"action": "None", "value": 0}, None]
     assert data["overhead"]["rounds"] >= 2
     assert nvml.shutdowns == 1
 

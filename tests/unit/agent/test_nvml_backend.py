@@ -68,8 +68,10 @@ def test_inventory(backend: NvmlBackend) -> None:
     ]
 
 
-def test_registers_xid_and_ecc_events_and_waits_on_its_own_thread(nvml: FakeNvml, backend: NvmlBackend) -> None:
-    assert set(nvml.registered.values()) == {0x8 | 0x1 | 0x2}
+def test_registers_xid_ecc_and_recovery_action_events_and_waits_on_its_own_thread(
+    nvml: FakeNvml, backend: NvmlBackend
+) -> None:
+    assert set(nvml.registered.values()) == {0x8 | 0x1 | 0x2 | 0x8000}
     wait_for(lambda: nvml.calls["nvmlEventSetWait_v2"] > 0)
     assert nvml.wait_threads == {"nvml-events"}
 
@@ -245,3 +247,64 @@ def test_close_stops_the_thread_and_shuts_nvml_down(nvml: FakeNvml) -> None:
     assert nvml.shutdowns == 1 and nvml.event_sets_freed == 1
     b.close()
     assert nvml.shutdowns == 1, "closing twice is harmless"
+
+
+# ---- NVML's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) ------------------------------------------------
+
+
+def test_the_recovery_action_is_read_with_every_sample(nvml: FakeNvml, backend: NvmlBackend) -> None:
+    nvml.gpus[1].recovery_action = fake_pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+    first, second = backend.sample(1.0).readings
+    assert (first.recovery_action, second.recovery_action) == (0, 2)
+    assert first.errors == () and second.errors == ()
+    nvml.gpus[1].recovery_action = fake_pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+    assert backend.sample(2.0).readings[1].recovery_action == 0
+
+
+def test_a_changed_recovery_action_wakes_the_agent(nvml: FakeNvml, backend: NvmlBackend) -> None:
+    woke = threading.Event()
+    backend.set_wakeup(woke.set)
+    nvml.recovery_action(nvml.gpus[0], fake_pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
+    assert woke.wait(2.0)
+    sample = backend.sample(1.0)
+    assert sample.events == (), "no XID: the action is read, not an event of its own"
+    assert sample.readings[0].recovery_action == 1
+
+
+def test_a_number_this_version_does_not_know_is_kept(nvml: FakeNvml, backend: NvmlBackend) -> None:
+    nvml.gpus[0].recovery_action = 42
+    assert backend.sample(1.0).readings[0].recovery_action == 42
+
+
+def test_a_driver_without_the_field_reports_no_recovery_action_and_is_not_asked_again(
+    nvml: FakeNvml, backend: NvmlBackend
+) -> None:
+    nvml.gpus[0].recovery_action = None  # the field answers NOT_SUPPORTED
+    nvml.gpus[1].unsupported = {"nvmlDeviceGetFieldValues"}  # the whole call is not supported
+    before = nvml.calls["nvmlDeviceGetFieldValues"]
+    for t in range(3):
+        first, second = backend.sample(float(t)).readings
+        assert first.recovery_action is None and second.recovery_action is None
+        assert first.errors == () and second.errors == ()
+    assert nvml.calls["nvmlDeviceGetFieldValues"] == before + 2, "each GPU asked once"
+
+
+def test_a_gpu_that_requires_a_reset_still_says_which_action_it_wants(nvml: FakeNvml, backend: NvmlBackend) -> None:
+    gpu = nvml.gpus[1]
+    gpu.recovery_action = fake_pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET
+    gpu.failing = {"nvmlDeviceGetCurrentClocksEventReasons": fake_pynvml.NVML_ERROR_RESET_REQUIRED}
+    (_, r) = backend.sample(1.0).readings
+    assert r.reset_required and r.recovery_action == 4
+
+
+def test_a_lost_gpu_has_no_recovery_action(nvml: FakeNvml, backend: NvmlBackend) -> None:
+    nvml.gpus[0].lost = True
+    (r, _) = backend.sample(1.0).readings
+    assert r.lost and r.recovery_action is None
+
+
+def test_a_failed_read_of_the_field_is_an_error_of_the_reading(nvml: FakeNvml, backend: NvmlBackend) -> None:
+    nvml.gpus[0].failing = {"nvmlDeviceGetFieldValues": fake_pynvml.NVML_ERROR_UNKNOWN}
+    (r, _) = backend.sample(1.0).readings
+    assert r.recovery_action is None
+    assert r.errors == ("nvmlDeviceGetFieldValues: Unknown Error",)

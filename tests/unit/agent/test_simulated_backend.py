@@ -8,15 +8,21 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from devheal.agent.classification import load_classification
 from devheal.agent.health import DeviceHealthTracker
+from devheal.agent.publisher import node_devices_path
+from devheal.agent.runner import AgentOptions, ClassificationSource, NodeAgent
 from devheal.agent.simulated import LabDeviceFeed, SimulatedBackend, reading_from_simulated
 from devheal.agent.telemetry import CLOCK_HW_SLOWDOWN, TelemetryUnavailable
+from devheal.kube.client import KubeClient
+from devheal.lab.devices import SimulatedNodeGpus
 from devheal.model.cluster import DeviceHealth
+
+from .fake_kube import FakeKube
 
 
 def sim_device(index: int = 0, **changes: Any) -> dict[str, Any]:
@@ -241,3 +247,60 @@ def test_with_the_state_file_the_feed_reads_only_after_a_change(sim: FakeSimulat
         assert len(sim.requests) == reads, "no further change, no further request"
     finally:
         feed.stop()
+
+
+# ---- NVML's recovery action, as the lab sets it -----------------------------------------------------------------
+
+
+def lab_gpus() -> SimulatedNodeGpus:
+    return SimulatedNodeGpus.create("n0", 2, "NVIDIA H100 80GB HBM3")
+
+
+def test_the_recovery_action_the_lab_sets_is_what_nvml_would_report() -> None:
+    gpus = lab_gpus()
+    assert reading_from_simulated(gpus.to_json(1.0)["devices"][0]).recovery_action is None, "not set: not reported"
+    gpus.inject_xid(0, 119, 1.0)
+    gpus.set_recovery_action(0, "GPUReset")
+    r = reading_from_simulated(gpus.to_json(1.0)["devices"][0])
+    assert r.reset_required and r.recovery_action == 1, "a GPU that requires a reset still says what it needs"
+    gpus.set_recovery_action(0, "NVML_GPU_RECOVERY_ACTION_NODE_REBOOT")
+    assert reading_from_simulated(gpus.to_json(1.0)["devices"][0]).recovery_action == 2
+    gpus.recover(0)
+    assert reading_from_simulated(gpus.to_json(1.0)["devices"][0]).recovery_action == 0, "NONE after the reset"
+
+
+def test_a_lost_simulated_gpu_reports_no_recovery_action() -> None:
+    gpus = lab_gpus()
+    gpus.inject_xid(1, 79, 1.0)
+    gpus.set_recovery_action(1, 2)
+    r = reading_from_simulated(gpus.to_json(1.0)["devices"][1])
+    assert r.lost and r.recovery_action is None
+
+
+async def test_the_agent_publishes_the_recovery_action_the_lab_set(sim: FakeSimulator, tmp_path: Path) -> None:
+    gpus = lab_gpus()
+    sim.nodes["n0"] = gpus.to_json(1.0)
+    feed = LabDeviceFeed(sim.url, interval=3600)
+    kube = FakeKube()
+    options = AgentOptions(node="n0", pod_resources_socket=tmp_path / "missing.sock", poll_interval=0.2)
+    agent = NodeAgent(cast(KubeClient, kube), SimulatedBackend(feed, "n0"), options, ClassificationSource(None))
+    try:
+        feed.poll_once()
+        await agent.step(100.0)
+        devices = kube.objects[node_devices_path("n0")]["status"]["devices"]
+        assert all("recoveryAction" not in d for d in devices)
+        gpus.inject_xid(1, 48, 101.0)
+        gpus.set_recovery_action(1, "DrainAndReset")
+        sim.nodes["n0"] = gpus.to_json(101.0)
+        woke = threading.Event()
+        agent.backend.set_wakeup(woke.set)
+        feed.poll_once()
+        assert woke.is_set(), "a changed action wakes the agent"
+        await agent.step(101.0)
+        devices = kube.objects[node_devices_path("n0")]["status"]["devices"]
+        assert devices[1]["recoveryAction"] == {"action": "DrainAndReset", "value": 4}
+        assert devices[1]["health"] == "Unhealthy"
+    finally:
+        agent.backend.close()
+        feed.stop()
+        await agent.pods.close()

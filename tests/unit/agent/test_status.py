@@ -11,6 +11,7 @@ from devheal.agent.telemetry import DeviceInfo, DeviceReading, XidEvent
 from devheal.controller.projections import project_node_devices
 from devheal.model.cluster import DeviceHealth
 from devheal.model.node_devices import NODE_CONDITION
+from devheal.model.recovery_action import RecoveryAction
 from tests.unit.crds.test_crd_manifests import schema, violations
 
 INVENTORY = [DeviceInfo(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", f"0000:{i}") for i in range(4)]
@@ -125,3 +126,34 @@ def test_node_condition() -> None:
     assert "pod-resources API unavailable" in node_condition(healthy, OK, missing)["message"]
     down = Availability(False, "NVMLUnavailable", "no driver")
     assert node_condition(healthy, down, PODS_OK)["status"] == "Unknown"
+
+
+def test_nvml_recovery_action_is_reported_with_the_device_and_read_back_by_the_controller() -> None:
+    now = 1_700_000_000.0
+    holders = {"GPU-1": PodRef("ml", "train-0", "main")}
+    status = build_status(
+        INVENTORY, assessments(now), holders, {}, OK, PODS_OK, [], now, recovery_actions={"GPU-1": 1, "GPU-2": 99}
+    )
+    assert violations(status, schema("NodeDevices")["properties"]["status"], "status") == []
+    entries = {d["id"]: d for d in status["devices"]}
+    assert entries["GPU-1"]["recoveryAction"] == {"action": "GPUReset", "value": 1}
+    assert entries["GPU-2"]["recoveryAction"] == {"action": "Unknown", "value": 99}, "a newer driver's number"
+    assert "recoveryAction" not in entries["GPU-0"], "not reported: no field"
+    report = project_node_devices({"metadata": {"name": "n1"}, "spec": {"nodeName": "n1"}, "status": status})
+    read = {d.device_id: d.recovery_action for d in report.devices}
+    assert read["GPU-1"] is not None and read["GPU-1"].action is RecoveryAction.GPU_RESET
+    assert read["GPU-2"] is not None and (read["GPU-2"].action, read["GPU-2"].value) == (RecoveryAction.UNKNOWN, 99)
+    assert read["GPU-0"] is None
+
+
+def test_without_telemetry_no_recovery_action_is_reported() -> None:
+    down = Availability(False, "NVMLUnavailable", "no driver")
+    status = build_status(INVENTORY, {}, {}, {}, down, PODS_OK, [], 1000.0, recovery_actions={"GPU-1": 1})
+    assert all("recoveryAction" not in d for d in status["devices"])
+
+
+def test_a_changed_recovery_action_is_a_change_to_publish() -> None:
+    now = 1_700_000_000.0
+    before = build_status(INVENTORY, {}, {}, {}, OK, PODS_OK, [], now, recovery_actions={"GPU-1": 1})
+    after = build_status(INVENTORY, {}, {}, {}, OK, PODS_OK, [], now, recovery_actions={"GPU-1": 0})
+    assert content_key(before) != content_key(after)

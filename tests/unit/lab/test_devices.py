@@ -11,6 +11,7 @@ from devheal.lab.devices import (
     SimulatedNodeGpus,
     device_uuid,
     kubelet_health,
+    parse_recovery_action,
     requested_gpus,
 )
 
@@ -150,3 +151,38 @@ def test_requests_read_limits_then_requests_and_reject_fractions() -> None:
     assert requested_gpus({"name": "x"}) == 0
     with pytest.raises(AdmissionError, match="whole number"):
         requested_gpus({"resources": {"limits": {"nvidia.com/gpu": "500m"}}})
+
+
+@pytest.mark.parametrize(
+    ("given", "number"),
+    [
+        ("GPUReset", 1),
+        ("GPU_RESET", 1),
+        ("NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT", 7),
+        ("None", 0),
+        (4, 4),
+        ("5", 5),
+        (42, 42),  # a newer driver's number
+        (None, None),  # the driver does not report the field
+    ],
+)
+def test_a_recovery_action_is_given_by_name_or_number(given: object, number: int | None) -> None:
+    assert parse_recovery_action(given) == number
+
+
+@pytest.mark.parametrize("given", ["Reboot", -1, 2**32, True, 1.5])
+def test_a_bad_recovery_action_is_refused_naming_what_is_accepted(given: object) -> None:
+    with pytest.raises(ValueError, match="GPUReset, NodeReboot") as info:
+        parse_recovery_action(given)
+    assert "null" in str(info.value)
+
+
+def test_setting_a_recovery_action_leaves_health_alone_and_recover_reads_none() -> None:
+    nd = SimulatedNodeGpus.create("n", 2, "H100")
+    assert nd.set_recovery_action(0, "NodeReboot")
+    assert not nd.set_recovery_action(0, 2), "no change"
+    assert nd.devices[0].health is Health.HEALTHY
+    assert nd.to_json(0.0)["devices"][0]["recoveryAction"] == 2
+    nd.recover(0)
+    nd.recover(1)
+    assert [d.recovery_action for d in nd.devices] == [0, None], "a GPU that never reported it still does not"

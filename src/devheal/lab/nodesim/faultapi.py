@@ -23,7 +23,17 @@ from devheal.lab.nodesim.nodestatus import NodeStatus
 from devheal.lab.nodesim.store import NodeStore
 from devheal.lab.sharing import SHARING_FAULTS, sharing_fault
 
-FAULT_KINDS = ("xid", "degrade", "recover", "plugin-restart", "node-notready", "node-ready", "nvml", "kills-hang")
+FAULT_KINDS = (
+    "xid",
+    "degrade",
+    "recover",
+    "recovery-action",
+    "plugin-restart",
+    "node-notready",
+    "node-ready",
+    "nvml",
+    "kills-hang",
+)
 
 
 @dataclass
@@ -67,6 +77,10 @@ class FaultAPI:
             index = gpu_index()
             if nd.recover(index):
                 changed.add(nd.devices[index].uuid)
+        elif kind == "recovery-action":
+            if "action" not in body:
+                raise ValueError("fault 'recovery-action' needs 'action': e.g. GPUReset, NodeReboot, None, or null")
+            nd.set_recovery_action(gpu_index(), body["action"])
         elif kind == "plugin-restart":
             seconds = body.get("seconds", 5)
             if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:

@@ -1,7 +1,7 @@
 """The simulated machines' state: each node's GPUs and the images on its disk.
 
 Every role of the simulator reads and changes the same devices, so they live here, once.
-Device state (health, XIDs, slowdowns: what faults changed) is saved to a JSON file, so it
+Device state (health, XIDs, slowdowns, recovery actions: what faults changed) is saved to a JSON file, so it
 survives a simulator restart and other tools (``devheal lab``, the simulated agent backend)
 can read it; pulled images are not kept across a restart.
 """
@@ -20,6 +20,7 @@ from devheal.lab import devices as devmod
 from devheal.lab.devices import SimulatedNodeGpus
 from devheal.lab.nodesim.nodes import node_name
 from devheal.lab.nodesim.startup import NodeImages
+from devheal.model.values import whole_number
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class NodeStore:
                         devmod.XidRecord(int(x["code"]), float(x["at"]), str(x["message"]))
                         for x in dev_json.get("xids", [])
                     ]
+                    dev.recovery_action = whole_number(dev_json.get("recoveryAction"))
             self.nodes[name] = nd
             if i >= count - dra_nodes:
                 self.dra.add(name)
