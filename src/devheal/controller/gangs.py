@@ -51,6 +51,7 @@ from devheal.controller.cache import ClusterCache
 from devheal.controller.eviction import eviction, failed_device_grace
 from devheal.controller.projections import MALFORMED_GENERATION, ProjectionError, project_pod
 from devheal.controller.records import REMEDIATIONS
+from devheal.engine import maintenance
 from devheal.engine.degradation import degraded_ranks
 from devheal.engine.findings import detect
 from devheal.engine.placement import Vacancy
@@ -463,6 +464,8 @@ class GangRestarter:
         if action.finding.kind in STEP_FINDINGS and action.finding.pod_uid:
             slow.add(action.finding.pod_uid)
         moved |= (slow & {p.uid for p in active}) - broken_uids
+        if action.finding.kind is FindingKind.MAINTENANCE_PLANNED:  # off a node before its planned maintenance
+            moved |= maintenance.ranks_to_move(view, active) - broken_uids
         moved |= suspect  # accused by an exit code or a crash loop only: no vacancy on a GPU that looks healthy
         broken_uids |= moved
         broken = [p for p in active if p.uid in broken_uids]

@@ -25,14 +25,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from devheal.engine import dra, infrastructure, node_signals
+from devheal.engine import dra, infrastructure, maintenance, node_signals
 from devheal.engine.breaker import Breaker, gpu_nodes, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
 from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, takes_node
-from devheal.model.node_lifecycle import describe, maintenance
+from devheal.model.node_lifecycle import describe, under_maintenance
 from devheal.model.plan import (
     POD_FINDINGS,
     Action,
@@ -128,7 +128,7 @@ def _under_maintenance(action: Action, view: ClusterView) -> str:
     if action.target_kind is not TargetKind.NODE or action.cluster_effects <= HARMLESS_ON_A_NODE:
         return ""
     node = view.nodes.get(action.node)
-    condition = maintenance(node) if node is not None else None
+    condition = under_maintenance(node) if node is not None else None
     if condition is None:
         return ""
     return f"node {action.node} is under maintenance: {describe(condition)}; devheal leaves it to whoever set it"
@@ -453,6 +453,8 @@ def decide(
     candidates += infrastructure.candidates(view, findings, policies)
     candidates += node_signals.candidates(view, findings, policies)  # other tools' node conditions, taints
     candidates += dra.candidates(view, findings, policies, now)  # DRA devices: device taints (engine.dra)
+    if any(f.kind is FindingKind.MAINTENANCE_PLANNED for f in findings):  # gangs off a node before maintenance
+        candidates += maintenance.candidates(view, findings, policies, gang_epochs(view))
     if any(f.kind in DEGRADATION_FINDINGS for f in findings):  # degraded devices, repair, unknown XIDs
         candidates += degradation_actions(view, findings, policies, gang_epochs(view), now)
     if any(f.kind in STEP_FINDINGS for f in findings):  # slow ranks, stalled gangs (engine.stragglers)

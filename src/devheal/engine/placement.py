@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from devheal.model.cluster import ClusterView, Pod
-from devheal.model.node_lifecycle import maintenance
+from devheal.model.node_lifecycle import under_maintenance
 
 VACANCY_TTL = 600.0
 """Seconds a vacated node is kept for its gang's replacement."""
@@ -111,7 +111,7 @@ def place_gated(
                 and node is not None
                 and node.ready
                 and not node.unschedulable
-                and maintenance(node) is None  # the rank was moved off it, or it is about to go down
+                and under_maintenance(node) is None  # the rank was moved off it, or it is about to go down
                 and free.get(vacancy.node, 0) >= pod.gpu_request
             ):
                 chosen, spare = vacancy.node, vacancy.spare
@@ -137,7 +137,7 @@ def _to_spare(view: ClusterView, left: list[Vacancy], free: dict[str, int], pod:
                 node is not None
                 and node.ready
                 and not node.unschedulable
-                and maintenance(node) is None
+                and under_maintenance(node) is None
                 and free.get(name, 0) >= pod.gpu_request
             ):
                 free[name] -= pod.gpu_request

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, Pod
-from devheal.model.node_lifecycle import maintenance
+from devheal.model.node_lifecycle import under_maintenance
 from devheal.model.plan import InFlight, Phase
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_pod
@@ -84,7 +84,7 @@ def unfit(view: ClusterView, node: Node, now: float) -> str:
         return "not Ready"
     if node.unschedulable:
         return "cordoned"
-    held = maintenance(node)
+    held = under_maintenance(node)
     if held is not None:
         return f"under maintenance: {held.type}"
     if node.gpu_capacity <= 0 or node.gpu_allocatable < node.gpu_capacity:

@@ -8,11 +8,11 @@ validation, and its only trace is the API server's ``kubernetes_feature_enabled`
 
 What devheal makes of them:
 
-- a node under maintenance (``maintenance``) is not remediated by devheal: no taint, cordon,
+- a node under maintenance (``under_maintenance``) is not remediated by devheal: no taint, cordon,
   drain or remediation ladder (``Rail.NODE_MAINTENANCE`` in ``devheal.engine.decide``);
   whoever set the condition owns the node until they clear it;
 - a gang's rank on a node with ``MaintenancePlanned`` may be moved off it before the
-  maintenance starts (``node.moveGangsBeforeMaintenance``, ``devheal.engine.maintenance``);
+  maintenance starts (the policy's ``maintenance.moveGangs``, ``devheal.engine.maintenance``);
 - devheal itself publishes ``DrainInProgress`` and ``Drained`` on a node it drains, with
   ``DEVHEAL_REASON``: its own ``DrainInProgress`` does not hold it off the node.
 
@@ -21,6 +21,10 @@ Pure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+from devheal.model import fields
 from devheal.model.cluster import Node, NodeCondition
 
 MAINTENANCE_PLANNED = "MaintenancePlanned"
@@ -55,7 +59,7 @@ def _true(node: Node, kind: str) -> NodeCondition | None:
     return next((c for c in node.conditions if c.type == kind), None)
 
 
-def maintenance(node: Node) -> NodeCondition | None:
+def under_maintenance(node: Node) -> NodeCondition | None:
     """The condition that puts ``node`` under someone else's maintenance (None: none does): one of
     ``HOLDS_DEVHEAL_OFF`` with status True, a ``DrainInProgress`` only when devheal did not set it."""
     for kind in HOLDS_DEVHEAL_OFF:
@@ -74,3 +78,23 @@ def describe(condition: NodeCondition) -> str:
     """``MaintenancePlanned (FirmwareUpdate: ...)`` for a reason: the condition as someone else set it."""
     detail = ": ".join(part for part in (condition.reason, condition.message[:200]) if part)
     return f"{condition.type} ({detail})" if detail else condition.type
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceRules:
+    """A ``RemediationPolicy``'s ``spec.maintenance``."""
+
+    move_gangs: bool = False
+    """``moveGangs``: move a gang's rank off a node with ``MaintenancePlanned`` at its next step boundary (one
+    in-place restart of the gang); off: the maintenance meets the gang wherever it runs."""
+
+
+MAINTENANCE_FIELDS = frozenset({"moveGangs"})
+
+
+def parse_maintenance(value: Any, where: str, error: type[ValueError]) -> MaintenanceRules:
+    """``spec.maintenance`` -> ``MaintenanceRules``; raises ``error`` naming the field."""
+    if value is None:
+        return MaintenanceRules()
+    spec = fields.mapping(value, where, error, fields=MAINTENANCE_FIELDS)
+    return MaintenanceRules(move_gangs=fields.flag(spec.get("moveGangs"), False, f"{where}.moveGangs", error))

@@ -101,6 +101,8 @@ class FindingSource(StrEnum):
     """A DRA driver's ResourceSlice."""
     NODE_SIGNAL = "node-signal"
     """Another tool's node condition or taint (``spec.signals``)."""
+    NODE_LIFECYCLE = "node-lifecycle"
+    """A node lifecycle condition (``MaintenancePlanned``, ...: ``devheal.model.node_lifecycle``)."""
 
 
 @dataclass(frozen=True, slots=True)
