@@ -99,8 +99,8 @@ def test_the_node_policy_lets_through_devheals_drain_conditions_and_nothing_else
     assert f"['{DRAIN_IN_PROGRESS}', '{DRAINED}']" in text
     assert f"c.?reason.orValue('') == '{DEVHEAL_REASON}'" in text, "only conditions with devheal's reason change"
     assert f"c.?reason.orValue('') != '{DEVHEAL_REASON}'" in text, "someone else's stay as they are"
-    for field in ("capacity", "allocatable", "addresses", "nodeInfo", "images", "declaredFeatures"):
-        assert f".?{field} ==" in text, f"a change of the node's status.{field} is refused"
+    for field in ("capacity", "allocatable", "addresses", "nodeInfo", "images", "declaredFeatures", "labels"):
+        assert f".?{field} ==" in text, f"a change of the node's {field} is refused"
 
 
 def test_what_the_controllers_node_writes_set_is_within_the_node_policy() -> None:
