@@ -218,6 +218,10 @@ class RemediationReason(StrEnum):
     NODE_MAINTENANCE = "NodeMaintenance"
     # Pod actions.
     EVICTED = "Evicted"
+    EVICTION_REQUESTED = "EvictionRequested"
+    """Waiting for the pod's eviction responders, asked through an ``EvictionRequest`` (KEP-4563)."""
+    EVICTED_BY_RESPONDER = "EvictedByResponder"
+    """The pod's eviction responder let it go after devheal's ``EvictionRequest``."""
     DELETED = "Deleted"
     TERMINATING = "Terminating"
     POD_GONE = "PodGone"

@@ -150,6 +150,8 @@ def test_the_controller_role_grants_what_the_actions_use_and_nothing_broad() -> 
     assert ("", "pods/status", "patch") in granted
     assert {v for g, r, v in granted if r == "nodes"} == {"get", "list", "watch", "patch"}, "patches, never PUTs"
     assert {v for g, r, v in granted if r == "nodes/status"} == {"patch"}, "devheal's drain conditions only"
+    assert {v for g, r, v in granted if g == "lifecycle.k8s.io"} == {"get", "create", "delete"}, "EvictionRequests"
+    assert not any(r == "evictions" for g, r, _ in granted if g == "lifecycle.k8s.io"), "the system's, not devheal's"
     assert not any(r.startswith("nodedevices") and v not in ("get", "list", "watch") for _, r, v in granted)
     lease = one(docs, "Role", "devheal-controller-lease")
     assert lease["metadata"]["namespace"] == chart.NAMESPACE
