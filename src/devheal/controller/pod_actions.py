@@ -100,22 +100,17 @@ class Deschedule(PodActuator):
         pod = await self.current_pod(action)
         ns, name = split_key(action.target)
         if pod is None:
-            await self._withdraw_if_asked(ns, action.target_uid)
+            asked = await self._asked(ns, action.target_uid) if await self.requests.served() else None
+            if asked is not None:  # gone after devheal asked: its responder let it go
+                return await self._let_go(ns, action, asked, [], "gone")
             return _gone(action), []
         steps = []
         if await self.mark_device_failed(action, pod):
             steps.append("condition")
-        asked = await self._asked(ns, pod)
+        asked = await self._asked(ns, action.target_uid) if responders(pod) and await self.requests.served() else None
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             if asked is not None:
-                await self.requests.withdraw(ns, action.target_uid)
-                steps.append(EVICTED_BY_RESPONDER_STEP)
-                return Outcome(
-                    Phase.SUCCEEDED,
-                    RemediationReason.EVICTED_BY_RESPONDER,
-                    f"pod {action.target} let go by its eviction responder after devheal's EvictionRequest "
-                    f"{request_name(action.target_uid)} ({self.requests.waited(asked):.0f}s)",
-                ), steps
+                return await self._let_go(ns, action, asked, steps, "terminating")
             return Outcome(
                 Phase.SUCCEEDED, RemediationReason.TERMINATING, f"pod {action.target} is already terminating"
             ), steps
@@ -158,15 +153,19 @@ class Deschedule(PodActuator):
             Phase.SUCCEEDED, RemediationReason.EVICTED, f"evicted {action.target} from its failed GPU{how}"
         ), steps
 
-    async def _asked(self, ns: str, pod: Obj) -> Obj | None:
-        """devheal's EvictionRequest for ``pod``, where the pod names responders and the API is served."""
-        if not responders(pod) or not await self.requests.served():
-            return None
-        return await self.requests.current(ns, str((pod.get("metadata") or {}).get("uid") or ""))
+    async def _asked(self, ns: str, uid: str) -> Obj | None:
+        """devheal's EvictionRequest for the pod of ``uid``, if it asked."""
+        return await self.requests.current(ns, uid) if uid else None
 
-    async def _withdraw_if_asked(self, ns: str, uid: str) -> None:
-        if uid and await self.requests.served():
-            await self.requests.withdraw(ns, uid)
+    async def _let_go(self, ns: str, action: Action, asked: Obj, steps: Steps, now: str) -> tuple[Outcome, Steps]:
+        """The pod is ``now`` terminating or gone after devheal's EvictionRequest: withdrawn, done."""
+        await self.requests.withdraw(ns, action.target_uid)
+        return Outcome(
+            Phase.SUCCEEDED,
+            RemediationReason.EVICTED_BY_RESPONDER,
+            f"pod {action.target} {now}: let go by its eviction responder after devheal's EvictionRequest "
+            f"{request_name(action.target_uid)} ({self.requests.waited(asked):.0f}s)",
+        ), [*steps, EVICTED_BY_RESPONDER_STEP]
 
     def _why_not(self, request: Obj) -> str:
         if condition(request, "Failed"):

@@ -89,3 +89,20 @@ async def test_without_the_api_or_without_responders_the_eviction_api_is_used_at
     outcome = await actuators(kube).execute(plain)
     assert (outcome.phase, outcome.reason) == (Phase.SUCCEEDED, "Evicted")
     assert not api.calls("create", REQUESTS)
+
+
+async def test_a_pod_its_responder_deleted_outright_is_told_apart_from_one_gone_by_itself(
+    api: MemApi, kube: KubeClient
+) -> None:
+    api.serve_discovery(LIFECYCLE_API, "evictionrequests", "evictions")
+    action = deschedule(responding_pod(api))
+    acting = actuators(kube)
+    assert (await acting.execute(action)).reason == "EvictionRequested"
+    api.delete(f"{PODS}/train-0")
+    outcome = await acting.execute(action)
+    assert (outcome.phase, outcome.reason) == (Phase.SUCCEEDED, "EvictedByResponder")
+    assert "gone: let go by its eviction responder" in outcome.message
+
+    unasked = deschedule(train_pod(api, "train-1"))
+    api.delete(f"{PODS}/train-1")
+    assert (await acting.execute(unasked)).reason == "PodGone"
