@@ -5,9 +5,10 @@ The chart's RBAC and ValidatingAdmissionPolicies are installed for real; the wri
 service accounts' own tokens (a launcher's bound to its pod, as a pod's projected token is), as an
 attacker holding them would send them:
 
-- devheal's controller: its node actuators (Taint, Cordon, the degraded taint, spares, Lift) go
-  through; a node's other labels, other taints, podCIDR, a whole-node PUT, a pod's other conditions
-  or containers' statuses are refused;
+- devheal's controller: its node actuators (Taint, Cordon, the degraded taint, spares, Lift) and its
+  drain conditions (DrainInProgress, Drained) go through; a node's other labels, other taints,
+  podCIDR, other conditions or capacity, someone else's DrainInProgress, a whole-node PUT, a pod's
+  other conditions or containers' statuses are refused;
 - a launcher: its own pod's devheal.io/launcher-generation, devheal.io/steps and
   devheal.io/launcher-failed, written by the launcher's own code (and by `devheal launch`
   processes restarting a gang in place), go through; a peer's annotations or image, its own
@@ -17,6 +18,7 @@ attacker holding them would send them:
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -27,6 +29,7 @@ import yaml
 
 from devheal.controller.degraded_actions import LiftDegraded, TaintDegraded
 from devheal.controller.node_actions import Cordon, Lift, Taint
+from devheal.controller.node_conditions import CLEARED, DRAINED_NOW, DRAINING, NodeLifecycleWriter
 from devheal.controller.spares import Spares
 from devheal.engine.spares import SPARE_LABEL, SpareChange
 from devheal.kube import errors
@@ -45,6 +48,7 @@ from devheal.model.cluster import (
     PLACEMENT_GATE,
     RESTART_GENERATION_ANNOTATION,
 )
+from devheal.model.node_lifecycle import DEVHEAL_REASON, DRAIN_IN_PROGRESS, DRAINED, MAINTENANCE_PLANNED
 from devheal.model.plan import Action, Finding, FindingKind, FindingSource, TargetKind
 from devheal.model.policy import ActionKind
 from devheal.model.run_failure import RUN_FAILURE_ANNOTATION
@@ -227,6 +231,51 @@ async def test_the_controllers_node_actions_pass_and_nothing_else_of_a_node_does
     after = await kube.get(path)
     assert after["metadata"]["labels"]["zone"] == "a" and after["metadata"]["annotations"]["ops/note"] == "x"
     assert not after["spec"].get("podCIDR") and "example.com/evil" not in str(after["spec"]["taints"])
+
+
+async def test_the_controllers_drain_conditions_pass_and_nothing_else_of_a_nodes_status_does(
+    kube: KubeClient, controller: KubeClient, node: str
+) -> None:
+    status = api_path("v1", "nodes", name=node, subresource="status")
+    await enforced(dry_run(controller, status, {"status": {"capacity": {"nvidia.com/gpu": "64"}}}), "the status rule")
+    theirs = {"type": MAINTENANCE_PLANNED, "status": "True", "reason": "FirmwareUpdate", "message": "ops"}
+    foreign_drain = {"type": DRAIN_IN_PROGRESS, "status": "True", "reason": "KubectlDrain", "message": "ops"}
+    await kube.patch(status, {"status": {"conditions": [theirs]}}, content_type=STRATEGIC_PATCH)
+
+    # The real writer, as the controller's service account: DrainInProgress, then Drained, then both ended.
+    conditions = NodeLifecycleWriter(controller, time.time, enabled=True)
+    assert await conditions.publish(node, DRAINING)
+    assert await conditions.publish(node, DRAINED_NOW)
+    assert await conditions.write(node, CLEARED)
+    written = {c["type"]: (c["status"], c["reason"]) for c in (await kube.get(status))["status"]["conditions"]}
+    assert written == {
+        MAINTENANCE_PLANNED: ("True", "FirmwareUpdate"),
+        DRAIN_IN_PROGRESS: ("False", DEVHEAL_REASON),
+        DRAINED: ("False", DEVHEAL_REASON),
+    }
+
+    def patch(body: Obj) -> Callable[[], Awaitable[Obj]]:
+        return lambda: controller.patch(status, body, content_type=STRATEGIC_PATCH)
+
+    refused = {
+        "another condition": {"status": {"conditions": [{**theirs, "status": "False"}]}},
+        "a new condition": {"status": {"conditions": [{**theirs, "type": "Ready", "status": "False"}]}},
+        "a drain condition with another reason": {"status": {"conditions": [{**foreign_drain}]}},
+        "the capacity": {"status": {"capacity": {"nvidia.com/gpu": "64"}}},
+        "a label, through the status": {"metadata": {"labels": {"zone": "b"}}},
+    }
+    for what, body in refused.items():
+        message = await refusal(patch(body))
+        assert "may only" in message and "DrainInProgress and Drained" in message, f"{what}: {message or 'let through'}"
+
+    # Someone else's DrainInProgress: the controller's credentials cannot end it, the writer does not try.
+    await kube.patch(status, {"status": {"conditions": [foreign_drain]}}, content_type=STRATEGIC_PATCH)
+    ours = {"type": DRAIN_IN_PROGRESS, "status": "False", "reason": DEVHEAL_REASON, "message": "ended"}
+    message = await refusal(patch({"status": {"conditions": [ours]}}))
+    assert "never someone else's" in message, message or "let through"
+    assert not await conditions.publish(node, DRAINING)
+    after = {c["type"]: (c["status"], c["reason"]) for c in (await kube.get(status))["status"]["conditions"]}
+    assert after[DRAIN_IN_PROGRESS] == ("True", "KubectlDrain")
 
 
 async def test_the_controller_changes_only_its_own_parts_of_a_pods_status(

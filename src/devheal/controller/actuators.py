@@ -26,6 +26,7 @@ from devheal.controller.device_taints import TaintDevice, UntaintDevice
 from devheal.controller.gangs import GangRestarter
 from devheal.controller.infrastructure_actions import DeleteRejectedPod, ForceDeletePod
 from devheal.controller.node_actions import Cordon, Drain, Lift, Taint
+from devheal.controller.node_conditions import NodeLifecycleWriter
 from devheal.controller.node_remediation import NodeRemediation
 from devheal.controller.pod_actions import Deschedule, FailPod, Notify, release_gate
 from devheal.controller.records import REMEDIATIONS, Records, remediation_body
@@ -56,10 +57,12 @@ class Actuators:
         cache: ClusterCache | None = None,
         vacancies: list[Vacancy] | None = None,
         slow_ranks: Callable[[], Collection[str]] = frozenset,
+        node_lifecycle_conditions: bool | None = None,
     ) -> None:
         """``cache``: the controller's cluster cache, which gang restarts read their pods from
         (without one they list them from the API on every pass); ``vacancies`` and ``slow_ranks``: the gang
-        restarter's (``GangRestarter``)."""
+        restarter's (``GangRestarter``); ``node_lifecycle_conditions``: whether drains publish
+        ``DrainInProgress``/``Drained`` (None: as the API server's gate says)."""
         self.client = client
         self.policies = policies
         self.clock = clock
@@ -76,6 +79,7 @@ class Actuators:
             slow_ranks=slow_ranks,
         )
         self.node_remediation = NodeRemediation(client, policies, self.records, clock)
+        self.node_conditions = NodeLifecycleWriter(client, clock, node_lifecycle_conditions)
         self.families: dict[ActionKind, Actuator] = {
             ActionKind.DESCHEDULE: Deschedule(client, policies, clock),
             ActionKind.FAIL_POD: FailPod(client, policies, clock),
@@ -83,8 +87,8 @@ class Actuators:
             ActionKind.RESTART_GANG: self.gangs,
             ActionKind.TAINT: Taint(client),
             ActionKind.CORDON: Cordon(client),
-            ActionKind.LIFT: Lift(client),
-            ActionKind.DRAIN: Drain(client, policies),
+            ActionKind.LIFT: Lift(client, self.node_conditions),
+            ActionKind.DRAIN: Drain(client, policies, conditions=self.node_conditions),
             ActionKind.REMEDIATE_NODE: self.node_remediation,
             ActionKind.TAINT_DEVICE: TaintDevice(client, policies),
             ActionKind.UNTAINT_DEVICE: UntaintDevice(client),

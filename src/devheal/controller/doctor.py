@@ -34,6 +34,8 @@ CONTROLLER_NEEDS: tuple[tuple[str, str, str, str], ...] = (
     ("create", "", "pods", "eviction"),
     ("patch", "", "pods", "status"),
     ("patch", "", "nodes", ""),
+    ("patch", "", "nodes", "status"),  # DrainInProgress/Drained (node_conditions)
+    ("create", "lifecycle.k8s.io", "evictionrequests", ""),  # cooperative eviction (eviction_requests)
     ("create", "", "events", ""),
     ("patch", "", "events", ""),
     ("create", GROUP, "remediations", ""),

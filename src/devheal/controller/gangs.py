@@ -51,6 +51,7 @@ from devheal.controller.cache import ClusterCache
 from devheal.controller.eviction import eviction, failed_device_grace
 from devheal.controller.projections import MALFORMED_GENERATION, ProjectionError, project_pod
 from devheal.controller.records import REMEDIATIONS
+from devheal.engine import maintenance
 from devheal.engine.degradation import degraded_ranks
 from devheal.engine.findings import detect
 from devheal.engine.placement import Vacancy
@@ -274,6 +275,8 @@ class GangRestarter:
             if vacate
             else "failed first with a device-error exit code"
             if action.finding.kind is FindingKind.RANK_FAILED and pod.uid == action.finding.pod_uid
+            else f"on node {pod.node}, which has maintenance planned"
+            if action.finding.kind is FindingKind.MAINTENANCE_PLANNED and pod.node == action.finding.node
             else "slow, hung, or on a degraded or suspect GPU"
         )
         condition = {
@@ -463,6 +466,9 @@ class GangRestarter:
         if action.finding.kind in STEP_FINDINGS and action.finding.pod_uid:
             slow.add(action.finding.pod_uid)
         moved |= (slow & {p.uid for p in active}) - broken_uids
+        if action.finding.kind is FindingKind.MAINTENANCE_PLANNED:  # off a node before its planned maintenance
+            planned = maintenance.ranks_to_move(view, active) | {action.finding.pod_uid}
+            moved |= (planned & {p.uid for p in active}) - broken_uids
         moved |= suspect  # accused by an exit code or a crash loop only: no vacancy on a GPU that looks healthy
         broken_uids |= moved
         broken = [p for p in active if p.uid in broken_uids]

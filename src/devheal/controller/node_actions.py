@@ -17,18 +17,22 @@ only the pods its policy selects (``selector.namespaces`` and ``podSelector``: a
 acts only on what it selects), skips mirror pods (static pods,
 ``kubernetes.io/config.mirror``), DaemonSets' pods and ended pods, retries a pod a budget
 refused (429) after a per-pod backoff, and stays in progress while any other such pod is
-still on the node.
+still on the node. Where the API server's gate ``NodeLifecycleConditions`` is on, it publishes
+``DrainInProgress`` and then ``Drained`` on the node, and ``Lift`` ends them
+(``devheal.controller.node_conditions``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from devheal.controller.action_family import Outcome, Policies, StepFailed, Steps
 from devheal.controller.eviction import eviction
+from devheal.controller.node_conditions import CLEARED, DRAINED_NOW, DRAINING, NodeLifecycleWriter
 from devheal.kube import errors
 from devheal.kube.client import MERGE_PATCH, KubeClient, Obj, api_path
 from devheal.model.cluster import LIFTS_ANNOTATION, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION, parse_generation
@@ -146,7 +150,12 @@ class Cordon(NodeActuator):
 
 class Lift(NodeActuator):
     """Remove what ``devheal.io/owns`` lists, and the mark itself: the node is healthy again. The same write
-    raises ``devheal.io/lifts``, the node's episode number that names its next remediations."""
+    raises ``devheal.io/lifts``, the node's episode number that names its next remediations. The drain
+    conditions devheal published (``DrainInProgress``, ``Drained``, reason ``DevhealDrain``) are set False."""
+
+    def __init__(self, client: KubeClient, conditions: NodeLifecycleWriter | None = None) -> None:
+        super().__init__(client)
+        self.conditions = conditions or NodeLifecycleWriter(client, time.time, enabled=False)
 
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         lifted: list[str] = []
@@ -171,6 +180,8 @@ class Lift(NodeActuator):
             return True
 
         await self.update_node(action.target, change)
+        if await self.conditions.write(action.target, CLEARED):  # whatever the gate: ends what devheal set
+            lifted.append("drain conditions")
         what = " and ".join(lifted) or "nothing (already lifted)"
         return Outcome(
             Phase.SUCCEEDED, RemediationReason.LIFTED, f"lifted devheal's {what} from {action.target}"
@@ -185,6 +196,8 @@ class _Refused:
     not_before: float
 
 
+DRAINING_STEP = "condition DrainInProgress"
+DRAINED_STEP = "condition Drained"
 DRAIN_BACKOFF = 5.0
 """Seconds before asking again to evict a pod a PodDisruptionBudget held back, doubled each refusal in a row."""
 DRAIN_BACKOFF_MAX = 300.0
@@ -228,10 +241,18 @@ class Drain(NodeActuator):
     when longer). Each eviction names the pod's UID: a pod recreated under the same name is not evicted
     by a decision about the old one."""
 
-    def __init__(self, client: KubeClient, policies: Policies, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        policies: Policies,
+        clock: Callable[[], float] | None = None,
+        conditions: NodeLifecycleWriter | None = None,
+    ) -> None:
+        """``conditions``: publishes ``DrainInProgress``/``Drained`` (None: never)."""
         super().__init__(client)
         self.policies = policies
         self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self.conditions = conditions
         self.refused: dict[tuple[str, str], _Refused] = {}
         """(node, pod UID) -> the budget's last refusal, for the pods of nodes being drained."""
 
@@ -244,6 +265,9 @@ class Drain(NodeActuator):
                 retry=False,
                 reason="PolicyGone",
             )
+        steps: list[str] = []
+        if self.conditions is not None and await self.conditions.publish(node, DRAINING):
+            steps.append(DRAINING_STEP)
         items, _ = await self.client.list_all(api_path("v1", "pods"), {"fieldSelector": f"spec.nodeName={node}"})
         pods = [p for p in items if drains(p) and selected(policy, p)]
         now = self.clock()
@@ -280,7 +304,8 @@ class Drain(NodeActuator):
             self.refused.pop((node, uid), None)
             evicted.append(key)
             terminating.append(key)
-        steps = ["drain"] if evicted else []
+        if evicted:
+            steps.append("drain")
         if blocked:
             return Outcome(
                 Phase.IN_PROGRESS,
@@ -294,6 +319,8 @@ class Drain(NodeActuator):
                 RemediationReason.TERMINATING,
                 f"draining {node}: waiting for {_names(terminating)} to terminate",
             ), steps
+        if self.conditions is not None and await self.conditions.publish(node, DRAINED_NOW):
+            steps.append(DRAINED_STEP)
         return Outcome(Phase.SUCCEEDED, RemediationReason.DRAINED, f"drained {node}: no pod left to evict"), steps
 
 

@@ -15,6 +15,13 @@ from typing import Any
 
 from devheal.controller.action_family import Outcome, Policies, StepFailed, Steps, split_key
 from devheal.controller.eviction import delete_options, eviction, failed_device_grace
+from devheal.controller.eviction_requests import (
+    RESPONDER_WAIT,
+    EvictionRequests,
+    condition,
+    request_name,
+    responders,
+)
 from devheal.engine.placement import Release
 from devheal.engine.spares import SPARE_TOLERATION
 from devheal.kube import errors
@@ -24,6 +31,14 @@ from devheal.model.plan import Action, Phase, RemediationReason
 from devheal.model.times import format_time
 
 log = logging.getLogger(__name__)
+
+EVICTION_REQUEST_STEP = "eviction-request"
+EVICTED_BY_RESPONDER_STEP = "evicted-by-responder"
+
+
+def request_name_of(request: Obj) -> str:
+    meta = request.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 def _gone(action: Action) -> Outcome:
@@ -71,20 +86,37 @@ class PodActuator:
 
 
 class Deschedule(PodActuator):
-    """Evict the pod through the Eviction API (PodDisruptionBudgets apply), with the policy's failed-device grace."""
+    """Evict the pod through the Eviction API (PodDisruptionBudgets apply), with the policy's failed-device grace.
+
+    A pod that names eviction responders (``spec.evictionResponders``) is first asked through an
+    ``EvictionRequest`` where the API server serves them, and its responders get ``RESPONDER_WAIT``
+    (``devheal.controller.eviction_requests``); the Eviction API after that, or when the request failed."""
+
+    def __init__(self, client: KubeClient, policies: Policies, clock: Any) -> None:
+        super().__init__(client, policies, clock)
+        self.requests = EvictionRequests(client, clock)
 
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         pod = await self.current_pod(action)
+        ns, name = split_key(action.target)
         if pod is None:
+            asked = await self._asked(ns, action.target_uid) if await self.requests.served() else None
+            if asked is not None:  # gone after devheal asked: its responder let it go
+                return await self._let_go(ns, action, asked, [], "gone")
             return _gone(action), []
         steps = []
         if await self.mark_device_failed(action, pod):
             steps.append("condition")
+        asked = await self._asked(ns, action.target_uid) if responders(pod) and await self.requests.served() else None
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            if asked is not None:
+                return await self._let_go(ns, action, asked, steps, "terminating")
             return Outcome(
                 Phase.SUCCEEDED, RemediationReason.TERMINATING, f"pod {action.target} is already terminating"
             ), steps
-        ns, name = split_key(action.target)
+        waiting = await self._cooperate(ns, name, action, pod, asked, steps)
+        if waiting is not None:
+            return waiting, steps
         policy = self.policies().get(action.policy)
         grace = failed_device_grace(policy)
         try:
@@ -113,9 +145,58 @@ class Deschedule(PodActuator):
                 Phase.SUCCEEDED, RemediationReason.POD_GONE, f"pod {action.target} was replaced ({exc})"
             ), steps
         steps.append("evict")
+        how = " through the Eviction API"
+        if asked is not None:
+            await self.requests.withdraw(ns, action.target_uid)
+            how += f" (its responders did not let it go: {self._why_not(asked)})"
         return Outcome(
-            Phase.SUCCEEDED, RemediationReason.EVICTED, f"evicted {action.target} from its failed GPU"
+            Phase.SUCCEEDED, RemediationReason.EVICTED, f"evicted {action.target} from its failed GPU{how}"
         ), steps
+
+    async def _asked(self, ns: str, uid: str) -> Obj | None:
+        """devheal's EvictionRequest for the pod of ``uid``, if it asked."""
+        return await self.requests.current(ns, uid) if uid else None
+
+    async def _let_go(self, ns: str, action: Action, asked: Obj, steps: Steps, now: str) -> tuple[Outcome, Steps]:
+        """The pod is ``now`` terminating or gone after devheal's EvictionRequest: withdrawn, done."""
+        await self.requests.withdraw(ns, action.target_uid)
+        return Outcome(
+            Phase.SUCCEEDED,
+            RemediationReason.EVICTED_BY_RESPONDER,
+            f"pod {action.target} {now}: let go by its eviction responder after devheal's EvictionRequest "
+            f"{request_name(action.target_uid)} ({self.requests.waited(asked):.0f}s)",
+        ), [*steps, EVICTED_BY_RESPONDER_STEP]
+
+    def _why_not(self, request: Obj) -> str:
+        if condition(request, "Failed"):
+            return f"EvictionRequest {request_name_of(request)} Failed"
+        return f"no answer within {RESPONDER_WAIT:.0f}s of EvictionRequest {request_name_of(request)}"
+
+    async def _cooperate(
+        self, ns: str, name: str, action: Action, pod: Obj, asked: Obj | None, steps: list[str]
+    ) -> Outcome | None:
+        """Ask the pod's responders, or keep waiting for them; None: evict it through the Eviction API now."""
+        named = responders(pod)
+        if not named or not await self.requests.served():
+            return None
+        if asked is None:
+            await self.requests.ask(ns, name, action.target_uid)
+            steps.append(EVICTION_REQUEST_STEP)
+            return Outcome(
+                Phase.IN_PROGRESS,
+                RemediationReason.EVICTION_REQUESTED,
+                f"asked {action.target}'s eviction responders ({', '.join(named)}) through EvictionRequest "
+                f"{request_name(action.target_uid)}; evicted through the Eviction API after {RESPONDER_WAIT:.0f}s",
+            )
+        if condition(asked, "Failed") or self.requests.waited(asked) >= RESPONDER_WAIT:
+            return None
+        return Outcome(
+            Phase.IN_PROGRESS,
+            RemediationReason.EVICTION_REQUESTED,
+            f"waiting for {action.target}'s eviction responders ({', '.join(named)}): EvictionRequest "
+            f"{request_name(action.target_uid)} asked {self.requests.waited(asked):.0f}s ago (at most "
+            f"{RESPONDER_WAIT:.0f}s)",
+        )
 
 
 class FailPod(PodActuator):

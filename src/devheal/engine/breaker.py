@@ -42,11 +42,12 @@ NOT_DEVICE_FAULTS = frozenset(
         FindingKind.STUCK_TERMINATING,
         FindingKind.DEVICE_PLUGIN_DOWN,
         FindingKind.NODE_SIGNAL,
+        FindingKind.MAINTENANCE_PLANNED,
     }
 )
 """Findings the breaker does not count: recoveries, a workload's own behaviour (slow, hung, a crashed run its
 launcher holds), the kubelet's and the device plugin's troubles, other tools' signals mapped to Degraded or
-Notify. Every kind is in one of the two sets."""
+Notify, maintenance someone plans. Every kind is in one of the two sets."""
 
 
 def gpu_nodes(view: ClusterView, policies: Sequence[Policy]) -> list[Node]:

@@ -25,13 +25,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from devheal.engine import dra, infrastructure, node_signals, recovery
+from devheal.engine import dra, infrastructure, maintenance, node_signals, recovery
 from devheal.engine.breaker import Breaker, gpu_nodes, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
 from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, takes_node
+from devheal.model.node_lifecycle import describe, under_maintenance
 from devheal.model.plan import (
     POD_FINDINGS,
     Action,
@@ -114,6 +115,23 @@ def _marked_out(node: Node) -> bool:
     return DEGRADED_MARK in node.owned and any(
         t.key == DEGRADED_TAINT_KEY and t.effect in ("NoSchedule", "NoExecute") for t in node.taints
     )
+
+
+HARMLESS_ON_A_NODE = frozenset({Effect.REMOVES_OWN_MARK, Effect.NOTIFIES})
+"""A node-level action with only these effects still runs on a node under someone else's maintenance."""
+
+
+def _under_maintenance(action: Action, view: ClusterView) -> str:
+    """Why ``action`` is held off its node (``Rail.NODE_MAINTENANCE``), or "": a node-level action (a taint, cordon,
+    drain, a rung of the remediation ladder) on a node someone else has under maintenance. Pod, gang and device
+    actions are not held: a pod on a dead GPU serves nothing, maintenance or not (docs/policy.md)."""
+    if action.target_kind is not TargetKind.NODE or action.cluster_effects <= HARMLESS_ON_A_NODE:
+        return ""
+    node = view.nodes.get(action.node)
+    condition = under_maintenance(node) if node is not None else None
+    if condition is None:
+        return ""
+    return f"node {action.node} is under maintenance: {describe(condition)}; devheal leaves it to whoever set it"
 
 
 def _lifted_by(kind: ActionKind) -> ActionKind:
@@ -449,6 +467,8 @@ def decide(
     candidates += infrastructure.candidates(view, findings, policies)
     candidates += node_signals.candidates(view, findings, policies)  # other tools' node conditions, taints
     candidates += dra.candidates(view, findings, policies, now)  # DRA devices: device taints (engine.dra)
+    if any(f.kind is FindingKind.MAINTENANCE_PLANNED for f in findings):  # gangs off a node before maintenance
+        candidates += maintenance.candidates(view, findings, policies, gang_epochs(view))
     if any(f.kind in DEGRADATION_FINDINGS for f in findings):  # degraded devices, repair, unknown XIDs
         candidates += degradation_actions(view, findings, policies, gang_epochs(view), now)
     if any(f.kind in STEP_FINDINGS for f in findings):  # slow ranks, stalled gangs (engine.stragglers)
@@ -504,6 +524,10 @@ def decide(
             blocked.append(
                 Blocked(action, "devheal is paused" if settings.paused else f"policy {own.name} is paused", Rail.PAUSED)
             )
+            continue
+        held_off = _under_maintenance(action, view)
+        if held_off:
+            blocked.append(Blocked(action, held_off, Rail.NODE_MAINTENANCE))
             continue
         if dry:
             actions.append(action)

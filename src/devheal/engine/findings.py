@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from devheal.engine import dra, infrastructure, node_signals, recovery, sharing
+from devheal.engine import dra, infrastructure, maintenance, node_signals, recovery, sharing
 from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
 from devheal.model.cluster import ClusterView, DeviceHealth, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARKS
@@ -297,6 +297,7 @@ def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Fi
     findings = _pod_findings(view, policies, now) + node_findings
     findings += infrastructure.detect(view, policies, now)
     findings += dra.detect(view, policies, now)
+    findings += maintenance.detect(view, policies)  # gangs to move before planned maintenance
     return sorted(findings, key=lambda f: f.key)
 
 

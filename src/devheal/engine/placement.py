@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from devheal.model.cluster import ClusterView, Pod
+from devheal.model.node_lifecycle import under_maintenance
 
 VACANCY_TTL = 600.0
 """Seconds a vacated node is kept for its gang's replacement."""
@@ -110,6 +111,7 @@ def place_gated(
                 and node is not None
                 and node.ready
                 and not node.unschedulable
+                and under_maintenance(node) is None  # the rank was moved off it, or it is about to go down
                 and free.get(vacancy.node, 0) >= pod.gpu_request
             ):
                 chosen, spare = vacancy.node, vacancy.spare
@@ -131,7 +133,13 @@ def _to_spare(view: ClusterView, left: list[Vacancy], free: dict[str, int], pod:
             continue
         for name in spares(pod, vacancy.node):
             node = view.nodes.get(name)
-            if node is not None and node.ready and not node.unschedulable and free.get(name, 0) >= pod.gpu_request:
+            if (
+                node is not None
+                and node.ready
+                and not node.unschedulable
+                and under_maintenance(node) is None
+                and free.get(name, 0) >= pod.gpu_request
+            ):
                 free[name] -= pod.gpu_request
                 left[index] = replace(vacancy, node=name, claimant=pod.uid, spare=True)
                 return name

@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, Pod
+from devheal.model.node_lifecycle import under_maintenance
 from devheal.model.plan import InFlight, Phase
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_pod
@@ -76,13 +77,16 @@ def reserved(node: Node) -> bool:
 
 
 def unfit(view: ClusterView, node: Node, now: float) -> str:
-    """Why ``node`` cannot take a rank now ("" when it is verified healthy): Ready, schedulable, every GPU
-    allocatable, no taint but devheal's spare taint, no devheal marks, and a current agent report (when the node
-    has an agent) with every device Healthy."""
+    """Why ``node`` cannot take a rank now ("" when it is verified healthy): Ready, schedulable, not under
+    maintenance (``devheal.model.node_lifecycle``), every GPU allocatable, no taint but devheal's spare taint, no
+    devheal marks, and a current agent report (when the node has an agent) with every device Healthy."""
     if not node.ready:
         return "not Ready"
     if node.unschedulable:
         return "cordoned"
+    held = under_maintenance(node)
+    if held is not None:
+        return f"under maintenance: {held.type}"
     if node.gpu_capacity <= 0 or node.gpu_allocatable < node.gpu_capacity:
         return f"{node.gpu_allocatable}/{node.gpu_capacity} GPUs allocatable"
     if node.owned:

@@ -154,6 +154,39 @@ class KubeClient:
         timeout: float = 30.0,
     ) -> Obj:
         """Send one request; return the decoded JSON answer or raise a ``KubeError``."""
+        status, raw = await self._send(
+            method, path, params=params, body=body, content_type=content_type, timeout=timeout
+        )
+        what = f"{method} {path}"
+        try:
+            decoded: Any = json.loads(raw) if raw else {}
+        except ValueError:
+            decoded = {"message": raw[:200].decode(errors="replace")}
+        if not 200 <= status < 300:
+            raise errors.from_status(status, decoded, what)
+        if not isinstance(decoded, dict):
+            raise errors.PermanentError(f"{what}: expected a JSON object, got {type(decoded).__name__}")
+        return decoded
+
+    async def get_text(self, path: str, *, timeout: float = 30.0) -> str:
+        """GET a text answer (the API server's ``/metrics``); raises a ``KubeError`` as ``request`` does."""
+        status, raw = await self._send("GET", path, timeout=timeout)
+        text = raw.decode(errors="replace")
+        if not 200 <= status < 300:
+            raise errors.from_status(status, {"message": text[:200]}, f"GET {path}")
+        return text
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout: float = 30.0,
+    ) -> tuple[int, bytes]:
+        """One request (sent once more when a rotated token was refused): the status and the raw answer."""
         url = self._host + path
         if params:
             url += "?" + urlencode({k: str(v) for k, v in params.items()})
@@ -180,15 +213,7 @@ class KubeClient:
                 raise errors.Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
             if attempt or not self._token_refused(status):
                 break
-        try:
-            decoded: Any = json.loads(raw) if raw else {}
-        except ValueError:
-            decoded = {"message": raw[:200].decode(errors="replace")}
-        if not 200 <= status < 300:
-            raise errors.from_status(status, decoded, what)
-        if not isinstance(decoded, dict):
-            raise errors.PermanentError(f"{what}: expected a JSON object, got {type(decoded).__name__}")
-        return decoded
+        return status, raw
 
     def _token_refused(self, status: int) -> bool:
         """A 401 with a token file that changed since it was read: the caller sends the request once more."""

@@ -1,4 +1,4 @@
-"""What a cluster supports for in-place restarts, asked of the cluster itself.
+"""What a cluster supports, asked of the cluster itself: in-place restarts, and the API server's feature gates.
 
 KEP-5532 ``RestartAllContainers`` needs two things:
 
@@ -7,10 +7,15 @@ KEP-5532 ``RestartAllContainers`` needs two things:
   asked with a server-side dry-run create of a probe pod, which stores nothing;
 - the node's kubelet must carry it out: a kubelet with the feature lists it in
   ``node.status.declaredFeatures`` and the scheduler places such pods only there.
+
+A gate that changes no API (``NodeLifecycleConditions`` in 1.37 only names node condition
+types) can be read only from the API server's own metric ``kubernetes_feature_enabled``
+(``detect_gate``: a ``get`` of the non-resource URL ``/metrics``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -83,3 +88,35 @@ async def detect_restart_all(kube: KubeClient, namespace: str) -> RestartAllSupp
     nodes, _ = await kube.list_all(api_path("v1", "nodes"))
     declaring = sum(1 for n in nodes if RESTART_ALL_FEATURE in ((n.get("status") or {}).get("declaredFeatures") or []))
     return RestartAllSupport(accepted, detail, len(nodes), declaring)
+
+
+GATE_METRIC = re.compile(r"^kubernetes_feature_enabled\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.eE+-]+)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True)
+class GateState:
+    name: str
+    enabled: bool | None
+    """None: the API server could not tell (``/metrics`` forbidden or unreachable, or the gate not listed)."""
+    detail: str
+
+
+def gate_from_metrics(text: str, name: str) -> bool | None:
+    """Whether gate ``name`` is on, by the ``kubernetes_feature_enabled`` lines of a Prometheus text answer; None
+    when the gate is not listed (an API server that does not know it)."""
+    for match in GATE_METRIC.finditer(text):
+        if f'name="{name}"' in match.group("labels").split(","):
+            return float(match.group("value")) == 1.0
+    return None
+
+
+async def detect_gate(kube: KubeClient, name: str) -> GateState:
+    """Whether the API server runs with feature gate ``name`` on, from its ``/metrics``."""
+    try:
+        text = await kube.get_text("/metrics")
+    except errors.KubeError as exc:
+        return GateState(name, None, f"cannot tell whether gate {name} is on: GET /metrics: {exc}")
+    enabled = gate_from_metrics(text, name)
+    if enabled is None:
+        return GateState(name, None, f"the API server's /metrics does not list gate {name}")
+    return GateState(name, enabled, f"feature gate {name} is {'on' if enabled else 'off'} (the API server's /metrics)")

@@ -21,8 +21,16 @@ FEATURE_GATES = {
     # DRA device taints (KEP-5055): GA and on by default in 1.37, set so the DRA lab never depends on a default.
     "DRADeviceTaints": True,
     "DRADeviceTaintRules": True,
+    # Node lifecycle conditions (KEP-5683, alpha in 1.37): devheal publishes DrainInProgress/Drained where on.
+    "NodeLifecycleConditions": True,
+    # Cooperative eviction (KEP-4563, alpha in 1.37): serves lifecycle.k8s.io/v1alpha1 with the runtime config below.
+    "EvictionRequestAPI": True,
 }
 """Beta gates later issues rely on, set explicitly so a default flip never surprises us."""
+
+
+RUNTIME_CONFIG = "lifecycle.k8s.io/v1alpha1=true"
+"""Alpha API versions the lab serves: an alpha group stays off without it, whatever its gate says."""
 
 
 def _bin(name: str) -> str:
@@ -76,6 +84,7 @@ def apiserver(pki: LabPki, ports: dict[str, int]) -> list[str]:
         "--max-requests-inflight=2000",
         "--max-mutating-requests-inflight=1000",
         f"--feature-gates={_gates()}",
+        f"--runtime-config={RUNTIME_CONFIG}",
         "--v=1",
     ]
 

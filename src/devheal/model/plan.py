@@ -60,6 +60,10 @@ class FindingKind(StrEnum):
     NODE_SIGNAL = "NodeSignal"
     """A node condition or taint of node-problem-detector, NVSentinel, ... that the policy maps to Degraded or
     Notify (mapped to DevicesFailed, it is a ``NodeDevicesFailed`` finding instead): reported."""
+    # Node lifecycle conditions (``devheal.engine.maintenance``).
+    MAINTENANCE_PLANNED = "MaintenancePlanned"
+    """A gang's rank on a node with ``MaintenancePlanned`` True, that has reported a step since the condition was
+    set: moved off the node where the policy says ``node.moveGangsBeforeMaintenance``."""
 
 
 POD_FINDINGS = frozenset({FindingKind.DEVICE_FAILED, FindingKind.DEVICE_ERROR_EXIT, FindingKind.CRASH_LOOP_ON_DEVICE})
@@ -97,6 +101,8 @@ class FindingSource(StrEnum):
     """A DRA driver's ResourceSlice."""
     NODE_SIGNAL = "node-signal"
     """Another tool's node condition or taint (``spec.signals``)."""
+    NODE_LIFECYCLE = "node-lifecycle"
+    """A node lifecycle condition (``MaintenancePlanned``, ...: ``devheal.model.node_lifecycle``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +189,8 @@ class Rail(StrEnum):
     MAX_CONCURRENT = "max-concurrent"
     GANG_BUDGET = "gang-budget"
     WORKLOAD_INTERVAL = "workload-interval"
+    NODE_MAINTENANCE = "node-maintenance"
+    """The node is under someone else's maintenance (``devheal.model.node_lifecycle``): no node-level action."""
 
     @property
     def reason(self) -> RemediationReason:
@@ -207,8 +215,13 @@ class RemediationReason(StrEnum):
     MAX_CONCURRENT = "MaxConcurrent"
     GANG_BUDGET = "GangBudget"
     WORKLOAD_INTERVAL = "WorkloadInterval"
+    NODE_MAINTENANCE = "NodeMaintenance"
     # Pod actions.
     EVICTED = "Evicted"
+    EVICTION_REQUESTED = "EvictionRequested"
+    """Waiting for the pod's eviction responders, asked through an ``EvictionRequest`` (KEP-4563)."""
+    EVICTED_BY_RESPONDER = "EvictedByResponder"
+    """The pod's eviction responder let it go after devheal's ``EvictionRequest``."""
     DELETED = "Deleted"
     TERMINATING = "Terminating"
     POD_GONE = "PodGone"

@@ -27,6 +27,7 @@ from devheal.model.cluster import PAUSE_ANNOTATION, WorkloadClass
 from devheal.model.degradation_policy import DegradationRules, RepairRules, parse_degradation, parse_repair
 from devheal.model.device_policy import DeviceRules, parse_devices
 from devheal.model.infrastructure_policy import InfrastructureRules, parse_infrastructure
+from devheal.model.node_lifecycle import MaintenanceRules, parse_maintenance
 from devheal.model.node_policy import DEFAULT_ESCALATION_TIMEOUT as DEFAULT_ESCALATION_TIMEOUT
 from devheal.model.node_policy import EscalationStep as EscalationStep
 from devheal.model.node_policy import NodeRules as NodeRules
@@ -212,6 +213,8 @@ class Policy:
     """``spec.degradation``: devices the agent reports Degraded (``devheal.model.degradation_policy``)."""
     repair: RepairRules = field(default_factory=RepairRules)
     """``spec.repair``: devices the agent says to send for repair (``RepeatedXid``)."""
+    maintenance: MaintenanceRules = field(default_factory=MaintenanceRules)
+    """``spec.maintenance``: gangs on nodes with planned maintenance (``devheal.model.node_lifecycle``)."""
 
     def selects_node(self, labels: Mapping[str, str]) -> bool:
         return self.node_selector.matches(labels)
@@ -272,6 +275,7 @@ _SPEC_FIELDS = frozenset(
         "signals",
         "degradation",
         "repair",
+        "maintenance",
     }
 )
 
@@ -533,6 +537,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         devices=parse_devices(spec.get("devices"), f"{prefix}.devices", PolicyError),
         spares=parse_spares(spec.get("spares"), f"{prefix}.spares", PolicyError, _selector),
         signals=parse_signals(spec.get("signals"), f"{prefix}.signals", PolicyError),
+        maintenance=parse_maintenance(spec.get("maintenance"), f"{prefix}.maintenance", PolicyError),
         degradation=parse_degradation(spec.get("degradation"), f"{prefix}.degradation", PolicyError),
         repair=parse_repair(spec.get("repair"), f"{prefix}.repair", PolicyError),
     )

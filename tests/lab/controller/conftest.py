@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from devheal.controller.node_conditions import CLEARED, NodeLifecycleWriter
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
@@ -146,6 +148,10 @@ class ControllerHarness:
             (meta.get("annotations") or {}).pop(OWNERSHIP_ANNOTATION, None)
             (meta.get("labels") or {}).pop(TEST_LABEL, None)
             await self.kube.replace(api_path("v1", "nodes", name=meta["name"]), node)
+        # devheal's drain conditions, where a drain left them (after the writes above: each reads the node anew).
+        conditions = NodeLifecycleWriter(self.kube, time.time, enabled=True)
+        for node in nodes:
+            await conditions.write(node["metadata"]["name"], CLEARED)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from devheal.model.cluster import (
     PLACEMENT_GATE,
 )
 from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
+from devheal.model.node_lifecycle import DEVHEAL_REASON, DRAIN_IN_PROGRESS, DRAINED
 from devheal.model.run_failure import RUN_FAILURE_ANNOTATION
 from devheal.model.steps import STEPS_ANNOTATION
 
@@ -82,11 +83,24 @@ def test_every_policy_is_bound_with_deny_and_fails_closed() -> None:
         assert condition["expression"] == f"request.userInfo.username == '{CONTROLLER}'"
 
 
-def test_the_controller_may_patch_nodes_and_never_replace_them() -> None:
+def test_the_controller_may_patch_nodes_and_their_status_and_never_replace_them() -> None:
     rules = by_name(documents(), "ClusterRole")["devheal-controller"]["rules"]
-    node_verbs = {v for rule in rules if "nodes" in rule["resources"] for v in rule["verbs"]}
+    node_verbs = {v for rule in rules if "nodes" in rule.get("resources", []) for v in rule["verbs"]}
     assert node_verbs == {"get", "list", "watch", "patch"}
-    assert not any(r.startswith("nodes/") for rule in rules for r in rule["resources"])
+    subresources = {
+        (r, v) for rule in rules for r in rule.get("resources", []) if r.startswith("nodes/") for v in rule["verbs"]
+    }
+    assert subresources == {("nodes/status", "patch")}, "the drain conditions (node_conditions), held by admission"
+
+
+def test_the_node_policy_lets_through_devheals_drain_conditions_and_nothing_else_of_a_status() -> None:
+    policy = by_name(documents(), "ValidatingAdmissionPolicy")["devheal-controller-node-writes"]
+    text = expressions(policy)
+    assert f"['{DRAIN_IN_PROGRESS}', '{DRAINED}']" in text
+    assert f"c.?reason.orValue('') == '{DEVHEAL_REASON}'" in text, "only conditions with devheal's reason change"
+    assert f"c.?reason.orValue('') != '{DEVHEAL_REASON}'" in text, "someone else's stay as they are"
+    for field in ("capacity", "allocatable", "addresses", "nodeInfo", "images", "declaredFeatures", "labels"):
+        assert f".?{field} ==" in text, f"a change of the node's {field} is refused"
 
 
 def test_what_the_controllers_node_writes_set_is_within_the_node_policy() -> None:

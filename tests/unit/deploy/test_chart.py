@@ -135,11 +135,13 @@ def test_the_controller_role_grants_what_the_actions_use_and_nothing_broad() -> 
     granted = {
         (group, resource, verb)
         for rule in rules
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
         for verb in rule["verbs"]
     }
     assert not any("*" in grant for grant in granted), "no wildcards"
+    urls = {(url, verb) for rule in rules for url in rule.get("nonResourceURLs", []) for verb in rule["verbs"]}
+    assert urls == {("/metrics", "get")}, "the API server's feature gates, read only"
     assert not any(resource in ("secrets", "configmaps") for _, resource, _ in granted)
     assert not any(verb in ("escalate", "bind", "impersonate") for _, _, verb in granted)
     pods = {verb for group, resource, verb in granted if (group, resource) == ("", "pods")}
@@ -147,6 +149,9 @@ def test_the_controller_role_grants_what_the_actions_use_and_nothing_broad() -> 
     assert ("", "pods/eviction", "create") in granted, "evictions through the eviction subresource"
     assert ("", "pods/status", "patch") in granted
     assert {v for g, r, v in granted if r == "nodes"} == {"get", "list", "watch", "patch"}, "patches, never PUTs"
+    assert {v for g, r, v in granted if r == "nodes/status"} == {"patch"}, "devheal's drain conditions only"
+    assert {v for g, r, v in granted if g == "lifecycle.k8s.io"} == {"get", "create", "delete"}, "EvictionRequests"
+    assert not any(r == "evictions" for g, r, _ in granted if g == "lifecycle.k8s.io"), "the system's, not devheal's"
     assert not any(r.startswith("nodedevices") and v not in ("get", "list", "watch") for _, r, v in granted)
     lease = one(docs, "Role", "devheal-controller-lease")
     assert lease["metadata"]["namespace"] == chart.NAMESPACE
@@ -160,7 +165,7 @@ def remediation_rules(docs: list[dict[str, Any]]) -> set[tuple[str, str, tuple[s
     return {
         (rule["apiGroups"][0], resource, tuple(rule["verbs"]))
         for rule in rules
-        if rule["apiGroups"][0].endswith(".medik8s.io")
+        if rule.get("apiGroups", [""])[0].endswith(".medik8s.io")
         for resource in rule["resources"]
     }
 

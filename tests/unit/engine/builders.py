@@ -12,6 +12,7 @@ from devheal.model.cluster import (
     DeviceHealth,
     DeviceStatus,
     Node,
+    NodeCondition,
     NodeDevicesReport,
     Pod,
     ReportedDevice,
@@ -47,6 +48,7 @@ def node(
     owned: Iterable[str] = (),
     gap_since: float | None = None,
     unschedulable: bool = False,
+    conditions: Iterable[NodeCondition] = (),
 ) -> Node:
     node_labels = {POOL_LABEL: pool} if pool else {}
     node_labels.update(labels or {})
@@ -61,6 +63,7 @@ def node(
         gpu_allocatable=gpus if allocatable is None else allocatable,
         owned=frozenset(owned),
         gap_since=gap_since,
+        conditions=tuple(conditions),
     )
 
 

@@ -1,13 +1,16 @@
-"""A gang restart for a slow or stalled rank replaces that rank, and only it, and leaves its node no vacancy;
-a restart for any cause also replaces the ranks the decision round found straggling."""
+"""A gang restart for a slow or stalled rank, or one moved off a node with maintenance planned, replaces that
+rank, and only it, and leaves its node no vacancy; a restart for any cause also replaces the ranks the decision
+round found straggling."""
 
 from __future__ import annotations
 
 import pytest
 
-from devheal.kube.client import KubeClient
+from devheal.kube.client import KubeClient, api_path
+from devheal.model.node_lifecycle import MAINTENANCE_PLANNED
 from devheal.model.plan import Action, Finding, FindingKind, FindingSource, Phase, TargetKind
 from devheal.model.policy import ActionKind
+from devheal.model.steps import STEPS_ANNOTATION, StepReport
 from tests.shell.fixtures import EPOCH
 from tests.shell.memapi import MemApi
 from tests.unit.shell.controller.test_gang_restart import (
@@ -21,6 +24,7 @@ from tests.unit.shell.controller.test_gang_restart import (
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
+NODES = api_path("v1", "nodes")
 
 
 def step_restart(kind: FindingKind, uid: str, pod: str = "ml/rank-2") -> Action:
@@ -105,3 +109,31 @@ async def test_a_rank_failed_with_another_code_restarts_every_rank_in_place(api:
         await actuators(kube, cache).execute(step_restart(FindingKind.RANK_FAILED, ""))
     assert evicted(api) == []
     assert [generation(api, f"rank-{i}") for i in range(3)] == ["1", "1", "1"]
+
+
+async def test_a_move_before_planned_maintenance_replaces_the_ranks_on_that_node_and_leaves_it_no_vacancy(
+    api: MemApi, kube: KubeClient
+) -> None:
+    for name in ("n0", "n1", "n2"):
+        conditions = [{"type": MAINTENANCE_PLANNED, "status": "True", "reason": "Reboot"}] if name == "n2" else []
+        api.create(
+            NODES,
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "status": {"conditions": conditions}},
+        )
+    before = EPOCH.timestamp() - 3600
+    steps = StepReport(count=10, window=10, p50=1.0, last=EPOCH.timestamp() + 5, run=before).to_annotation()
+    objs = gang(api, notes={STEPS_ANNOTATION: steps})
+    uid = objs[2]["metadata"]["uid"]
+    async with synced(kube) as cache:
+        acting = actuators(kube, cache)
+        outcome = await acting.execute(step_restart(FindingKind.MAINTENANCE_PLANNED, uid))
+    assert (outcome.phase, outcome.reason) == (Phase.IN_PROGRESS, "Restarting")
+    assert evicted(api) == ["rank-2"], "only the rank on the node with maintenance planned"
+    assert (generation(api, "rank-0"), generation(api, "rank-1")) == ("1", "1")
+    assert acting.gangs.vacancies == [], "the replacement must not be sent back to that node"
+    [marked] = [e.obj for e in api.store.log if e.type == "MODIFIED" and e.key[1:] == ("pods", "ml", "rank-2")]
+    (condition,) = marked["status"]["conditions"]
+    assert (condition["reason"], condition["message"]) == (
+        "MaintenancePlanned",
+        f"rank of gang {GANG.key} on node n2, which has maintenance planned; replaced, the gang restarts in place",
+    )
