@@ -89,12 +89,16 @@ class Row:
     """Seconds from the fault until every rank's new process had started, joined, resumed, stepped."""
 
 
-def policy(stall_after: str) -> dict[str, Any]:
+def policy(stall_after: str, join_after: str) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "selector": {"namespaces": [NS]},
         "actions": {"gang": "RestartGang"},
         "deviceErrorExitCodes": [DEVICE_ERROR_EXIT],
-        "stragglers": {"action": "ReplaceNow", "sustainedReports": 2, "stall": {"after": stall_after}},
+        "stragglers": {
+            "action": "ReplaceNow",
+            "sustainedReports": 2,
+            "stall": {"after": stall_after, "joinAfter": join_after},
+        },
         "budgets": {
             "gangRestartsPerHour": 1000,
             "workloadDisruptionInterval": "0s",
@@ -492,7 +496,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         async with await KubeClient.connect(str(lab.kubeconfig)) as kube:
             await install_crds(kube)
             await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": NS}})
-            await kube.create(api_path(GROUP_VERSION, "remediationpolicies"), policy(args.stall_after))
+            await kube.create(api_path(GROUP_VERSION, "remediationpolicies"), policy(args.stall_after, args.join_after))
             controller = await asyncio.to_thread(
                 lab.spawn_devheal, "controller", "--no-leader-elect", "--log-level=WARNING"
             )
@@ -558,6 +562,11 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: ddp, fsdp")
     parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, of: " + ", ".join(FAULTS))
     parser.add_argument("--stall-after", default="10s", help="the policy's stragglers.stall.after")
+    parser.add_argument(
+        "--join-after",
+        default="30s",
+        help="the policy's stragglers.stall.joinAfter: how long ranks at a restart's rendezvous wait for one missing",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--collective-timeout", type=float, default=120.0, help="gloo's timeout in the ranks")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds a fault has to be recovered from")
