@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from devheal.simulate.culprits import Parallelism
+
 
 class Loss(StrEnum):
     """Where a workload's wall time went when it was not doing useful work."""
@@ -93,6 +95,8 @@ class Unit:
     """After the pods run again: rendezvous + checkpoint load (gangs), model load (inference), pod start (batch)."""
     corruption_exit_code: int | None = None
     """Gangs that validate their results: the suspect rank's exit code on corruption (``GangSpec``)."""
+    parallelism: Parallelism = Parallelism.FSDP
+    """Gangs: how the work is split (``GangSpec``), which decides what their step reports show."""
     members: dict[int, int] = field(default_factory=dict)
     """node -> slot (pod index)."""
     free_slots: list[int] = field(default_factory=list)
