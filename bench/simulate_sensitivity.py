@@ -5,8 +5,9 @@
     python -m bench.simulate_sensitivity --checkpointing in-memory
 
 Each group of parameters (``devheal.simulate.sensitivity.GROUPS``: MTTR, checkpoint interval,
-restart costs, detection times, spare pool) at 0.5x and 2x, every default strategy and the ideal
-bound on the same seeds. Prints a Markdown table (for docs/simulator.md) and writes
+restart costs, detection times, spare pool) at 0.5x and 2x, and the chance that a stalled gang's
+culprit is named at 0%, 50% and 100% (the base case: the calibrated culprit model), every default
+strategy and the ideal bound on the same seeds. Prints a Markdown table (for docs/simulator.md) and writes
 bench/results/simulate_sensitivity.json.
 """
 

@@ -175,10 +175,13 @@ def _cause_table(comparison: Comparison) -> Table:
 
 def _describe(config: SimConfig, seeds: list[int], replay: Path | None) -> str:
     fleet = config.fleet
+    shapes = sorted({str(g.parallelism) for g in fleet.gangs})
     parts = [
         f"{config.preset}: {fleet.workload_nodes:,} nodes x {fleet.gpus_per_node} GPUs"
         f" (+{fleet.spare_nodes} spare nodes, {fleet.gpus:,} GPUs) for {config.days:g} days"
     ]
+    if shapes:
+        parts.append(f"{'/'.join(shapes)} gangs, culprits {config.culprits.name}")
     parts.append(
         f"trace {replay}"
         if replay
@@ -233,6 +236,22 @@ def simulate(
             "code every devheal policy declares (deviceErrorExitCodes).",
         ),
     ] = False,
+    culprit_model: Annotated[
+        str,
+        typer.Option(
+            "--culprit-model",
+            help="When a stalled gang's step reports name the rank that stopped it, and a slow rank stands out: "
+            "calibrated (measured on real PyTorch gangs, per failure class and --parallelism), always-named (a "
+            "what-if: every culprit stands out) or never-named.",
+        ),
+    ] = "calibrated",
+    parallelism: Annotated[
+        str | None,
+        typer.Option(
+            help="How the training gangs split their work: ddp or fsdp (sharded, tensor or pipeline parallel; "
+            "the presets')."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the first generated trace.")] = 0,
     seeds: Annotated[int, typer.Option(help="How many seeds to run: seed, seed+1, ...")] = 1,
     policy: Annotated[
@@ -261,7 +280,14 @@ def simulate(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from devheal.simulate.config import ConfigError, build_preset, with_checkpointing, with_result_validation
+    from devheal.simulate.config import (
+        ConfigError,
+        build_preset,
+        with_checkpointing,
+        with_culprit_model,
+        with_parallelism,
+        with_result_validation,
+    )
     from devheal.simulate.failures import TraceError
     from devheal.simulate.runner import run_comparison
     from devheal.simulate.strategies import lineup
@@ -276,6 +302,9 @@ def simulate(
         config = with_checkpointing(build_preset(preset, nodes, gpus_per_node, days), checkpointing)
         if result_validation:
             config = with_result_validation(config)
+        config = with_culprit_model(config, culprit_model)
+        if parallelism is not None:
+            config = with_parallelism(config, parallelism)
         if spare_nodes is not None:
             config = replace(config, fleet=replace(config.fleet, spare_nodes=spare_nodes))
         if rate is not None:

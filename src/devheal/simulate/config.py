@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 
+from devheal.simulate.culprits import CALIBRATED, CULPRIT_MODELS, CulpritModel, Parallelism
 from devheal.simulate.failures import DAY, LLAMA3_DAYS, LLAMA3_GPUS, TraceSpec
 
 
@@ -31,6 +32,9 @@ class CostModel:
     """Device plugin marks the GPU unhealthy -> node allocatable drops."""
     crash_detect_s: float = 30.0
     """A crashed rank exits and the job's controller notices."""
+    job_backoff_s: float = 10.0
+    """A Job's pod failed: its controller waits this long before it creates the pods again (the Job controller's
+    first pod-failure backoff, 10 s, doubling up to 6 min)."""
     nccl_timeout_s: float = 600.0
     """A hung collective is killed by the NCCL watchdog (PyTorch's default process-group timeout, 10 min)."""
     sdc_detect_s: float = 3600.0
@@ -101,6 +105,9 @@ class GangSpec:
     corruption_exit_code: int | None = None
     """The workload validates its results: when it notices corruption, the rank whose GPU produced it exits
     with this code (``--result-validation``). None: the job stops and waits for a person to find the GPU."""
+    parallelism: Parallelism = Parallelism.FSDP
+    """How the gang splits its work: whether a stalled or slow rank stands out in its step reports
+    (``culprits``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +170,11 @@ class FleetSpec:
                 raise ConfigError(f"fleet.gangs[{g.name}].nodes: expected at least 1, got {g.nodes}")
             if g.checkpoint_interval_s <= 0 or g.checkpoint_stall_s < 0 or g.restart_s < 0:
                 raise ConfigError(f"fleet.gangs[{g.name}]: checkpoint interval must be > 0, stall and restart >= 0")
+            if not isinstance(g.parallelism, Parallelism):
+                raise ConfigError(
+                    f"fleet.gangs[{g.name}].parallelism: expected one of {', '.join(Parallelism)}, "
+                    f"got {g.parallelism!r}"
+                )
             if g.checkpoint_stall_s >= g.checkpoint_interval_s:
                 raise ConfigError(f"fleet.gangs[{g.name}].checkpoint_stall_s: must be below the checkpoint interval")
         if self.inference is not None and (self.inference.replicas < 0 or self.inference.start_s < 0):
@@ -182,6 +194,8 @@ class SimConfig:
     days: float
     costs: CostModel = field(default_factory=CostModel)
     trace: TraceSpec = field(default_factory=TraceSpec)
+    culprits: CulpritModel = CALIBRATED
+    """When the step reports name a stalled gang's culprit and a slow rank (``--culprit-model``)."""
 
     @property
     def horizon_s(self) -> float:
@@ -193,6 +207,10 @@ class SimConfig:
         self.fleet.validate()
         self.costs.validate()
         self.trace.validate()
+        try:
+            self.culprits.validate()
+        except ValueError as exc:
+            raise ConfigError(f"culprits: {exc}") from exc
 
 
 # ---- checkpointing ----------------------------------------------------------------------------
@@ -239,6 +257,21 @@ def with_checkpointing(config: SimConfig, name: str) -> SimConfig:
     return replace(config, fleet=replace(config.fleet, gangs=gangs))
 
 
+def with_parallelism(config: SimConfig, name: str) -> SimConfig:
+    """Every training gang of ``config`` trains with ``name`` (``ddp`` or ``fsdp``)."""
+    if name not in set(Parallelism):
+        raise ConfigError(f"parallelism: unknown {name!r}; expected one of {', '.join(Parallelism)}")
+    gangs = tuple(replace(g, parallelism=Parallelism(name)) for g in config.fleet.gangs)
+    return replace(config, fleet=replace(config.fleet, gangs=gangs))
+
+
+def with_culprit_model(config: SimConfig, name: str) -> SimConfig:
+    """``config`` with the culprit model ``CULPRIT_MODELS[name]``."""
+    if name not in CULPRIT_MODELS:
+        raise ConfigError(f"culprit model: unknown {name!r}; expected one of {', '.join(CULPRIT_MODELS)}")
+    return replace(config, culprits=CULPRIT_MODELS[name])
+
+
 # ---- presets ---------------------------------------------------------------------------------
 
 
@@ -246,12 +279,13 @@ def llama3_405b(nodes: int | None = None, gpus_per_node: int | None = None, days
     """One training gang over the whole fleet, as in the Llama 3 405B snapshot: 2,048 nodes x 8 H100s, 54 days.
 
     Llama 3 used 16K of a 24K-GPU cluster, so spare nodes existed; how many were kept ready is not
-    published. The preset keeps 1 spare per 32 gang nodes (64 for 2,048)."""
+    published. The preset keeps 1 spare per 32 gang nodes (64 for 2,048). Llama 3 405B trained with FSDP,
+    tensor, pipeline and context parallelism: collectives inside every layer, so the gang is ``fsdp``."""
     g = gpus_per_node or 8
     n = nodes or LLAMA3_GPUS // 8
     fleet = FleetSpec(
         gpus_per_node=g,
-        gangs=(GangSpec("llama3-405b", n),),
+        gangs=(GangSpec("llama3-405b", n, parallelism=Parallelism.FSDP),),
         spare_nodes=max(1, math.ceil(n / 32)),
     )
     return SimConfig("llama3-405b", fleet, float(days if days is not None else LLAMA3_DAYS))

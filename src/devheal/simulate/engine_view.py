@@ -103,7 +103,7 @@ class CacheView:
         if unit is None or unit.uid not in self.stepping:
             return None
         costs = self.sim.costs
-        return step_report(unit, n, self.sim.nodes[n].slow, costs.step_s, costs.steps_publish_s, self.sim.now)
+        return step_report(unit, n, self.sim.reported_slow(n), costs.step_s, costs.steps_publish_s, self.sim.now)
 
     def _pod(self, n: int, steps: StepReport | None = None) -> Pod | None:
         unit = self.sim.unit_of(n)

@@ -33,6 +33,10 @@ class EventKind(IntEnum):
     """People look at a training gang's slow members (``target``: unit id)."""
     STRAGGLER_SWAP = 10
     """Slow members are swapped out at a checkpoint (``target``: unit id)."""
+    JOB_FAILED = 11
+    """A gang's rank failed on its GPU and the gang's Job controller recreates its pods (``ref``: fault index)."""
+    RESTALL = 12
+    """A gang that restarted on a node with a hidden fault stalls again (``ref``: fault index)."""
 
 
 class Event(NamedTuple):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from devheal.model.badput import CHECKPOINT_CAUSE, OTHER_CAUSE, SLOW_NODE_CAUSE, Loss
+from devheal.simulate.culprits import Parallelism
 
 
 class UnitKind(StrEnum):
@@ -74,6 +75,8 @@ class Unit:
     """After the pods run again: rendezvous + checkpoint load (gangs), model load (inference), pod start (batch)."""
     corruption_exit_code: int | None = None
     """Gangs that validate their results: the suspect rank's exit code on corruption (``GangSpec``)."""
+    parallelism: Parallelism = Parallelism.FSDP
+    """Gangs: how the work is split (``GangSpec``), which decides what their step reports show."""
     members: dict[int, int] = field(default_factory=dict)
     """node -> slot (pod index)."""
     free_slots: list[int] = field(default_factory=list)

@@ -9,7 +9,10 @@ The groups are the simulator's softest numbers (docs/simulator.md marks most of 
   in-place restart, an inference replica's start;
 - ``detection times``: every detection delay, people's response and straggler hunt, and the
   training step (the launcher's stall limit is counted in steps);
-- ``spare pool``: the number of spare nodes.
+- ``spare pool``: the number of spare nodes;
+- ``culprit naming``: the chance that a stalled gang's step reports name the rank that stopped it
+  (and that a slow rank stands out): never, half the time, always, where the base case is the
+  model calibrated on real gangs (``culprits``).
 
 For each variant every strategy replays the same seeds; a row gives each strategy's mean
 training ETTR, devheal's margin over the best baseline (mean, and the smallest over seeds)
@@ -26,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from devheal.simulate.config import SimConfig
+from devheal.simulate.culprits import named_with
 from devheal.simulate.results import StrategyResult
 from devheal.simulate.runner import Progress, run_comparison
 from devheal.simulate.strategies import BASELINES, IdealBound, StrategySpec
@@ -79,13 +83,26 @@ def _spares(config: SimConfig, factor: float) -> SimConfig:
     )
 
 
+CULPRIT_NAMING = "culprit naming"
+
 GROUPS: dict[str, Callable[[SimConfig, float], SimConfig]] = {
     "mttr": lambda c, f: _costs(c, ("hardware_repair_s", "node_reboot_s"), f),
     "checkpoint interval": _interval,
     "restart costs": _restarts,
     "detection times": lambda c, f: _costs(c, DETECTION, f),
     "spare pool": _spares,
+    CULPRIT_NAMING: lambda c, p: replace(c, culprits=named_with(p)),
 }
+GROUP_FACTORS: dict[str, tuple[float, ...]] = {CULPRIT_NAMING: (0.0, 0.5, 1.0)}
+"""Groups whose variants are not ``FACTORS``: culprit naming's are probabilities."""
+
+
+def variant_name(group: str, factor: float) -> str:
+    if group == "base":
+        return "base"
+    if group in GROUP_FACTORS:
+        return f"{group} {100 * factor:g}%"
+    return f"{group} x{factor:g}"
 
 
 @dataclass(frozen=True)
@@ -161,11 +178,13 @@ def sensitivity(
     groups: Sequence[str] = tuple(GROUPS),
     progress: Progress | None = None,
 ) -> list[Row]:
-    """The base case, then every group at each of ``FACTORS``."""
+    """The base case, then every group at each of ``FACTORS`` (or its own ``GROUP_FACTORS``)."""
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:
         raise ValueError(f"sensitivity groups: unknown {', '.join(unknown)}; expected some of {', '.join(GROUPS)}")
-    variants = [("base", 1.0, config)] + [(g, f, GROUPS[g](config, f)) for g in groups for f in FACTORS]
+    variants = [("base", 1.0, config)] + [
+        (g, f, GROUPS[g](config, f)) for g in groups for f in GROUP_FACTORS.get(g, FACTORS)
+    ]
     rows = []
     for group, factor, variant in variants:
         variant.validate()
@@ -184,8 +203,7 @@ def markdown(rows: Sequence[Row]) -> str:
     head += ["bound margin min", "bound cut"] if bound else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        variant = "base" if r.group == "base" else f"{r.group} x{r.factor:g}"
-        cells = [variant, *(f"{100 * r.ettr[n]:.1f}%" for n in names)]
+        cells = [variant_name(r.group, r.factor), *(f"{100 * r.ettr[n]:.1f}%" for n in names)]
         cells += [f"{100 * r.margin_mean:+.1f} ({100 * r.margin_min:+.1f})", f"{100 * r.remediable_cut:.0f}%"]
         if r.bound_margin_min is not None and r.bound_cut is not None:
             cells += [f"{100 * r.bound_margin_min:+.1f}", f"{100 * r.bound_cut:.0f}%"]

@@ -8,7 +8,12 @@ What happens whatever the strategy is modelled here, once, for all of them:
   failed node, every released member has been replaced from the spare pool, and the restart
   time has passed;
 - Kubernetes itself: pods leave a NotReady node after the grace period and the not-ready
-  toleration; a crashed job is restarted by its own controller (all pods recreated);
+  toleration; a crashed job is restarted by its own controller after its backoff (all pods
+  recreated: the gang is a Job or JobSet); a rank that fails on its GPU fails the gang's Job
+  the same way, and the scheduler sends the new pod elsewhere (the node's allocatable
+  dropped). The scheduler knows only what the controller knows: a node with a fault no
+  signal shows (``hidden``, ``silent``) takes new pods like any other, and a gang restarted
+  on a node with a hidden fault stalls again;
 - people: every persistent fault is eventually handled by an on-call engineer (release the
   workload, send the node to reboot or repair), and slow gang members are swapped out.
 
@@ -34,6 +39,8 @@ STALLING = frozenset({Signal.DEVICE, Signal.HIDDEN, Signal.NODE_DOWN})
 """Faults whose node's rank stops mid-step while the other ranks wait for it in a collective."""
 STRAGGLER_SWAP_CAUSE = "straggler-swap"
 """A planned stop to swap a slow member out."""
+SCHEDULER_VISIBLE = frozenset({Signal.DEVICE, Signal.NODE_DOWN})
+"""Faults the scheduler sees on a node (allocatable below capacity, NotReady): it places no new pod there."""
 
 
 class Strategy:
@@ -41,6 +48,10 @@ class Strategy:
 
     name = "strategy"
     description = ""
+    elastic = False
+    """The gang's launcher restarts failed processes in place (torchrun's elastic agent): a crash, a hang the
+    NCCL watchdog ends, or a pod recreated by its controller restarts the gang's other ranks in place
+    (``CostModel.inplace_restart_s``) instead of recreating every pod."""
 
     def attach(self, sim: Simulation) -> None:
         self.sim = sim
@@ -82,6 +93,7 @@ class Simulation:
         trace.validate()
         self.config = config
         self.costs: CostModel = config.costs
+        self.culprits = config.culprits
         self.trace = trace
         self.faults = trace.faults
         self.horizon = config.horizon_s
@@ -107,6 +119,7 @@ class Simulation:
             if fault.time <= self.horizon:
                 self.queue.push(fault.time, EventKind.FAULT, fault.node, i)
         self.strategy = strategy
+        self.elastic = strategy.elastic
         strategy.attach(self)
 
     # ---- set-up --------------------------------------------------------------------------------
@@ -148,6 +161,7 @@ class Simulation:
                 gang.restart_s,
             )
             self.units[-1].corruption_exit_code = gang.corruption_exit_code
+            self.units[-1].parallelism = gang.parallelism
         if fleet.inference is not None:
             for r in range(fleet.inference.replicas):
                 namespace = NAMESPACES[UnitKind.INFERENCE]
@@ -173,11 +187,13 @@ class Simulation:
     def release(self, node: int, recreate: bool, why: str | None, cause: str = "") -> bool:
         """The workload's pod on ``node`` is gone (deleted, failed, evicted): the unit needs a new node.
 
-        ``recreate``: every pod of the unit is recreated on restart (else only the replaced pod is new).
-        ``why``: the remediation to count (None: the caller counts it). ``cause``: what stopped a running unit."""
+        ``recreate``: every pod of the unit is recreated on restart (else only the replaced pod is new; an elastic
+        gang never recreates them). ``why``: the remediation to count (None: the caller counts it). ``cause``:
+        what stopped a running unit."""
         unit = self.unit_of(node)
         if unit is None:
             return False
+        recreate = recreate and not self.elastic
         unit.stop(self.now, cause=cause)  # a running unit stops; a restart in progress starts over without this member
         unit.end_misrouting(self.now)
         unit.stuck.discard(node)
@@ -221,9 +237,9 @@ class Simulation:
         self.queue.push(self.now + duration, EventKind.REPAIR_DONE, node, state.repair_token)
 
     def node_available(self, node: int) -> None:
-        """Give a healthy, unmarked, idle node to a waiting workload, or to the spare pool."""
+        """Give an idle node that looks healthy (``looks_healthy``) to a waiting workload, or to the spare pool."""
         state = self.nodes[node]
-        if state.unit is not None or state.faults or state.repairing or state.marks or state.down or state.in_pool:
+        if state.unit is not None or state.in_pool or not self.looks_healthy(node):
             return
         while self.waiting:
             unit = self.units[self.waiting[0]]
@@ -237,6 +253,26 @@ class Simulation:
             return
         state.in_pool = True
         self.pool.append(node)
+
+    def looks_healthy(self, node: int) -> bool:
+        """What the scheduler sees: not in repair, no mark, Ready, allocatable at capacity. A fault no signal shows
+        (``hidden``, ``silent``) does not keep new pods off the node."""
+        state = self.nodes[node]
+        if state.repairing or state.marks or state.down:
+            return False
+        return not any(self.faults[i].failure_class.signal in SCHEDULER_VISIBLE for i in state.faults)
+
+    def reported_slow(self, node: int) -> float:
+        """The step-time multiple the rank on ``node`` reports: a slow rank that stands out in its gang's step
+        times (``CulpritModel.names_slow``) reports its node's own, the others a healthy pace; where no slow rank
+        stands out, every rank reports the gang's pace (each waits for the slowest inside its step)."""
+        unit = self.unit_of(node)
+        if unit is None or unit.kind is not UnitKind.GANG:
+            return self.nodes[node].slow
+        named = [n for n in self._slow_members(unit) if self.culprits.names_slow(unit.parallelism, n)]
+        if named:
+            return self.nodes[node].slow if node in named else 1.0
+        return unit.slowdown
 
     def repair_kind_for(self, node: int) -> str:
         faults = self.nodes[node].faults
@@ -318,17 +354,26 @@ class Simulation:
         was_running = unit is not None and unit.state is UnitState.RUNNING
         self._handle_fault(index, fault, node, signal, unit)
         if unit is not None and was_running and unit.state is not UnitState.RUNNING:
-            if signal in STALLING:
-                unit.culprit = fault.node
+            self._name_culprit(unit, index)
             self.strategy.on_unit_stopped(unit, index)
         self.strategy.on_fault(index)
+
+    def _name_culprit(self, unit: Unit, index: int) -> None:
+        """A fault stopped the running ``unit``: whether its node's rank stands out as the one that stalled first
+        (``CulpritModel``); None where no rank does."""
+        fault = self.faults[index]
+        named = fault.failure_class.signal in STALLING and self.culprits.names_stall(
+            fault.cls, unit.parallelism, index, unit.restart_token
+        )
+        unit.culprit = fault.node if named else None
 
     def _handle_fault(self, index: int, fault: Fault, node: NodeState, signal: Signal, unit: Unit | None) -> None:
         costs = self.costs
         if signal in PERSISTENT:
             node.faults.append(index)
             self.broken.add(fault.node)
-            self.take_from_pool(fault.node)
+            if signal in SCHEDULER_VISIBLE:  # else the node stays in the pool: nothing shows the fault
+                self.take_from_pool(fault.node)
         human_at = self.now + costs.human_response_s * fault.human_factor
         if signal in (Signal.CRASH, Signal.HANG):
             if unit is None:
@@ -337,6 +382,8 @@ class Simulation:
             unit.stuck.add(-(index + 1))
             self._transient_unit[index] = unit.uid
             delay = costs.crash_detect_s if signal is Signal.CRASH else costs.nccl_timeout_s
+            if not self.elastic:  # the Job's controller waits its backoff; an elastic agent restarts at once
+                delay += costs.job_backoff_s
             self.queue.push(self.now + delay, EventKind.TRANSIENT_RELEASE, fault.node, index)
         elif signal is Signal.SILENT:
             self.queue.push(self.now + costs.sdc_detect_s, EventKind.SDC_DETECTED, fault.node, index)
@@ -362,16 +409,29 @@ class Simulation:
                     unit.misrouted_since = self.now  # its server answers errors and still passes readiness
             self.queue.push(human_at, EventKind.HUMAN, fault.node, index)
             if signal is Signal.DEVICE:
+                if unit is not None and unit.kind is UnitKind.GANG:  # the rank fails on its GPU: so does its Job
+                    self.queue.push(
+                        self.now + costs.crash_detect_s + costs.job_backoff_s, EventKind.JOB_FAILED, fault.node, index
+                    )
                 self.strategy.on_device_fault(fault.node, index)
 
     def restart_in_place(self, unit: Unit) -> None:
         """The workload's processes restart in their pods (a strategy's in-place gang restart): a crashed or
-        hung run no longer waits for its own controller's restart."""
-        for entry in [m for m in unit.stuck if m < 0]:
+        hung run no longer waits for its own controller's restart, and a rank on a node with a hidden fault
+        restarts where it is (its pod is fine; the gang then stalls again, ``_on_restart_done``)."""
+        for entry in [m for m in unit.stuck if m < 0 or self._hidden_only(m)]:
             unit.accrue(self.now)
             unit.stuck.discard(entry)
-            self._transient_unit.pop(-entry - 1, None)
+            if entry < 0:
+                self._transient_unit.pop(-entry - 1, None)
         self._try_restart(unit)
+
+    def _hidden_only(self, node: int) -> bool:
+        """The node's only faults are hidden ones, and it is up and not in repair: its pods can restart there."""
+        state = self.nodes[node]
+        if state.repairing or state.down or not state.faults:
+            return False
+        return all(self.faults[i].failure_class.signal is Signal.HIDDEN for i in state.faults)
 
     def _on_transient_release(self, index: int) -> None:
         if index not in self._transient_unit:
@@ -379,9 +439,17 @@ class Simulation:
         unit = self.units[self._transient_unit.pop(index)]
         unit.accrue(self.now)
         unit.stuck.discard(-(index + 1))
-        unit.recreate = True
-        self.remediations["job:restart"] += 1
+        unit.recreate = not self.elastic
+        self.remediations["elastic:restart-in-place" if self.elastic else "job:restart"] += 1
         self._try_restart(unit)
+
+    def _on_job_failed(self, index: int) -> None:
+        """The gang's rank failed on its GPU and nothing replaced it yet: the Job fails, its controller recreates
+        every pod, and the scheduler places the new one on a node with its GPUs' allocatable."""
+        fault = self.faults[index]
+        state = self.nodes[fault.node]
+        if index in state.faults and not state.repairing and not self.elastic:
+            self.release(fault.node, recreate=True, why="job:recreate-pods")
 
     def _on_evict(self, index: int) -> None:
         node = self.faults[index].node
@@ -393,9 +461,9 @@ class Simulation:
         state = self.nodes[node]
         if index not in state.faults or state.repairing:
             return  # already handled by something else
-        self.release(node, recreate=True, why="people:release")
         kind = self.repair_kind_for(node)
-        self.start_repair(node, kind, f"people:{kind}")
+        self.start_repair(node, kind, f"people:{kind}")  # first: a released node that looks healthy takes pods
+        self.release(node, recreate=True, why="people:release")
 
     def _on_sdc_detected(self, index: int) -> None:
         fault = self.faults[index]
@@ -436,7 +504,7 @@ class Simulation:
             # Back before Kubernetes evicted its pods: they run again where they were.
             unit.accrue(self.now)
             unit.stuck.discard(node)
-            unit.recreate = True
+            unit.recreate = not self.elastic
             self._try_restart(unit)
         self.strategy.on_node_repaired(node)
         self.node_available(node)
@@ -447,7 +515,23 @@ class Simulation:
             return
         unit.finish_restart(self.now, self._slowdown(unit))
         self._schedule_straggler_check(unit)
+        if unit.kind is UnitKind.GANG:
+            for node in sorted(n for n in self.broken if self.nodes[n].unit == uid):
+                hidden = [i for i in self.nodes[node].faults if self.faults[i].failure_class.signal is Signal.HIDDEN]
+                if hidden:  # restarted where a hidden fault still is: the first step's collective never ends
+                    self.queue.push(self.now + self.costs.step_s, EventKind.RESTALL, node, hidden[0])
         self.strategy.on_unit_running(unit)
+
+    def _on_restall(self, index: int) -> None:
+        fault = self.faults[index]
+        state = self.nodes[fault.node]
+        unit = self.unit_of(fault.node)
+        if index not in state.faults or state.repairing or unit is None or unit.state is not UnitState.RUNNING:
+            return
+        self._stop(unit, fault.cls)  # the same fault again: not a new interruption
+        unit.stuck.add(fault.node)
+        self._name_culprit(unit, index)
+        self.strategy.on_unit_stopped(unit, index)
 
     def _on_straggler_check(self, uid: int) -> None:
         unit = self.units[uid]
@@ -485,6 +569,8 @@ class Simulation:
             EventKind.RESTART_DONE: lambda e: self._on_restart_done(e.target, e.ref),
             EventKind.STRAGGLER_CHECK: lambda e: self._on_straggler_check(e.target),
             EventKind.STRAGGLER_SWAP: lambda e: self._on_straggler_swap(e.target),
+            EventKind.JOB_FAILED: lambda e: self._on_job_failed(e.ref),
+            EventKind.RESTALL: lambda e: self._on_restall(e.ref),
             EventKind.SIGNAL: self.strategy.on_signal,
             EventKind.FAULT: lambda e: self._on_fault(e.ref),
         }

@@ -1,17 +1,18 @@
 """The baseline strategies, modelled directly (they are not devheal policies), and the strategy line-up.
 
-What each baseline does on a GPU fault (everything else, Kubernetes and people, is common
-to all strategies and lives in ``simulation``):
+What each baseline adds (everything else, Kubernetes with its Job and JobSet controllers, and
+people, is common to all strategies and lives in ``simulation``):
 
-- ``kubernetes-default``: nothing. The device plugin lowers the node's allocatable, but the pod
-  keeps its failed GPU (its containers crash-loop or hang in place) until an on-call engineer
-  acts, after the human response time.
-- ``node-health-controller``: a timer on allocatable < capacity; when it has held for
-  ``nhc_timer_s`` the node is deleted and recreated (a fresh machine joins after
-  ``node_replace_s``). Its pods die with it, so the workload is rescheduled.
+- ``kubernetes-default``: nothing. A rank that fails on its GPU fails its Job, whose controller
+  recreates the gang's pods after its backoff, away from the node (its allocatable dropped); a
+  fault nothing shows (a hidden one) keeps the gang until an on-call engineer acts.
+- ``node-health-controller``: as NHC (medik8s) and EKS node auto-repair do it: a node condition
+  (GPU health: allocatable < capacity; or NotReady) held for ``nhc_timer_s`` -> the node is
+  deleted and recreated (a fresh machine joins after ``node_replace_s``). Its pods die with it.
 - ``pod-watcher``: deletes a pod as soon as its pod status reports an allocated GPU unhealthy
-  (KEP-4680); the workload controller recreates it elsewhere. The node is left alone (people
-  repair it later).
+  (KEP-4680), and the gang runs under torchrun's elastic agent: crashes, hangs the NCCL watchdog
+  ends and replaced pods restart the other ranks in place (the same cost as devheal's in-place
+  restart). The node is left alone (people repair it later).
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Strategy
 
 class KubernetesDefault(Strategy):
     name = "kubernetes-default"
-    description = "nothing automatic: the pod keeps its failed GPU until a person acts"
+    description = "Kubernetes alone: the Job recreates a failed gang's pods; a hidden fault waits for a person"
 
 
 class NodeHealthController(Strategy):
     name = "node-health-controller"
-    description = "allocatable < capacity for a while -> recreate the node"
+    description = "a node condition (GPU health, NotReady) held for a while -> recreate the node"
 
     def on_device_fault(self, node: int, fault: int) -> None:
         costs = self.sim.costs
@@ -43,17 +44,25 @@ class NodeHealthController(Strategy):
             self.sim.now + costs.device_plugin_detect_s + costs.nhc_timer_s, EventKind.SIGNAL, node, fault
         )
 
+    def on_fault(self, fault: int) -> None:
+        """NotReady held for the timer: the node is recreated (one that reboots by itself is back sooner)."""
+        f = self.sim.faults[fault]
+        if f.failure_class.signal is Signal.NODE_DOWN and not f.reboot_fixes:
+            held = self.sim.costs.node_not_ready_s + self.sim.costs.nhc_timer_s
+            self.sim.queue.push(self.sim.now + held, EventKind.SIGNAL, f.node, fault)
+
     def on_signal(self, event: Event) -> None:
         state = self.sim.nodes[event.target]
         if event.ref not in state.faults or state.repairing:
             return  # already repaired or being repaired
-        self.sim.release(event.target, recreate=True, why=None)
         self.sim.start_repair(event.target, "replace", "nhc:recreate-node")
+        self.sim.release(event.target, recreate=True, why=None)
 
 
 class PodWatcher(Strategy):
     name = "pod-watcher"
-    description = "delete pods whose allocated GPU is unhealthy; leave the node to people"
+    description = "delete pods whose allocated GPU is unhealthy (gangs restart elastically in place); nodes: people"
+    elastic = True
 
     def on_device_fault(self, node: int, fault: int) -> None:
         if self.sim.unit_of(node) is not None:
@@ -100,11 +109,11 @@ class IdealBound(Strategy):
             if unit is not None:
                 sim.restart_in_place(unit)
             return
+        if not state.repairing:  # first: a released node that looks healthy would take pods again
+            sim.start_repair(node, sim.repair_kind_for(node), "ideal:repair")
         if unit is not None:
             sim.release(node, recreate=False, why="ideal:replace")
             sim.restart_in_place(unit)
-        if not state.repairing:
-            sim.start_repair(node, sim.repair_kind_for(node), "ideal:repair")
 
 
 @dataclass(frozen=True)

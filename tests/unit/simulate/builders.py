@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from devheal.model.policy import Policy, parse_policy
 from devheal.simulate.config import BatchSpec, CostModel, FleetSpec, GangSpec, InferenceSpec, SimConfig
+from devheal.simulate.culprits import CALIBRATED, CulpritModel, Parallelism
 from devheal.simulate.failures import HOUR, Fault, Trace, TraceSpec
 from devheal.simulate.results import StrategyResult
 from devheal.simulate.simulation import Simulation, Strategy
@@ -18,15 +19,17 @@ def small_config(
     inference: int = 0,
     batch: int = 0,
     costs: CostModel | None = None,
+    parallelism: Parallelism = Parallelism.FSDP,
+    culprits: CulpritModel = CALIBRATED,
 ) -> SimConfig:
     fleet = FleetSpec(
         gpus_per_node=8,
-        gangs=(GangSpec("train", gang_nodes),) if gang_nodes else (),
+        gangs=(GangSpec("train", gang_nodes, parallelism=parallelism),) if gang_nodes else (),
         inference=InferenceSpec(inference) if inference else None,
         batch=BatchSpec(batch) if batch else None,
         spare_nodes=spares,
     )
-    return SimConfig("test", fleet, days, costs or CostModel(), TraceSpec())
+    return SimConfig("test", fleet, days, costs or CostModel(), TraceSpec(), culprits)
 
 
 def fault(hours: float, node: int, cls: str = "faulty-gpu", gpu: int = 3, reboot_fixes: bool = False) -> Fault:

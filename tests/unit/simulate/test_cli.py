@@ -106,3 +106,18 @@ def test_checkpointing_option_and_its_error(tmp_path: Path) -> None:
     assert "Training GPU-hours lost by cause" in result.output
     bad = runner.invoke(app, [*SMALL, "--checkpointing", "hourly", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "checkpointing: unknown 'hourly'" in bad.output
+
+
+def test_culprit_model_and_parallelism_options_and_their_errors(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, [*SMALL, "--culprit-model", "always-named", "--parallelism", "ddp", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "ddp gangs, culprits always-named" in result.output
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["config"]["culprits"] == {"name": "always-named", "probability": 1.0}
+    assert data["config"]["fleet"]["gangs"][0]["parallelism"] == "ddp"
+    bad = runner.invoke(app, [*SMALL, "--culprit-model", "sometimes", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "culprit model: unknown 'sometimes'" in bad.output
+    bad = runner.invoke(app, [*SMALL, "--parallelism", "tp", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "parallelism: unknown 'tp'" in bad.output

@@ -12,29 +12,36 @@ from .builders import fault, run, small_config
 
 GANG_GPUS = 4 * 8
 RESTART = 180 + 120  # rendezvous + checkpoint load, then every pod recreated
+IN_PLACE = 180 + 20  # rendezvous + checkpoint load, the processes restarted in their pods (an elastic gang)
+BACKOFF = 10  # the Job controller's first backoff after a pod failure
 
 
-@pytest.mark.parametrize("strategy", [KubernetesDefault, NodeHealthController, PodWatcher])
 @pytest.mark.parametrize(
-    ("cls", "recovery"),
+    ("strategy", "restart", "backoff"),
+    [(KubernetesDefault, RESTART, BACKOFF), (NodeHealthController, RESTART, BACKOFF), (PodWatcher, IN_PLACE, 0)],
+)
+@pytest.mark.parametrize(
+    ("cls", "detected", "after_backoff"),
     [
-        ("software-bug", 30 + RESTART),  # the job exits and its controller restarts it
-        ("nccl-watchdog", 600 + RESTART),  # hangs until the NCCL watchdog fires
-        ("power-supply", 50 + 300 + RESTART),  # NotReady, then pods evicted after the toleration
-        ("network", HOUR + RESTART),  # nothing points at the node: a person finds it
+        ("software-bug", 30, True),  # the job exits and its controller restarts it
+        ("nccl-watchdog", 600, True),  # hangs until the NCCL watchdog fires
+        ("power-supply", 50 + 300, False),  # NotReady, then pods evicted after the toleration
+        ("network", HOUR, False),  # nothing points at the node: a person finds it
     ],
 )
-def test_non_gpu_failures_recover_the_same_way_under_every_strategy(strategy: type, cls: str, recovery: float) -> None:
+def test_non_gpu_failures_recover_through_kubernetes_and_people_elastic_gangs_in_place(
+    strategy: type, restart: float, backoff: float, cls: str, detected: float, after_backoff: bool
+) -> None:
     result = run(small_config(), [fault(2, node=1, cls=cls)], strategy())
     assert result.interruptions == 1
-    assert result.recoveries_s == [pytest.approx(recovery)]
+    assert result.recoveries_s == [pytest.approx(detected + (backoff if after_backoff else 0) + restart)]
 
 
 def test_work_since_the_last_checkpoint_is_lost() -> None:
     # Checkpoints every 900 s: a failure at 3,700 s loses 100 s of all 32 GPUs.
     result = run(small_config(), [fault(3700 / HOUR, node=0, cls="software-bug")], KubernetesDefault())
     assert result.training_loss_gpu_hours[Loss.ROLLBACK] == pytest.approx(100 * GANG_GPUS / HOUR)
-    assert result.training_loss_gpu_hours[Loss.AWAITING_REMEDIATION] == pytest.approx(30 * GANG_GPUS / HOUR)
+    assert result.training_loss_gpu_hours[Loss.AWAITING_REMEDIATION] == pytest.approx((30 + BACKOFF) * GANG_GPUS / HOUR)
     assert result.training_loss_gpu_hours[Loss.RESTART] == pytest.approx(RESTART * GANG_GPUS / HOUR)
 
 
@@ -43,7 +50,7 @@ def test_silent_data_corruption_rolls_back_to_before_the_corruption() -> None:
     result = run(small_config(), [fault(1 + 5 / 60, node=2, cls="sdc")], PodWatcher())
     lost = result.training_loss_gpu_hours[Loss.ROLLBACK] * HOUR / GANG_GPUS
     assert lost == pytest.approx(3600 + 300)
-    assert result.recoveries_s == [pytest.approx(HOUR + RESTART)]
+    assert result.recoveries_s == [pytest.approx(HOUR + IN_PLACE)]  # the pod watcher's gang is elastic
 
 
 def test_faults_on_spares_do_not_interrupt_and_faults_on_nodes_in_repair_hit_nothing() -> None:
@@ -89,5 +96,5 @@ def test_inference_and_batch_units() -> None:
     # nearly all of it for the 330 s the replica is down.
     assert result.inference_availability is not None
     assert 1 - 1e-4 < result.inference_availability < 1
-    # The 4-hour batch job that started at 4h loses 1.5 h, then 30 s + 60 s to restart.
-    assert result.batch_goodput == pytest.approx(1 - (1.5 * HOUR + 90) / DAY)
+    # The 4-hour batch job that started at 4h loses 1.5 h, then 30 s + the backoff + 60 s to restart.
+    assert result.batch_goodput == pytest.approx(1 - (1.5 * HOUR + 30 + BACKOFF + 60) / DAY)

@@ -13,7 +13,8 @@ from devheal.engine.decide import decide
 from devheal.model.cluster import ClusterView
 from devheal.model.plan import Finding, InFlight, Phase, Plan
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
-from devheal.simulate.config import build_preset
+from devheal.simulate.config import CostModel, build_preset
+from devheal.simulate.culprits import CULPRIT_MODELS
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.failures import DAY, HOUR, TraceSpec, generate_trace
 from devheal.simulate.simulation import Simulation
@@ -22,6 +23,8 @@ from devheal.simulate.strategies import KubernetesDefault, PodWatcher
 from .builders import fault, policy, run, small_config
 
 RESTART = 180 + 120
+JOB_RECREATES = 30 + 10 + RESTART
+"""A rank failed on its GPU: its Job fails and its controller recreates every pod after its backoff."""
 ONE_GPU_FAULT = [fault(2, node=1, cls="faulty-gpu")]
 STEPS_NOTIFY = {"action": "Notify", "stall": {"action": "Notify"}}
 """Step-time findings (stragglers, stalled gangs) only notify."""
@@ -52,11 +55,12 @@ def test_decisions_go_through_the_controllers_decision_round(monkeypatch: pytest
     [
         ({}, 5 + RESTART, "devheal:FailPod"),  # default: fail the pod, the gang is recreated elsewhere
         ({"actions": {"gang": "RestartGang"}}, 5 + 180 + 20, "devheal:RestartGang"),  # in place
-        # A person acts (the stalled gang is not restarted either).
-        ({"actions": {"gang": "Notify"}, "stragglers": STEPS_NOTIFY}, HOUR + RESTART, "devheal:Notify"),
-        ({"dryRun": True}, HOUR + RESTART, "devheal:FailPod (dry-run)"),  # recorded only
-        ({"paused": True}, HOUR + RESTART, "devheal:blocked:paused"),
-        ({"selector": {"nodeSelector": {"matchLabels": {"pool": "other"}}}}, HOUR + RESTART, None),
+        # The rank fails on its GPU and its Job recreates every pod after its backoff (the stalled gang is not
+        # restarted either).
+        ({"actions": {"gang": "Notify"}, "stragglers": STEPS_NOTIFY}, JOB_RECREATES, "devheal:Notify"),
+        ({"dryRun": True}, JOB_RECREATES, "devheal:FailPod (dry-run)"),  # recorded only
+        ({"paused": True}, JOB_RECREATES, "devheal:blocked:paused"),
+        ({"selector": {"nodeSelector": {"matchLabels": {"pool": "other"}}}}, JOB_RECREATES, None),
     ],
 )
 def test_the_policy_changes_what_happens(spec: dict[str, Any], recovery: float, decided: str | None) -> None:
@@ -169,7 +173,7 @@ def test_a_ladder_climbs_when_a_rung_does_not_bring_the_node_back() -> None:
 
 
 def test_a_busy_node_with_one_failed_gpu_is_left_to_the_workload() -> None:
-    config = small_config(days=1)
+    config = small_config(days=1, costs=CostModel(crash_detect_s=2 * DAY))  # the rank runs on: its Job never fails
     p = policy("ladder", node={**LADDER, "remediation": "IdleOnly"}, actions={"gang": "Notify"})
     strategy = EngineStrategy(p)
     run(config, [fault(1, node=1, reboot_fixes=True)], strategy)  # rank 1's node; Notify keeps the rank there
@@ -253,18 +257,21 @@ def test_small_views_decide_exactly_as_the_whole_fleet_would(p: Policy) -> None:
     assert strategy.mismatches == 0
 
 
-def test_devheal_default_restarts_a_gang_in_place_where_a_pod_watcher_recreates_it() -> None:
-    # Both take the pod off its failed GPU within seconds (devheal's agent sees the XID 5 s sooner); the
-    # recommended policy then restarts the other ranks in place instead of recreating every pod.
+def test_devheal_default_restarts_a_gang_in_place_as_an_elastic_pod_watcher_does_where_the_job_recreates_it() -> None:
+    # Both take the pod off its failed GPU within seconds (devheal's agent sees the XID 5 s sooner) and restart
+    # the other ranks in place (devheal's RestartGang, the watcher's gang under torchrun's elastic agent);
+    # Kubernetes alone recreates every pod once the rank's Job failed, after its backoff.
     devheal = run(small_config(), ONE_GPU_FAULT, EngineStrategy(RECOMMENDED_POLICY)).recoveries_s
     watcher = run(small_config(), ONE_GPU_FAULT, PodWatcher()).recoveries_s
-    assert watcher[0] - devheal[0] == pytest.approx(5.0 + 120 - 20)
+    alone = run(small_config(), ONE_GPU_FAULT, KubernetesDefault()).recoveries_s
+    assert watcher[0] - devheal[0] == pytest.approx(5.0)
+    assert alone[0] - devheal[0] == pytest.approx(30 + 10 - 5 + 120 - 20)
 
 
 def test_a_hidden_fault_that_stalls_a_gang_steers_the_replacement_off_its_node_until_a_person_looked() -> None:
     """A NIC fault the node agent cannot see: the gang stalls, the rank behind is named, and its node gets the
     degraded taint marked suspect before the restart, lifted only after a person cleared the mark."""
-    config = small_config(days=1)
+    config = small_config(days=1, culprits=CULPRIT_MODELS["always-named"])  # the what-if: the rank stands out
     strategy = EngineStrategy(policy("p", actions={"gang": "RestartGang"}))
     result = run(config, [fault(2, node=1, cls="nic")], strategy)
     records = list(strategy.store.records.values())

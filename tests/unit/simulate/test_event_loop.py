@@ -137,7 +137,7 @@ def check_invariants(sim: Simulation) -> None:
     for n, state in enumerate(sim.nodes):
         assert state.in_pool == (n in pool)
         if state.in_pool:
-            assert state.unit is None and not state.faults and not state.repairing and not state.marks
+            assert state.unit is None and sim.looks_healthy(n)  # a fault nothing shows may sit in the pool
         if state.unit is not None:
             assert sim.units[state.unit].members.get(n) is not None
     for unit in sim.units:

@@ -15,6 +15,7 @@ from devheal.simulate.config import (
     with_checkpointing,
     with_result_validation,
 )
+from devheal.simulate.culprits import Parallelism
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.fleet import UnitState
 from devheal.simulate.results import demand
@@ -41,9 +42,11 @@ def test_losses_are_booked_to_the_failure_that_stopped_the_gang() -> None:
 
 
 def test_a_hidden_fault_stalls_the_gang_and_devheal_replaces_the_rank_that_stalled() -> None:
-    faults = [fault(2, node=1, cls="network")]
+    # A rank blocked on its failed SSD, outside the collectives: under DDP its step reports stand out (the bench).
+    faults = [fault(2, node=1, cls="ssd")]
+    ddp = small_config(parallelism=Parallelism.DDP)
     devheal = EngineStrategy(policy("p"))
-    result = run(small_config(), faults, devheal)
+    result = run(ddp, faults, devheal)
     # Found once no rank reported a step for the stall limit; the rank is replaced, the rest restart in place.
     assert result.recoveries_s == [pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)]
     # Its node is steered away from first (suspect: the agent sees nothing), lifted once a person repaired it.
@@ -56,9 +59,24 @@ def test_a_hidden_fault_stalls_the_gang_and_devheal_replaces_the_rank_that_stall
     assert (taint.action, taint.target) == ("TaintDegraded", "node-00001")
     assert record.resume is not None and record.node == "node-00001"
     assert record.resume.finding.kind == "GangStalled" and record.resume.finding.pod == "ml-training/train-1"
-    # Without step reports nothing in Kubernetes points at the node: a person finds it.
-    watcher = run(small_config(), faults, PodWatcher())
-    assert watcher.recoveries_s == [pytest.approx(3600 + RECREATE + GANG_RESTART)]
+    # Without step reports nothing in Kubernetes points at the node: a person finds it (the elastic gang then
+    # restarts in place).
+    watcher = run(ddp, faults, PodWatcher())
+    assert watcher.recoveries_s == [pytest.approx(3600 + IN_PLACE + GANG_RESTART)]
+
+
+def test_a_stall_whose_culprit_nobody_names_restarts_in_place_on_the_faulty_node_until_a_person_acts() -> None:
+    # A network cut: every rank waits in the same collective (the bench named none, DDP or FSDP). devheal restarts
+    # the gang in place, as the live engine does; the faulty node stays, so the gang hangs again in its first step
+    # (no step reported in the new run: nothing for the stall check to judge), until a person acts.
+    devheal = EngineStrategy(policy("p"))
+    result = run(small_config(), [fault(2, node=1, cls="network")], devheal)
+    assert result.interruptions == 1  # the same fault again is no new interruption
+    first, second = result.recoveries_s
+    assert first == pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)
+    assert first + 6.0 + second == pytest.approx(3600 + RECREATE + GANG_RESTART)  # one step ran in between
+    assert result.engine["decisions"] == {"devheal:RestartGang": 1}  # nobody named, nobody steered away from
+    assert result.remediations["people:release"] == 1
 
 
 def test_a_hung_collective_restarts_in_place_without_replacing_anyone() -> None:
@@ -73,7 +91,7 @@ def test_a_hung_collective_restarts_in_place_without_replacing_anyone() -> None:
 
 
 def test_a_slow_rank_is_found_from_step_times_and_replaced() -> None:
-    config = small_config(gang_nodes=8, days=1)
+    config = small_config(gang_nodes=8, days=1, parallelism=Parallelism.DDP)  # DDP: a slow rank stands out
     slow = {3: 1.3}
     strategy = EngineStrategy(policy("p", stragglers={"action": "ReplaceNow"}))
     sim = Simulation(config, trace_of(config, [], slow), strategy)
@@ -92,6 +110,15 @@ def test_a_slow_rank_is_found_from_step_times_and_replaced() -> None:
     # Slowed for minutes, not the day people take to find it.
     people = run(config, [], PodWatcher(), slow)
     assert result.training_loss_gpu_hours["stragglers"] < people.training_loss_gpu_hours["stragglers"] / 50
+
+
+def test_a_slow_rank_of_a_sharded_gang_does_not_stand_out_so_people_find_it() -> None:
+    # FSDP: every rank waits for the slow one inside its step, so all report the gang's pace (the bench named none).
+    config = small_config(gang_nodes=8, days=2)
+    strategy = EngineStrategy(policy("p", stragglers={"action": "ReplaceNow"}))
+    result = run(config, [], strategy, {3: 1.3})
+    assert "devheal:RestartGang" not in result.engine["decisions"]
+    assert result.remediations["people:swap-straggler"] == 1
 
 
 def test_step_reports_name_the_rank_that_stopped_first() -> None:
@@ -138,7 +165,7 @@ def test_demand_follows_the_day() -> None:
 
 
 def test_a_slow_rank_is_replaced_at_the_gangs_next_restart_by_default() -> None:
-    config = small_config(gang_nodes=8, days=1)
+    config = small_config(gang_nodes=8, days=1, parallelism=Parallelism.DDP)
     strategy = EngineStrategy(policy("p", actions={"gang": "RestartGang"}))  # stragglers: ReplaceAtRestart
     sim = Simulation(config, trace_of(config, [fault(2, node=5)], {3: 1.3}), strategy)
     result = sim.run()
@@ -168,6 +195,6 @@ def test_a_gang_that_validates_its_results_has_the_suspect_rank_replaced_on_its_
     assert result.remediations["devheal:RestartGang"] == 1
     assert RESULT_VALIDATION_EXIT_CODE in ours.policies[0].device_error_exit_codes
     # The exit code tells a pod watcher nothing: the gang waits for a person, as without validation.
-    assert run(config, sdc, PodWatcher()).recoveries_s == [pytest.approx(3600 + 120 + 180)]
+    assert run(config, sdc, PodWatcher()).recoveries_s == [pytest.approx(3600 + 20 + 180)]
     plain = run(small_config(days=1), sdc, EngineStrategy(RECOMMENDED_POLICY))
     assert plain.recoveries_s == [pytest.approx(3600 + 120 + 180)]

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from devheal.simulate.config import build_preset
-from devheal.simulate.sensitivity import FACTORS, GROUPS, markdown, sensitivity
+from devheal.simulate.sensitivity import CULPRIT_NAMING, FACTORS, GROUP_FACTORS, GROUPS, markdown, sensitivity
 from devheal.simulate.strategies import lineup
 
 
 def test_every_group_moves_its_parameters() -> None:
     config = build_preset("mixed", nodes=40, days=2)
     for name, change in GROUPS.items():
-        for factor in FACTORS:
+        for factor in GROUP_FACTORS.get(name, FACTORS):
             assert change(config, factor) != config, name
     doubled = GROUPS["restart costs"](config, 2.0)
     assert doubled.fleet.gangs[0].restart_s == 2 * config.fleet.gangs[0].restart_s
@@ -42,3 +44,15 @@ def test_with_the_bound_each_row_says_what_any_strategy_could_reach() -> None:
         assert r.bound_margin_min >= r.margin_min - 1e-9 and r.bound_cut >= r.remediable_cut - 1e-9
     assert "| bound margin min | bound cut |" in markdown(rows).splitlines()[0]
     assert rows[0].to_json()["bound_cut"] == rows[0].bound_cut
+
+
+def test_culprit_naming_is_an_axis_that_moves_devheal_and_no_baseline() -> None:
+    config = build_preset("llama3-405b", nodes=64, days=10)
+    config = replace(config, trace=replace(config.trace, rate_per_gpu_hour=2e-4))  # enough hidden faults
+    rows = sensitivity(config, lineup(), seeds=[0], groups=[CULPRIT_NAMING])
+    assert [(r.group, r.factor) for r in rows] == [("base", 1.0)] + [(CULPRIT_NAMING, p) for p in (0.0, 0.5, 1.0)]
+    for name in ("kubernetes-default", "node-health-controller", "pod-watcher"):  # they never read step reports
+        assert len({r.ettr[name] for r in rows}) == 1, name
+    never, always = rows[1].ettr["devheal-default"], rows[3].ettr["devheal-default"]
+    assert always > never
+    assert "| culprit naming 50% |" in markdown(rows)

@@ -1,0 +1,137 @@
+"""Whether a stopped gang's step reports name the rank that stopped it, calibrated from real PyTorch gangs.
+
+devheal finds the rank that stalled its gang first, and a slow rank, from the step times each
+rank's launcher publishes (``devheal.engine.stragglers``). Whether that rank stands out depends
+on what the fault does to its process and on how the gang trains; real 4-rank PyTorch gangs
+(torch 2.15, gloo) measured it per fault and shape (``bench/results/real_training.json``,
+``python -m bench.real_training --ranks 4 --hold-failed 60 --compare 1 --timeout 120 --keep``):
+
+| fault (bench)                  | DDP   | FSDP  |
+|--------------------------------|-------|-------|
+| hang, SIGSTOP mid-step         | none  | none  |
+| hang in compute                | right | none  |
+| slow 1.3x, slow 2x             | right | none  |
+| network cut                    | none  | none  |
+| device XID                     | right | right |
+
+The simulator's failure classes map onto those faults (``CLASS_FAULTS``). Under FSDP (and
+tensor or pipeline parallelism) every layer waits in a collective, so a rank blocked or slow
+in its compute holds every rank at the same step: nobody stands out. ``CulpritModel`` is the
+calibrated table, or one probability for every stall and slow rank (a what-if, and the
+sensitivity axis). Pure: every draw is a hash of what it is about, so all strategies replaying
+a trace see the same culprits.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Parallelism(StrEnum):
+    """How a training gang splits its work (``GangSpec.parallelism``)."""
+
+    DDP = "ddp"
+    """Data parallel: each rank computes a whole step, then all-reduces its gradients once."""
+    FSDP = "fsdp"
+    """Sharded (FSDP, ZeRO; tensor and pipeline parallelism alike): collectives inside every layer."""
+
+
+class BenchFault(StrEnum):
+    """The faults the real-training bench injected into one rank."""
+
+    HANG_MID_STEP = "hang"
+    HANG_IN_COMPUTE = "hang-compute"
+    SLOW = "slow"
+    NETWORK = "network"
+    DEVICE = "device"
+
+
+NAMED: Mapping[tuple[BenchFault, Parallelism], bool] = {
+    (BenchFault.HANG_MID_STEP, Parallelism.DDP): False,
+    (BenchFault.HANG_MID_STEP, Parallelism.FSDP): False,
+    (BenchFault.HANG_IN_COMPUTE, Parallelism.DDP): True,
+    (BenchFault.HANG_IN_COMPUTE, Parallelism.FSDP): False,
+    (BenchFault.SLOW, Parallelism.DDP): True,
+    (BenchFault.SLOW, Parallelism.FSDP): False,
+    (BenchFault.NETWORK, Parallelism.DDP): False,
+    (BenchFault.NETWORK, Parallelism.FSDP): False,
+    (BenchFault.DEVICE, Parallelism.DDP): True,
+    (BenchFault.DEVICE, Parallelism.FSDP): True,
+}
+"""Whether the bench's step reports named the faulty rank (``right``), per fault and parallelism."""
+
+CLASS_FAULTS: Mapping[str, BenchFault] = {
+    # The GPU errors: the rank's process fails on it (the agent sees the XID first anyway).
+    "faulty-gpu": BenchFault.DEVICE,
+    "gpu-hbm3": BenchFault.DEVICE,
+    "gpu-sram": BenchFault.DEVICE,
+    "gpu-system-processor": BenchFault.DEVICE,
+    "gpu-thermal": BenchFault.DEVICE,
+    # The node's fabric is gone: every rank waits in a collective that never completes.
+    "network": BenchFault.NETWORK,
+    "nic": BenchFault.NETWORK,
+    # The rank blocks on its own I/O, outside the collectives (data loading, checkpoint writes).
+    "ssd": BenchFault.HANG_IN_COMPUTE,
+    "io-expansion-board": BenchFault.HANG_IN_COMPUTE,
+    # The node stops: its rank's process stops wherever it was, as SIGSTOP stops it.
+    "host-maintenance": BenchFault.HANG_MID_STEP,
+    "power-supply": BenchFault.HANG_MID_STEP,
+    "server-chassis": BenchFault.HANG_MID_STEP,
+    "cpu": BenchFault.HANG_MID_STEP,
+    "system-memory": BenchFault.HANG_MID_STEP,
+}
+"""The bench fault each stalling failure class behaves as (crashes, hangs and corruption stall nothing)."""
+
+
+def _draw(*key: object) -> float:
+    """A uniform number in [0, 1) fixed by ``key``."""
+    return zlib.crc32(repr(key).encode()) / 2**32
+
+
+@dataclass(frozen=True, slots=True)
+class CulpritModel:
+    """When a stall's culprit, and a slow rank, stand out in the step reports."""
+
+    name: str
+    probability: float | None = None
+    """None: the calibrated table (``NAMED``); else every stall's culprit and every slow rank is named with
+    this probability."""
+
+    def validate(self) -> None:
+        p = self.probability
+        if p is not None and not 0.0 <= p <= 1.0:
+            raise ValueError(f"culprit model {self.name}: probability: expected 0..1, got {p!r}")
+
+    def names_stall(self, cls: str, parallelism: Parallelism, fault: int, run: int) -> bool:
+        """Whether the rank on the node of fault ``fault`` (class ``cls``) stalled the gang's run ``run`` first
+        in its step reports."""
+        if self.probability is not None:
+            return _draw("stall", fault, run) < self.probability
+        bench = CLASS_FAULTS.get(cls)
+        return bench is not None and NAMED[bench, parallelism]
+
+    def names_slow(self, parallelism: Parallelism, node: int) -> bool:
+        """Whether a slow rank on ``node`` stands out from its gang's step times."""
+        if self.probability is not None:
+            return _draw("slow", node) < self.probability
+        return NAMED[BenchFault.SLOW, parallelism]
+
+
+CALIBRATED = CulpritModel("calibrated")
+CULPRIT_MODELS: Mapping[str, CulpritModel] = {
+    "calibrated": CALIBRATED,
+    "always-named": CulpritModel("always-named", 1.0),
+    "never-named": CulpritModel("never-named", 0.0),
+}
+"""``calibrated``: the bench's table; ``always-named``: the failing rank always stands out (what the simulator
+assumed before it was calibrated, kept as a what-if); ``never-named``: it never does."""
+
+
+def named_with(probability: float) -> CulpritModel:
+    """Every stall's culprit and every slow rank named with ``probability`` (the sensitivity axis)."""
+    model = CulpritModel(f"named {100 * probability:g}%", probability)
+    model.validate()
+    return model
