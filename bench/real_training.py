@@ -24,6 +24,7 @@ steps to local disk. Each fault hits rank 1 of a gang that is stepping:
 
 For each fault and shape: ``detected_s`` (from the fault until the first Remediation of the
 gang), ``named`` (the rank the Remediation replaces: ``right``, ``wrong``, or ``none``),
+``named_later`` (the same for a later Remediation of the recovery, e.g. at the restart's rendezvous),
 ``action``, ``recovered`` (every rank stepping again in a new process within ``--timeout``),
 ``recovered_s``, ``steps_lost`` (steps done before the restart and done again after it) and
 ``pods_recreated``. The policy: ``actions.gang: RestartGang``, stragglers replaced at once,
@@ -87,6 +88,9 @@ class Row:
     evidence: str
     milestones: dict[str, float]
     """Seconds from the fault until every rank's new process had started, joined, resumed, stepped."""
+    named_later: str = "none"
+    """The rank a later Remediation of the recovery replaced (``right``, ``wrong``, ``none``): one the first
+    did not name may be named at the restart's rendezvous."""
 
 
 def policy(stall_after: str, join_after: str) -> dict[str, Any]:
@@ -379,6 +383,10 @@ async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> R
     after = await gang.pods()
     recreated = len({p["metadata"]["uid"] for p in before.values()} - {p["metadata"]["uid"] for p in after.values()})
     named, action, evidence = judge(first, victim)
+    first_uid = first["metadata"]["uid"] if first is not None else None
+    later = [r for r in await remediations(kube) if r["metadata"]["uid"] not in seen | {first_uid}]
+    later.sort(key=lambda r: r["metadata"]["creationTimestamp"])
+    named_later = next((n for n in (judge(r, victim)[0] for r in later) if n != "none"), "none")
     return Row(
         fault=fault,
         shape=gang.shape,
@@ -391,6 +399,7 @@ async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> R
         pods_recreated=recreated,
         evidence=evidence[:300],
         milestones=milestones(gang.events.read(), gang.args.ranks, fault_at),
+        named_later=named_later,
     )
 
 
@@ -550,7 +559,8 @@ def _line(row: Row) -> str:
         return "-" if v is None else f"{v:.1f}"
 
     return (
-        f"{row.fault:<11} {row.shape:<5} detected {s(row.detected_s):>5}s  named {row.named:<5} "
+        f"{row.fault:<11} {row.shape:<5} detected {s(row.detected_s):>5}s  "
+        f"named {row.named:<5} then {row.named_later:<5} "
         f"{row.action:<12} recovered {('yes' if row.recovered else 'no'):<3} {s(row.recovered_s):>5}s  "
         f"steps lost {row.steps_lost if row.steps_lost is not None else '-':>3}  pods recreated {row.pods_recreated}"
     )
