@@ -226,8 +226,14 @@ async def test_missing_pod_resources_socket_is_reported_and_the_agent_keeps_runn
     assert str(missing) in cond["message"] and "does not exist" in cond["message"]
     assert conditions(obj)["AgentReady"]["status"] == "False"
     assert conditions(obj)["TelemetryAvailable"]["status"] == "True"
-    node_cond = await node_condition(kube, node)
-    assert "pod-resources API unavailable" in node_cond["message"] and str(missing) in node_cond["message"]
+    # The Node's condition is a write of its own, after the NodeDevices report's.
+    node_cond = await wait_until(
+        lambda: node_condition(kube, node),
+        lambda c: "pod-resources API unavailable" in c.get("message", ""),
+        timeout=10,
+        what="the Node's condition naming the pod-resources API",
+    )
+    assert str(missing) in node_cond["message"]
 
     # Still running: device health keeps flowing without pods.
     await asyncio.sleep(2.0)
