@@ -275,14 +275,10 @@ def _candidate_actions(
                     generations = gang_epochs(view)
                 out.append(
                     (
-                        Action(
-                            kind=kind,
-                            target_kind=TargetKind.GANG,
-                            target=pod.workload.key,
-                            node=pod.node,
-                            finding=f,
-                            policy=policy.name,
-                            workload=pod.workload,
+                        Action.on_gang(
+                            pod,
+                            f,
+                            policy.name,
                             epoch=generations.get(pod.workload.key, 0),
                             reason=f"{f.kind} on rank {pod.key}: policy {policy.name} says {kind} "
                             f"(restart {pod.workload.kind}/{pod.workload.name} in place, replace only the broken pod)",

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 
 from devheal.model.cluster import ClusterView, Pod, WorkloadClass
 from devheal.model.node_lifecycle import maintenance_planned
-from devheal.model.plan import Action, Finding, FindingKind, FindingSource, TargetKind
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_pod
 from devheal.model.times import format_time
@@ -96,14 +96,10 @@ def candidates(
         policy = policy_for_pod(policies, pod, view.nodes.get(pod.node))
         if policy is None:
             continue
-        action = Action(
-            kind=ActionKind.RESTART_GANG,
-            target_kind=TargetKind.GANG,
-            target=pod.workload.key,
-            node=pod.node,
-            finding=f,
-            policy=policy.name,
-            workload=pod.workload,
+        action = Action.on_gang(
+            pod,
+            f,
+            policy.name,
             epoch=epochs.get(pod.workload.key, 0),
             reason=f"maintenance planned on {pod.node}: policy {policy.name} moves rank {pod.key} off it at a step "
             f"boundary (restart {pod.workload.kind}/{pod.workload.name} in place, replace that rank)",

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from devheal.engine.degradation import has_degraded_taint
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK
-from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, FindingSource, TargetKind
+from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, FindingSource
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node, policy_for_pod
 from devheal.model.rank_action import RankAction
@@ -402,14 +402,10 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
     gang |= finding.kind is FindingKind.RANK_FAILED and policy.actions[pod.workload.cls] is ActionKind.RESTART_GANG
     if gang:
         replaced = f"replace rank {pod.key}" if finding.pod_uid else "replace no rank"
-        return Action(
-            kind=ActionKind.RESTART_GANG,
-            target_kind=TargetKind.GANG,
-            target=pod.workload.key,
-            node=pod.node,
-            finding=finding,
-            policy=policy.name,
-            workload=pod.workload,
+        return Action.on_gang(
+            pod,
+            finding,
+            policy.name,
             epoch=epoch,
             reason=f"{finding.kind} in gang {pod.workload.key}: policy {policy.name} restarts it in place, {replaced}",
         )

@@ -303,6 +303,21 @@ class Action:
             kind, TargetKind.POD, pod.key, pod.node, finding, policy, pod.workload, pod.uid, reason=reason, epoch=epoch
         )
 
+    @classmethod
+    def on_gang(cls, pod: Pod, finding: Finding, policy: str, *, epoch: int, reason: str) -> Action:
+        """A ``RestartGang`` of ``pod``'s gang (``epoch``: the gang's highest restart generation)."""
+        return cls(
+            ActionKind.RESTART_GANG,
+            TargetKind.GANG,
+            pod.workload.key,
+            pod.node,
+            finding,
+            policy,
+            pod.workload,
+            reason=reason,
+            epoch=epoch,
+        )
+
     @property
     def cluster_effects(self) -> frozenset[Effect]:
         """``effects``, or (not decided yet) the kind's most disruptive effects."""
