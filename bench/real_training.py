@@ -290,9 +290,7 @@ async def remediations(kube: KubeClient) -> list[dict[str, Any]]:
 
 async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any]) -> Callable[[], None]:
     """Inject ``fault`` on the victim's rank; returns what undoes it, where something must (a cut)."""
-    rank = gang.processes.rank(VICTIM)
-    assert rank is not None
-    training = _training_pid(gang.events.read(), rank.proc.pid)
+    training = await _victims_training_pid(gang)
     node = victim["spec"]["nodeName"]
     gpu = await asyncio.to_thread(faults.gpu_index, node, pod_devices(victim)[0].device_id)
     if fault == "hang":
@@ -326,6 +324,21 @@ def _training_pid(events: list[dict[str, Any]], launcher: int) -> int:
     if not starts:
         raise RuntimeError(f"no training process under launcher {launcher}")
     return starts[-1]
+
+
+async def _victims_training_pid(gang: Gang, timeout: float = 60.0) -> int:
+    """The victim rank's training process, once its launcher has started one (it may be starting one still)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rank = gang.processes.rank(VICTIM)
+        try:
+            if rank is None:
+                raise RuntimeError(f"no process for rank {VICTIM}")
+            return _training_pid(gang.events.read(), rank.proc.pid)
+        except (RuntimeError, OSError):
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.2)
 
 
 def _children(pid: int) -> set[int]:
@@ -517,25 +530,27 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 runs = [(fault, False) for fault in args.faults]
                 runs += [(path, True) for _ in range(args.compare) for path in ("device", "recreate-all")]
                 pairs: list[Row] = []
-                for fault, paired in runs:
-                    if gang is None:
-                        gang = Gang(lab, kube, args, shape, lab.dir / f"{shape}-{len(rows) + len(pairs)}")
-                        await gang.start()
-                    if fault == "recreate-all":
-                        row = await recreate_all(gang, faults, args.timeout)
-                    else:
-                        row = await run_fault(fault, gang, faults, args.timeout)
-                    (pairs if paired else rows).append(row)
-                    print(_line(row), flush=True)
-                    try:
-                        if not row.recovered:
-                            raise TimeoutError
-                        await gang.stepping(after=time.time() - (row.recovered_s or 0) - 0.1, timeout=60)
-                    except (TimeoutError, AssertionError):
-                        await gang.stop()  # start the next fault on a fresh gang
-                        gang = None
-                if gang is not None:
-                    await gang.stop()
+                try:
+                    for fault, paired in runs:
+                        if gang is None:
+                            gang = Gang(lab, kube, args, shape, lab.dir / f"{shape}-{len(rows) + len(pairs)}")
+                            await gang.start()
+                        if fault == "recreate-all":
+                            row = await recreate_all(gang, faults, args.timeout)
+                        else:
+                            row = await run_fault(fault, gang, faults, args.timeout)
+                        (pairs if paired else rows).append(row)
+                        print(_line(row), flush=True)
+                        try:
+                            if not row.recovered:
+                                raise TimeoutError
+                            await gang.stepping(after=time.time() - (row.recovered_s or 0) - 0.1, timeout=60)
+                        except (TimeoutError, AssertionError):
+                            await gang.stop()  # start the next fault on a fresh gang
+                            gang = None
+                finally:  # a failed run leaves no rank process behind
+                    if gang is not None:
+                        await gang.stop()
                 if pairs:
                     compared[shape] = comparison(pairs) | {"rows": [asdict(r) for r in pairs]}
     finally:
