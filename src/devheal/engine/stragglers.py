@@ -24,9 +24,9 @@ compute and before its collectives, the others have reported the step that rank 
 finished and wait for it in the collective. When no rank stands out, the whole gang restarts
 in place and nobody is replaced.
 
-A gang is also **stalled at its rendezvous** when no rank has stepped in its current run and
-a majority of its ranks reported reaching the rendezvous (``report_joined``) at least
-``stall.joinAfter`` ago while the others never did: those are named (``rendezvous_stall``).
+A gang is also **stalled at its rendezvous** when no rank has stepped in its current run, a
+majority of its ranks reported reaching the rendezvous (``report_joined``), and another has
+not within ``stall.joinAfter`` of its own run's start: it is named (``rendezvous_stall``).
 
 A gang's rank has **failed** (``RankFailed``) when its launcher holds a failed run of the
 pod's current generation (``devheal launch --hold-failed``: the training command exited by
@@ -285,8 +285,8 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
 
 
 def rendezvous_stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding | None:
-    """A ``GangStalled`` finding naming the ranks that never reached their gang's rendezvous in this run, while a
-    majority of the gang did at least ``stall.joinAfter`` ago and no rank has stepped since (None otherwise).
+    """A ``GangStalled`` finding naming a rank that never reached its gang's rendezvous within ``stall.joinAfter`` of
+    its run's start, while a majority of the gang did and no rank has stepped since (None otherwise).
 
     A rank behind a cut network starts again after a restart like the others, and its launcher still acknowledges
     the restart (a pod's control traffic is not its data network), but it never reaches the rendezvous store its
@@ -307,20 +307,27 @@ def rendezvous_stall(members: Sequence[Pod], rules: StragglerRules, now: float) 
             missing.append(pod)
     if not joined or not missing or len(missing) >= len(joined):
         return None
-    first_join = min(t for _, t in joined)
-    waited = now - first_join
-    if waited < rules.stall.join_after:
+    # Each missing rank has had ``joinAfter`` since its own run began: one whose process started late (a
+    # replacement pod after the Job's backoff, a slow import) is not missing yet.
+    late = sorted(
+        (p for p in missing if p.steps and p.steps.run and now - p.steps.run >= rules.stall.join_after),
+        key=lambda p: p.key,
+    )
+    if not late:
         return None
-    culprit = sorted(missing, key=lambda p: p.key)[0]
+    culprit = late[0]
+    assert culprit.steps is not None and culprit.steps.run is not None
+    waited = now - culprit.steps.run
+    first_join = min(t for _, t in joined)
     others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
     return Finding(
         kind=FindingKind.GANG_STALLED,
         node=culprit.node,
         sources=(FindingSource.STEP_TIMES,),
-        evidence=f"rank {culprit.key}{others} of gang {culprit.workload.key} never reached its rendezvous, "
-        f"{len(joined)} of {len(members)} ranks reached it {waited:.0f}s ago (limit {rules.stall.join_after:.0f}s) "
-        f"and no rank has stepped since",
-        since=first_join + rules.stall.join_after,
+        evidence=f"rank {culprit.key}{others} of gang {culprit.workload.key} never reached its rendezvous in the "
+        f"{waited:.0f}s since its run began (limit {rules.stall.join_after:.0f}s), {len(joined)} of "
+        f"{len(members)} ranks reached it {now - first_join:.0f}s ago and no rank has stepped since",
+        since=culprit.steps.run + rules.stall.join_after,
         pod=culprit.key,
         pod_uid=culprit.uid,
         device_ids=tuple(sorted({d.device_id for d in culprit.devices})),

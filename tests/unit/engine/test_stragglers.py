@@ -323,12 +323,24 @@ def test_a_rank_that_never_reaches_its_restarts_rendezvous_is_named_once_its_pee
     run = EPOCH + 1000
     members = at_rendezvous([run + 5, None, run + 6, run + 5.5], run)
     rules = StragglerRules()  # joinAfter 120 s
-    assert rendezvous_stall(members, rules, run + 124) is None
-    f = rendezvous_stall(members, rules, run + 125)
+    assert rendezvous_stall(members, rules, run + 119) is None
+    f = rendezvous_stall(members, rules, run + 120)
     assert f is not None and f.kind is FindingKind.GANG_STALLED
     assert (f.pod, f.pod_uid, f.node) == ("train/llm-1", "uid-llm-1", members[1].node)
     assert "never reached its rendezvous" in f.evidence and "3 of 4 ranks" in f.evidence
-    assert f.since == run + 5 + 120
+    assert f.since == run + 120
+
+
+def test_a_rank_whose_run_began_late_has_join_after_from_its_own_start() -> None:
+    """A replacement pod starts after the Job's backoff while its peers are at the rendezvous already: counted from
+    their arrival, the healthy replacement would be named (and replaced again, and again)."""
+    run = EPOCH + 1000
+    members = at_rendezvous([run + 5, None, run + 6, run + 5.5], run)
+    replacement = replace(members[1], steps=StepReport(0, 0, None, None, run + 40))
+    gang = [members[0], replacement, *members[2:]]
+    assert rendezvous_stall(gang, StragglerRules(), run + 159) is None
+    f = rendezvous_stall(gang, StragglerRules(), run + 160)
+    assert f is not None and f.pod_uid == "uid-llm-1" and f.since == run + 160
 
 
 def test_no_rank_is_named_at_a_rendezvous_a_majority_never_reached() -> None:
