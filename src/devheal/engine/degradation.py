@@ -304,7 +304,7 @@ def _pod_action(f: Finding, pod: Pod, policy: Policy, epoch: int, now: float) ->
             kind=ActionKind.RESTART_GANG,
             target_kind=TargetKind.GANG,
             target=pod.workload.key,
-            target_uid="",
+            target_uid=pod.workload.incarnation,
             epoch=epoch,
             reason=f"rank {pod.key} on a degraded GPU: policy {policy.name} restarts the gang in place, replacing it",
         )

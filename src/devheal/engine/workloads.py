@@ -26,6 +26,8 @@ INFERENCE_LABELS: tuple[tuple[str, str], ...] = (("leaderworkerset.sigs.k8s.io/n
 JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 TEMPLATE_HASH_LABEL = "pod-template-hash"
+JOBSET_RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+"""The JobSet's restart count, on every pod of the attempt: a JobSet restart recreates its Jobs and their pods."""
 
 
 def classify(
@@ -33,7 +35,8 @@ def classify(
 ) -> Workload:
     for label, kind in GANG_LABELS:
         if labels.get(label):
-            return Workload(namespace, kind, labels[label], WorkloadClass.GANG)
+            attempt = labels.get(JOBSET_RESTART_ATTEMPT_LABEL, "") if kind == "JobSet" else ""
+            return Workload(namespace, kind, labels[label], WorkloadClass.GANG, incarnation=attempt)
     for label, kind in INFERENCE_LABELS:
         if labels.get(label):
             return Workload(namespace, kind, labels[label], WorkloadClass.INFERENCE)
@@ -41,7 +44,7 @@ def classify(
         return Workload(namespace, "Pod", pod_name, WorkloadClass.STANDALONE)
     if owner.kind == "Job":
         if JOB_INDEX_LABEL in labels:
-            return Workload(namespace, "Job", owner.name, WorkloadClass.GANG)
+            return Workload(namespace, "Job", owner.name, WorkloadClass.GANG, incarnation=owner.uid)
         return Workload(namespace, "Job", owner.name, WorkloadClass.BATCH)
     if owner.kind == "ReplicaSet" and restart_policy == "Always":
         pod_hash = labels.get(TEMPLATE_HASH_LABEL, "")

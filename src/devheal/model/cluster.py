@@ -92,6 +92,10 @@ class Workload:
     kind: str
     name: str
     cls: WorkloadClass
+    incarnation: str = field(default="", compare=False)
+    """Which object of that name, where a gang's owner is recreated under the same name: an indexed Job's UID, a
+    JobSet's restart attempt. Gang restarts are named by it, so a recreated gang's generations starting again at
+    0 are new decisions, not the ended ones of the gang that went before ("" where it is not known)."""
 
     @property
     def key(self) -> str:

@@ -305,7 +305,8 @@ class Action:
 
     @classmethod
     def on_gang(cls, pod: Pod, finding: Finding, policy: str, *, epoch: int, reason: str) -> Action:
-        """A ``RestartGang`` of ``pod``'s gang (``epoch``: the gang's highest restart generation)."""
+        """A ``RestartGang`` of ``pod``'s gang (``epoch``: the gang's highest restart generation; the gang's
+        incarnation names it apart from the restarts of a gang of the same name that went before)."""
         return cls(
             ActionKind.RESTART_GANG,
             TargetKind.GANG,
@@ -314,6 +315,7 @@ class Action:
             finding,
             policy,
             pod.workload,
+            pod.workload.incarnation,
             reason=reason,
             epoch=epoch,
         )
