@@ -67,7 +67,7 @@ def lab_values(image_name: str, lab_dir: Path, chart_values: Mapping[str, Any]) 
     agent_tolerations = [*chart_values["agent"]["tolerations"], real_node_toleration]
     # helm merges maps: a null value removes the chart's own selector (GPU feature discovery's label,
     # which no lab node carries).
-    agent_selector: dict[str, str | None] = {key: None for key in chart_values["agent"]["nodeSelector"]}
+    agent_selector: dict[str, str | None] = dict.fromkeys(chart_values["agent"]["nodeSelector"])
     agent_selector.update(on_real_nodes)
     return {
         "image": image_values(image_name),
@@ -236,12 +236,28 @@ def wait_ready(lab: Lab, release: str, namespace: str, say: Progress, timeout: f
 
 
 def uninstall(
-    lab: Lab, *, release: str = RELEASE, namespace: str = NAMESPACE, progress: Progress | None = None
+    lab: Lab,
+    *,
+    release: str = RELEASE,
+    namespace: str = NAMESPACE,
+    progress: Progress | None = None,
+    timeout: float = 120.0,
 ) -> None:
-    """``helm uninstall --wait``: the release's objects go (its CRDs and their objects stay, as with helm)."""
+    """``helm uninstall --wait``, then until the release's pods are gone (helm waits for the Deployment and the
+    DaemonSet, not for their pods). Its CRDs and their objects stay, as with helm."""
     say = progress or (lambda message: None)
     if lab.state() is None:
         raise LabError(f"no lab is running in {lab.dir}")
     say(f"helm uninstall {release} (namespace {namespace})")
     cmd = [str(ensure_helm()), "uninstall", release, "--namespace", namespace, "--kubeconfig", str(lab.kubeconfig)]
-    _helm([*cmd, "--wait", "--timeout", "120s"], "helm uninstall")
+    _helm([*cmd, "--wait", "--timeout", f"{timeout:.0f}s"], "helm uninstall")
+    deadline = time.monotonic() + timeout
+    left: list[str] = []
+    while time.monotonic() < deadline:
+        pods = _items(lab, "v1", "pods", namespace, f"app.kubernetes.io/instance={release}")
+        left = [pod["metadata"]["name"] for pod in pods]
+        if not left:
+            return
+        say(f"waiting for {len(left)} pod(s) to go")
+        time.sleep(0.5)
+    raise LabError(f"{release}: pods still there {timeout:.0f}s after helm uninstall: {', '.join(left)}")
