@@ -5,7 +5,10 @@ history) and serves it on a loopback HTTP API (``GET /v1/nodes[/<node>]``). A
 ``LabDeviceFeed`` polls that API on its own thread, the way the NVML backend's event
 thread waits for events: it turns XIDs it has not seen before into ``XidEvent``s for
 the node's backend and wakes the agent. One feed serves every simulated node of a
-process (it then reads ``/v1/nodes`` once per poll for all of them).
+process (it then reads ``/v1/nodes`` once per poll for all of them). Without a URL, the feed
+reads one node's state from the file the lab writes for it (a real lab node's device plugin keeps
+``<lab dir>/nodes/<node>/gpus.json``): what an agent pod on that node, without the lab's loopback
+ports, is given by a host mount.
 
 ``SimulatedBackend`` maps a simulated device to the reading a real GPU in that state
 would give, so the agent's classification decides health exactly as on a GPU node:
@@ -72,24 +75,32 @@ class LabDeviceFeed:
 
     Every ``interval`` seconds; or, given the simulator's ``state_file`` (``<lab dir>/devices.json``,
     which it rewrites on every change), only when that file changed and every ``refresh_every``
-    seconds, checking the file every ``interval`` seconds.
+    seconds, checking the file every ``interval`` seconds. With ``control_url`` None, ``state_file``
+    is one node's state (a real lab node's ``gpus.json``) and is all the feed reads.
     """
 
     def __init__(
         self,
-        control_url: str,
+        control_url: str | None,
         *,
         interval: float = 0.2,
         timeout: float = 5.0,
         state_file: Path | None = None,
         refresh_every: float = 2.0,
     ) -> None:
-        parts = urlsplit(control_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"lab control URL must be http://host:port, got {control_url!r}")
-        self.url = control_url.rstrip("/")
-        self._host = parts.hostname
-        self._port = parts.port or 80
+        if control_url is None:
+            if state_file is None:
+                raise ValueError("the lab device feed needs a control URL or a node's state file")
+            self.url = str(state_file)
+            self._host, self._port = "", 0
+        else:
+            parts = urlsplit(control_url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise ValueError(f"lab control URL must be http://host:port, got {control_url!r}")
+            self.url = control_url.rstrip("/")
+            self._host = parts.hostname
+            self._port = parts.port or 80
+        self._file_only = control_url is None
         self.interval = interval
         self.timeout = timeout
         self.state_file = state_file
@@ -135,7 +146,29 @@ class LabDeviceFeed:
         with self._poll_lock:
             return self._fetch(path)
 
+    def _read_state_file(self, path: str) -> Any:
+        """``path`` of the simulator's API answered from one node's state file."""
+        assert self.state_file is not None
+        try:
+            state = json.loads(self.state_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise TelemetryUnavailable(
+                f"cannot read the lab node's GPU state {self.state_file}: {exc}; is the lab running?",
+                reason="LabUnreachable",
+            ) from exc
+        node = state.get("node") if isinstance(state, dict) else None
+        if path == "/v1/nodes":
+            return {"nodes": {node: state}}
+        if path != f"/v1/nodes/{node}":
+            raise TelemetryUnavailable(
+                f"{self.state_file} holds the GPUs of node {node!r}, not {path.rsplit('/', 1)[-1]!r}",
+                reason="LabNodeUnknown",
+            )
+        return state
+
     def _fetch(self, path: str) -> Any:
+        if self._file_only:
+            return self._read_state_file(path)
         for attempt in (1, 2):
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)

@@ -52,6 +52,13 @@ def agent(
     lab_url: Annotated[
         str | None, typer.Option(help="Simulated backend: the node simulator's URL, instead of --lab-dir.")
     ] = None,
+    lab_state_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Simulated backend: this node's GPU state file, instead of --lab-dir or --lab-url "
+            "(an agent pod on a real lab node: <lab dir>/nodes/<node>/gpus.json, mounted from the host).",
+        ),
+    ] = None,
     all_nodes: Annotated[
         bool,
         typer.Option("--all-nodes", help="Simulated backend with --lab-dir: one agent per lab node, in this process."),
@@ -93,18 +100,34 @@ def agent(
     lab = Lab(lab_dir) if lab_dir is not None else None
     feed: LabDeviceFeed | None = None
     if backend is Backend.SIMULATED:
-        try:
-            url = lab_url or (lab.control_url() if lab is not None else None)
-        except LabError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--lab-dir") from exc
-        if url is None:
-            raise typer.BadParameter("the simulated backend needs --lab-dir or --lab-url", param_hint="--backend")
-        # With the lab directory at hand, the feed reads the simulator only when its state file changes.
-        feed = LabDeviceFeed(url, state_file=lab.devices_path, interval=0.25) if lab is not None else LabDeviceFeed(url)
+        if lab_state_file is not None:
+            if lab is not None or lab_url or all_nodes:
+                raise typer.BadParameter(
+                    "--lab-state-file is one node's GPUs: give it without --lab-dir, --lab-url and --all-nodes",
+                    param_hint="--lab-state-file",
+                )
+            feed = LabDeviceFeed(None, state_file=lab_state_file, interval=0.25)
+        else:
+            try:
+                url = lab_url or (lab.control_url() if lab is not None else None)
+            except LabError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--lab-dir") from exc
+            if url is None:
+                raise typer.BadParameter(
+                    "the simulated backend needs --lab-dir, --lab-url or --lab-state-file", param_hint="--backend"
+                )
+            # With the lab directory at hand, the feed reads the simulator only when its state file changes.
+            feed = (
+                LabDeviceFeed(url, state_file=lab.devices_path, interval=0.25)
+                if lab is not None
+                else LabDeviceFeed(url)
+            )
         if lab is not None and kubeconfig is None:
             kubeconfig = str(lab.kubeconfig)
-    elif all_nodes or lab_url:
-        raise typer.BadParameter("--all-nodes and --lab-url need --backend simulated", param_hint="--backend")
+    elif all_nodes or lab_url or lab_state_file:
+        raise typer.BadParameter(
+            "--all-nodes, --lab-url and --lab-state-file need --backend simulated", param_hint="--backend"
+        )
 
     if all_nodes:
         if feed is None or lab is None:

@@ -376,3 +376,57 @@ def image_import(directory: LabDir = None) -> None:
         raise _fail(exc) from exc
     err().print(f"imported into {', '.join(nodes)}")
     out().print(image.name)
+
+
+ReleaseOpt = Annotated[str, typer.Option("--release", help="Helm release name.")]
+NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the release (created if missing).")]
+
+
+@app.command()
+def install(
+    directory: LabDir = None,
+    release: ReleaseOpt = "devheal",
+    namespace: NamespaceOpt = "devheal-system",
+    set_values: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="A chart value, as helm's --set takes it (repeatable), over the lab's values."),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the controller and the agents.")] = 300.0,
+) -> None:
+    """Install devheal into the running lab with its Helm chart (deploy/helm/devheal), as pods on the real
+    nodes: builds (or finds) the devheal image, imports it into the real nodes, runs `helm upgrade --install`
+    with the lab's values (docs/lab.md) and waits until the controller is Available and every agent Ready."""
+    from devheal.lab import install as lab_install
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.images import ImageError
+    from devheal.lab.toolchain import ToolchainError
+
+    try:
+        with err().status("devheal install") as status:
+            image = lab_install.install(
+                Lab(directory),
+                release=release,
+                namespace=namespace,
+                sets=set_values or (),
+                progress=lambda message: status.update(message),
+                timeout=timeout,
+            )
+    except (ImageError, LabError, ToolchainError) as exc:
+        raise _fail(exc) from exc
+    out().print(f"{release} installed in namespace {namespace} ({image})")
+
+
+@app.command()
+def uninstall(
+    directory: LabDir = None, release: ReleaseOpt = "devheal", namespace: NamespaceOpt = "devheal-system"
+) -> None:
+    """Remove what `devheal lab install` installed (`helm uninstall --wait`; the CRDs stay, as with helm)."""
+    from devheal.lab import install as lab_install
+    from devheal.lab.cluster import Lab, LabError
+    from devheal.lab.toolchain import ToolchainError
+
+    try:
+        lab_install.uninstall(Lab(directory), release=release, namespace=namespace)
+    except (LabError, ToolchainError) as exc:
+        raise _fail(exc) from exc
+    out().print(f"{release} uninstalled from namespace {namespace}")

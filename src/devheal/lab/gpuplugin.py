@@ -66,6 +66,7 @@ class GpuPlugin:
         self.gpus = gpus
         self.state_file = state_file
         load_health(gpus, state_file)
+        self.save()  # from the start: the node's agent pod reads its GPUs from this file (devheal.lab.install)
         self.server = DevicePluginServer(plugin_dir, GPU_RESOURCE, ENDPOINT, self.advertised())
 
     def save(self) -> None:

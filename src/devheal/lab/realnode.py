@@ -4,9 +4,11 @@ A real node lives in ``<lab>/nodes/<name>/`` (configuration, containerd's root a
 root, pod logs) and in a mount namespace of its own: containerd starts in a new one (``unshare``)
 and kubelet joins it (``nsenter``), so what they mount (container root filesystems, the pods'
 network namespaces, kubelet's volumes) is invisible to the machine and goes away with them. In
-that namespace two fixed paths are the node's own: ``/var/lib/kubelet/device-plugins`` (where
-kubelet always listens for device plugins) is bound to the node's directory, and
-``/run/containerd`` (where containerd always puts its shims' sockets) is a private tmpfs.
+that namespace three fixed paths are the node's own: ``/var/lib/kubelet/device-plugins`` (where
+kubelet always listens for device plugins) and ``/var/lib/kubelet/pod-resources`` (where a node
+agent finds kubelet's pod-resources socket, as on any node: the chart mounts that host path) are
+bound to the node's directories, and ``/run/containerd`` (where containerd always puts its shims'
+sockets) is a private tmpfs.
 
 Networking: each node has a Linux bridge with a /24 of its own in a 10.x.0.0/16 the lab picks
 clear of the machine's routes; containerd's CNI (bridge + host-local + portmap; loopback for
@@ -51,12 +53,14 @@ schedule onto kwok nodes only; a pod meant for a real node tolerates the taint."
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 HOST_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+HOST_POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")
 HOST_CONTAINERD_RUN_DIR = Path("/run/containerd")
 
 _NAMESPACE_SETUP = f"""set -e
 mount --bind "$1" {HOST_DEVICE_PLUGIN_DIR}
+mount --bind "$2" {HOST_POD_RESOURCES_DIR}
 mount -t tmpfs -o mode=0711 devheal-lab {HOST_CONTAINERD_RUN_DIR}
-shift
+shift 2
 exec "$@"
 """
 
@@ -328,7 +332,7 @@ def kubernetes_service_rule(node: RealNode, apiserver_port: int) -> list[str]:
 
 
 def containerd_command(node: RealNode) -> list[str]:
-    """containerd in a new private mount namespace, with the node's two fixed paths set up first."""
+    """containerd in a new private mount namespace, with the node's three fixed paths set up first."""
     return [
         "unshare",
         "--mount",
@@ -339,6 +343,7 @@ def containerd_command(node: RealNode) -> list[str]:
         _NAMESPACE_SETUP,
         "devheal-lab-node",
         str(node.device_plugin_dir),
+        str(node.pod_resources_socket.parent),
         str(toolchain.node_binary("containerd")),
         f"--config={node.containerd_config}",
     ]
@@ -372,21 +377,21 @@ def node_environment() -> dict[str, str]:
 
 def prepare(node: RealNode, ca_cert: Path, kubeconfig: str, port: int, healthz_port: int, apiserver_port: int) -> None:
     """Write the node's configuration and make what it needs on the machine: its cgroup root in every
-    hierarchy, its bridge with the gateway address, the two mount points its namespace binds over, and
+    hierarchy, its bridge with the gateway address, the three mount points its namespace binds over, and
     the way from its pods to the API server through the ``kubernetes`` Service."""
     import yaml
 
     # Every `up` is a fresh node, as it is a fresh cluster: no containers, images or addresses from an earlier run.
     # (Nothing of an earlier run is mounted here: its mounts lived and died in its own mount namespace.)
     shutil.rmtree(node.dir, ignore_errors=True)
-    for sub in ("containerd", "kubelet", "device-plugins", "pod-logs", "pki", "cni/net.d", "cni/ipam"):
+    for sub in ("containerd", "kubelet/pod-resources", "device-plugins", "pod-logs", "pki", "cni/net.d", "cni/ipam"):
         (node.dir / sub).mkdir(parents=True, exist_ok=True)
     node.containerd_config.write_text(containerd_toml(node))
     (node.cni_conf_dir / "10-devheal-lab.conflist").write_text(json.dumps(cni_conflist(node), indent=2))
     node.kubelet_config.write_text(yaml.safe_dump(kubelet_configuration(node, ca_cert, port, healthz_port)))
     node.kubeconfig.write_text(kubeconfig)
     node.kubeconfig.chmod(0o600)
-    for path in (HOST_DEVICE_PLUGIN_DIR, HOST_CONTAINERD_RUN_DIR):
+    for path in (HOST_DEVICE_PLUGIN_DIR, HOST_POD_RESOURCES_DIR, HOST_CONTAINERD_RUN_DIR):
         path.mkdir(parents=True, exist_ok=True)
     _make_cgroup_root(node)
     _make_bridge(node)

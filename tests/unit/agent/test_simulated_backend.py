@@ -249,6 +249,50 @@ def test_with_the_state_file_the_feed_reads_only_after_a_change(sim: FakeSimulat
         feed.stop()
 
 
+def _write_node_state(path: Path, gpus: SimulatedNodeGpus) -> None:
+    """As a real lab node's device plugin writes its gpus.json: a new file replaces the old."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(gpus.to_json(time.time())))
+    partial.replace(path)
+
+
+def test_without_a_url_the_feed_reads_one_nodes_state_file(tmp_path: Path) -> None:
+    state = tmp_path / "gpus.json"
+    gpus = SimulatedNodeGpus.create("real-0", 2, "NVIDIA H100 80GB HBM3")
+    _write_node_state(state, gpus)
+    feed = LabDeviceFeed(None, interval=0.02, state_file=state)
+    backend = SimulatedBackend(feed, "real-0")
+    try:
+        backend.start()
+        assert [d.index for d in backend.inventory()] == [0, 1]
+        gpus.inject_xid(1, 79, time.time())
+        _write_node_state(state, gpus)
+        deadline = time.monotonic() + 2
+        events: list[Any] = []
+        while not events and time.monotonic() < deadline:
+            events = list(backend.sample(time.time()).events)
+            time.sleep(0.01)
+        assert [(e.uuid, e.code) for e in events] == [(gpus.devices[1].uuid, 79)]
+        assert backend.sample(time.time()).readings[1].lost
+    finally:
+        feed.stop()
+
+
+def test_a_state_file_of_another_node_or_none_is_telemetry_unavailable(tmp_path: Path) -> None:
+    state = tmp_path / "gpus.json"
+    _write_node_state(state, SimulatedNodeGpus.create("real-0", 1, "NVIDIA H100 80GB HBM3"))
+    feed = LabDeviceFeed(None, interval=3600, state_file=state)
+    with pytest.raises(TelemetryUnavailable, match="holds the GPUs of node 'real-0', not 'real-1'"):
+        SimulatedBackend(feed, "real-1").start()
+    feed.stop()
+    missing = LabDeviceFeed(None, interval=3600, state_file=tmp_path / "none.json")
+    with pytest.raises(TelemetryUnavailable, match="cannot read the lab node's GPU state"):
+        SimulatedBackend(missing, "real-0").start()
+    missing.stop()
+    with pytest.raises(ValueError, match="needs a control URL or a node's state file"):
+        LabDeviceFeed(None)
+
+
 # ---- NVML's recovery action, as the lab sets it -----------------------------------------------------------------
 
 

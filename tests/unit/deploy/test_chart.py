@@ -246,6 +246,20 @@ def test_the_agent_gets_the_pod_resources_socket_and_nvml_and_nothing_more() -> 
     assert "runtimeClassName" not in plain["spec"]["template"]["spec"]
 
 
+def test_extra_agent_volumes_are_mounted_beside_the_charts_own() -> None:
+    volume = {"name": "lab-nodes", "hostPath": {"path": "/tmp/lab/nodes", "type": "Directory"}}
+    mount = {"name": "lab-nodes", "mountPath": "/lab-nodes", "readOnly": True}
+    daemonset = one(
+        documents("--set-json", f"agent.extraVolumes=[{json.dumps(volume)}]",
+                  "--set-json", f"agent.extraVolumeMounts=[{json.dumps(mount)}]"),
+        "DaemonSet",
+    )  # fmt: skip
+    pod = daemonset["spec"]["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["pod-resources", "classification", "lab-nodes"]
+    assert pod["volumes"][-1] == volume
+    assert pod["containers"][0]["volumeMounts"][-1] == mount
+
+
 def test_admission_policies_name_the_release_service_accounts() -> None:
     docs = documents("--namespace", "gpu-ops")  # the last --namespace wins
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}

@@ -3,6 +3,7 @@ GPUs' health outlives the process (a device plugin restart is a new process)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,13 @@ async def test_the_next_plugin_process_starts_with_the_health_the_last_one_saved
     again = _plugin(tmp_path)
     assert [d.healthy for d in again.server.devices] == [False, True]
     assert again.snapshot()["devices"][0]["reason"].startswith("XID 48")
+
+
+def test_the_plugin_writes_its_gpus_state_when_it_starts(tmp_path: Path) -> None:
+    # The node's agent pod reads this file (devheal.lab.install), before any fault too.
+    _plugin(tmp_path)
+    saved = json.loads((tmp_path / "gpus.json").read_text())
+    assert saved["node"] == "gpu-node-001" and [d["health"] for d in saved["devices"]] == ["Healthy", "Healthy"]
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,11 @@ from devheal.lab.cluster import LabError, LabSpec, LabState
 from devheal.lab.commands import FEATURE_GATES
 from devheal.lab.images import PAUSE_IMAGE
 from devheal.lab.realnode import (
+    HOST_POD_RESOURCES_DIR,
     REAL_NODE_LABEL,
     RealNode,
     cni_conflist,
+    containerd_command,
     containerd_toml,
     kubelet_configuration,
     pick_pod_network,
@@ -104,3 +106,14 @@ def test_real_nodes_are_the_last_nodes_and_leave_the_simulator_the_rest(tmp_path
 def test_impossible_real_node_counts_are_refused_with_the_option_named(spec: LabSpec, message: str) -> None:
     with pytest.raises(LabError, match=message.replace("(", r"\(").replace(")", r"\)")):
         spec.validate()
+
+
+def test_the_node_namespace_shows_its_own_kubelet_sockets_at_the_usual_host_paths() -> None:
+    # A pod mounting /var/lib/kubelet/pod-resources (the chart's agent) finds its own node's kubelet there.
+    node = _node()
+    command = containerd_command(node)
+    script = command[command.index("-c") + 1]
+    assert f'mount --bind "$2" {HOST_POD_RESOURCES_DIR}' in script
+    args = command[command.index("-c") + 3 :]
+    assert args[:2] == [str(node.device_plugin_dir), str(node.pod_resources_socket.parent)]
+    assert node.pod_resources_socket.parent == node.kubelet_root / "pod-resources"
