@@ -10,6 +10,10 @@ nodes devheal marked, nodes with remediations in flight) and their pods and agen
 The round's decisions become effects on the simulated fleet (``engine_effects``), their
 records are kept in ``engine_records``.
 
+The gangs run under devheal's launcher as docs/gangs.md recommends: step reports, reaching
+the rendezvous (``joined``), and ``--hold-failed 60`` (a crashed rank's failed run is held on
+its pod, ``Pod.run_failure``, and the engine's ``RankFailed`` restarts the gang in place).
+
 A small view gives the same findings as the whole fleet would (healthy, unmarked nodes
 produce none), but budgets counted in percent of the fleet and the circuit breaker do
 depend on the fleet size. A smaller view only makes those rails stricter, so a plan that

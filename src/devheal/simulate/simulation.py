@@ -9,11 +9,13 @@ What happens whatever the strategy is modelled here, once, for all of them:
   time has passed;
 - Kubernetes itself: pods leave a NotReady node after the grace period and the not-ready
   toleration; a crashed job is restarted by its own controller after its backoff (all pods
-  recreated: the gang is a Job or JobSet); a rank that fails on its GPU fails the gang's Job
+  recreated: the gang is a Job or JobSet; under ``devheal launch --hold-failed`` only once the
+  launchers' hold ends, ``Strategy.hold_failed_s``); a rank that fails on its GPU fails the gang's Job
   the same way, and the scheduler sends the new pod elsewhere (the node's allocatable
   dropped). The scheduler knows only what the controller knows: a node with a fault no
   signal shows (``hidden``, ``silent``) takes new pods like any other, and a gang restarted
-  on a node with a hidden fault stalls again;
+  on a node with a hidden fault stalls again: at its rendezvous where the fault cuts the rank off
+  from its peers (network, NIC: ``culprits.MISSES_RENDEZVOUS``), else in its first step;
 - people: every persistent fault is eventually handled by an on-call engineer (release the
   workload, send the node to reboot or repair), and slow gang members are swapped out.
 
