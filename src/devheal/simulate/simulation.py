@@ -331,11 +331,15 @@ class Simulation:
             start, duration = 0.0, unit.restart_s
         if unit.recreate:
             unit.generation += 1
-        if unit.kind is UnitKind.GANG and any(self._misses_rendezvous(n) for n in unit.members):
+        if unit.kind is UnitKind.GANG and self._cut_off(unit):
             # A member cut off from its peers: the processes start, and the gang goes no further than its rendezvous.
             self.queue.push(self.now + start, EventKind.RENDEZVOUS, unit.uid, unit.restart_token)
             return
         self.queue.push(self.now + duration, EventKind.RESTART_DONE, unit.uid, unit.restart_token)
+
+    def _cut_off(self, unit: Unit) -> list[int]:
+        """The unit's member nodes whose ranks cannot reach its rendezvous (``_misses_rendezvous``)."""
+        return sorted(n for n in self.broken if self.nodes[n].unit == unit.uid and self._misses_rendezvous(n))
 
     def _misses_rendezvous(self, node: int) -> bool:
         """The node's rank cannot reach its gang's rendezvous: a fault that cuts it off from its peers stays on the
@@ -561,7 +565,7 @@ class Simulation:
         unit = self.units[uid]
         if token != unit.restart_token or unit.state is not UnitState.RESTARTING:
             return
-        cut = [n for n in sorted(unit.members) if self._misses_rendezvous(n)]
+        cut = self._cut_off(unit)
         if not cut:
             self.queue.push(self.now + unit.restart_s, EventKind.RESTART_DONE, uid, token)
             return
