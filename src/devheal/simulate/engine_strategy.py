@@ -140,6 +140,8 @@ class EngineStrategy(Strategy):
         judges them (the whole gang in view, as the controller's cache holds every rank)."""
         if unit.kind is not UnitKind.GANG:
             return
+        if unit.held_runs and self.sim.faults[fault].failure_class.signal is Signal.CRASH:
+            return  # a held crash is no stall (``stall`` skips a gang holding a failed run): RankFailed acts on it
         rules = self.policy.stragglers.stall
         if unit.rendezvous_at is not None:
             # Stopped at a restart's rendezvous: the launchers acknowledged the restart (their processes started);
