@@ -77,7 +77,8 @@ CLASS_FAULTS: Mapping[str, BenchFault] = {
     "gpu-sram": BenchFault.DEVICE,
     "gpu-system-processor": BenchFault.DEVICE,
     "gpu-thermal": BenchFault.DEVICE,
-    # The node's fabric is gone: every rank waits in a collective that never completes.
+    # The node's fabric is gone: every rank waits in a collective that never completes (the stall names nobody;
+    # after the in-place restart the rank never reaches the rendezvous, which names it: MISSES_RENDEZVOUS).
     "network": BenchFault.NETWORK,
     "nic": BenchFault.NETWORK,
     # The rank blocks on its own I/O, outside the collectives (data loading, checkpoint writes).
