@@ -16,7 +16,14 @@ on what the fault does to its process and on how the gang trains; real 4-rank Py
 
 The simulator's failure classes map onto those faults (``CLASS_FAULTS``). Under FSDP (and
 tensor or pipeline parallelism) every layer waits in a collective, so a rank blocked or slow
-in its compute holds every rank at the same step: nobody stands out. ``CulpritModel`` is the
+in its compute holds every rank at the same step: nobody stands out.
+
+A stall nobody is named for restarts the gang in place, and a fault that stays on a node can name its rank
+then: a rank cut off from its peers (``MISSES_RENDEZVOUS``) starts again but never reaches its gang's rendezvous
+(``report_joined``), and the engine names it once the others have waited there ``stall.joinAfter``
+(``engine.stragglers.rendezvous_stall``; real DDP gang, network cut on one rank: the stall found in 10.7 s with
+no rank named, then that rank named at the rendezvous and replaced, every rank stepping again 94 s after the
+fault with ``joinAfter: 30s``). ``CulpritModel`` is the
 calibrated table, or one probability for every stall and slow rank (a what-if, and the
 sensitivity axis). Pure: every draw is a hash of what it is about, so all strategies replaying
 a trace see the same culprits.
@@ -70,7 +77,8 @@ CLASS_FAULTS: Mapping[str, BenchFault] = {
     "gpu-sram": BenchFault.DEVICE,
     "gpu-system-processor": BenchFault.DEVICE,
     "gpu-thermal": BenchFault.DEVICE,
-    # The node's fabric is gone: every rank waits in a collective that never completes.
+    # The node's fabric is gone: every rank waits in a collective that never completes (the stall names nobody;
+    # after the in-place restart the rank never reaches the rendezvous, which names it: MISSES_RENDEZVOUS).
     "network": BenchFault.NETWORK,
     "nic": BenchFault.NETWORK,
     # The rank blocks on its own I/O, outside the collectives (data loading, checkpoint writes).
@@ -84,6 +92,13 @@ CLASS_FAULTS: Mapping[str, BenchFault] = {
     "system-memory": BenchFault.HANG_MID_STEP,
 }
 """The bench fault each stalling failure class behaves as (crashes, hangs and corruption stall nothing)."""
+
+MISSES_RENDEZVOUS = frozenset({"network", "nic"})
+"""Classes whose fault, while it stays on the node, keeps the rank from its peers after a restart too: its process
+starts again and its launcher still reaches the API server (a pod's control traffic is not its data network), but
+it never reaches the rendezvous store its peers connect to. The others (SSD, IO board: the rank reaches the
+rendezvous and blocks on its own I/O later) step no more than it does after the restart, so nothing names them;
+a node-down fault takes the pod itself away."""
 
 
 def _draw(*key: object) -> float:

@@ -49,8 +49,8 @@ class FleetEffects:
         self.slow_ranks = slow_ranks
         """UIDs of the ranks the rounds found straggling: a gang restart replaces them (``ReplaceAtRestart``)."""
         self.index = {node_name(i): i for i in range(len(sim.nodes))}
-        self.gang_restarts: dict[str, int] = {}
-        """Gang-wide RestartGang records in progress -> the unit restarting."""
+        self.gang_restarts: dict[str, tuple[int, int]] = {}
+        """Gang-wide RestartGang records in progress -> the unit restarting and the generation written."""
         self.decisions: Counter[str] = Counter()
 
     def carry_on_gang(self, action: Action) -> None:
@@ -59,8 +59,11 @@ class FleetEffects:
         if name not in self.gang_restarts:
             return
         record = self.store.records[name]
-        unit = self.sim.units[self.gang_restarts[name]]
-        if unit.run_start >= record.started:  # the gang has run again since
+        uid, generation = self.gang_restarts[name]
+        unit = self.sim.units[uid]
+        # Every rank runs at the new generation, as the controller ends a restart: the gang ran again, or its
+        # launchers acknowledged it and the new run stopped (at its rendezvous, a member missing; or crashed).
+        if unit.run_start >= record.started or self.cache.acknowledged.get(uid, 0) >= generation:
             del self.gang_restarts[name]
             self.store.store(replace(record, phase=Phase.SUCCEEDED))
             return
@@ -95,7 +98,7 @@ class FleetEffects:
                 self.cache.generation[unit.uid] = self.cache.generation.get(unit.uid, 0) + 1
             if action.target_kind is TargetKind.GANG and unit is not None:
                 phase = Phase.IN_PROGRESS
-                self.gang_restarts[action.name] = unit.uid
+                self.gang_restarts[action.name] = (unit.uid, self.cache.generation[unit.uid])
         elif action.target_kind is TargetKind.POD:
             if action.kind is not ActionKind.NOTIFY:
                 self._release_pod(n, action.target, action.target_uid, recreate=True)

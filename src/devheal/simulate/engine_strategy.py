@@ -10,6 +10,10 @@ nodes devheal marked, nodes with remediations in flight) and their pods and agen
 The round's decisions become effects on the simulated fleet (``engine_effects``), their
 records are kept in ``engine_records``.
 
+The gangs run under devheal's launcher as docs/gangs.md recommends: step reports, reaching
+the rendezvous (``joined``), and ``--hold-failed 60`` (a crashed rank's failed run is held on
+its pod, ``Pod.run_failure``, and the engine's ``RankFailed`` restarts the gang in place).
+
 A small view gives the same findings as the whole fleet would (healthy, unmarked nodes
 produce none), but budgets counted in percent of the fleet and the circuit breaker do
 depend on the fleet size. A smaller view only makes those rails stricter, so a plan that
@@ -28,6 +32,7 @@ from typing import Any
 
 from devheal.engine.decide import Overdue
 from devheal.engine.rounds import DUE_SLACK, DecisionRound, Pacing
+from devheal.engine.stragglers import FAILED_RUN_SETTLE
 from devheal.model.cluster import ClusterView
 from devheal.model.degradation_policy import SUSPECT_MARK
 from devheal.model.plan import Action, Blocked, InFlight, Phase, Plan, Rail
@@ -44,13 +49,16 @@ STEP_SAMPLE = 5
 """Ordinary ranks in a step round beyond twice the outstanding ones (see ``_step_members``)."""
 SLACK_S = DUE_SLACK
 """Rounds scheduled for a policy duration run just after it, so ``now - since >= duration`` holds."""
+HOLD_FAILED_S = 60.0
+"""The gangs' launchers run with ``devheal launch --hold-failed 60`` (docs/gangs.md: "60 s is a fair start")."""
 
 
 class EngineStrategy(Strategy):
     """Decisions from devheal's engine under one ``RemediationPolicy``."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, hold_failed_s: float | None = HOLD_FAILED_S) -> None:
         self.policy = policy
+        self.hold_failed_s = hold_failed_s
         self.policies = [policy]
         self.name = "devheal-default" if policy is RECOMMENDED_POLICY else f"policy:{policy.name}"
         actions = ", ".join(f"{cls}={kind}" for cls, kind in policy.actions.items())
@@ -96,6 +104,16 @@ class EngineStrategy(Strategy):
         self.watch.add(node)
         self._schedule(self.sim.now + self.sim.costs.pod_status_detect_s + SLACK_S)
 
+    def on_run_held(self, node: int) -> None:
+        """The launcher writes its held run on its pod at once; the engine judges it once its peers' failures are in
+        (``FAILED_RUN_SETTLE``): ``RankFailed``. A command that ran and failed was started by a launcher that had
+        acknowledged its gang's current restart generation (a crash during an in-place restart is of the new one)."""
+        self.watch.add(node)
+        unit = self.sim.unit_of(node)
+        if unit is not None and unit.uid in self.cache.generation:
+            self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
+        self._schedule(self.sim.now + FAILED_RUN_SETTLE + SLACK_S)
+
     def on_node_repaired(self, node: int) -> None:
         if node in self.watch:
             self._schedule(self.sim.now)
@@ -122,8 +140,17 @@ class EngineStrategy(Strategy):
         judges them (the whole gang in view, as the controller's cache holds every rank)."""
         if unit.kind is not UnitKind.GANG:
             return
-        limit = self.policy.stragglers.stall.limit(self.sim.costs.step_s)
-        self._judge_steps(unit, [self.sim.now + limit + SLACK_S])
+        if unit.held_runs and self.sim.faults[fault].failure_class.signal is Signal.CRASH:
+            return  # a held crash is no stall (``stall`` skips a gang holding a failed run): RankFailed acts on it
+        rules = self.policy.stragglers.stall
+        if unit.rendezvous_at is not None:
+            # Stopped at a restart's rendezvous: the launchers acknowledged the restart (their processes started);
+            # the ranks that reached it wait there for joinAfter before the missing one is named.
+            if unit.uid in self.cache.generation:
+                self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
+            self._judge_steps(unit, [unit.rendezvous_at + rules.join_after + SLACK_S])
+            return
+        self._judge_steps(unit, [self.sim.now + rules.limit(self.sim.costs.step_s) + SLACK_S])
 
     def on_unit_running(self, unit: Unit) -> None:
         """A gang runs again: its launchers acknowledge the restart generation. With a slow rank: rounds at each
@@ -150,6 +177,7 @@ class EngineStrategy(Strategy):
         odd = {n for n in (*self.sim.slow_nodes, *self.watch) if n in members}
         if unit.culprit is not None and unit.culprit in members:
             odd.add(unit.culprit)
+        odd |= unit.unreached & members.keys()  # no ``joined`` in their reports
         alike = 2 * len(odd) + STEP_SAMPLE
         ordinary = list(islice((n for n in members if n not in odd), alike))
         return sorted(odd) + ordinary
@@ -234,6 +262,8 @@ class EngineStrategy(Strategy):
         # A gang with a slow rank stays in view: the round keeps judging it, as the controller's would, so a
         # restart for any cause can replace the ranks found straggling (ReplaceAtRestart).
         slow = {u.uid for u in self.sim.units if u.kind is UnitKind.GANG and self._has_slow(u)}
+        # So does a gang stopped at its rendezvous: a decision a rail stopped is tried again on the same reports.
+        slow |= {u.uid for u in self.sim.units if u.rendezvous_at is not None}
         self.cache.stepping = frozenset(self.step_until) | slow
         members = {n for uid in self.cache.stepping for n in self._step_members(self.sim.units[uid])}
         self.watched = sorted(self.watch | members)
@@ -262,6 +292,7 @@ class EngineStrategy(Strategy):
             state = self.sim.nodes[n]
             has_gpu_fault = any(self.sim.faults[i].failure_class.signal is Signal.DEVICE for i in state.faults)
             unit = self.sim.unit_of(n)
-            exited = unit is not None and unit.pod_uid(unit.members[n]) in self.sim.exited
+            pod_uid = unit.pod_uid(unit.members[n]) if unit is not None else ""
+            exited = unit is not None and (pod_uid in self.sim.exited or pod_uid in unit.held_runs)
             if not (has_gpu_fault or state.marks or state.name in busy or exited):
                 self.watch.discard(n)

@@ -24,6 +24,7 @@ from devheal.model.cluster import (
     Workload,
 )
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY
+from devheal.model.run_failure import RunFailure
 from devheal.model.steps import StepReport
 from devheal.simulate.fleet import NodeState, Unit, UnitKind
 from devheal.simulate.simulation import Simulation
@@ -138,7 +139,15 @@ class CacheView:
             steps=steps,
             restart_generation=self.generation.get(unit.uid, 0),
             acknowledged_generation=self.acknowledged.get(unit.uid, 0),
+            run_failure=self._held_run(unit, unit.pod_uid(slot)),
         )
+
+    def _held_run(self, unit: Unit, pod_uid: str) -> RunFailure | None:
+        """The failed run the rank's launcher holds (``devheal.io/launcher-failed``), of the generation it ran."""
+        held = unit.held_runs.get(pod_uid)
+        if held is None:
+            return None
+        return RunFailure(code=held[0], at=held[1], generation=self.acknowledged.get(unit.uid, 0))
 
     def _exit_code(self, pod_uid: str) -> int | None:
         """The rank's exit code once its pod status shows it."""
@@ -168,6 +177,7 @@ class CacheView:
             self.generation.get(unit.uid, 0) if unit is not None else 0,
             self.acknowledged.get(unit.uid, 0) if unit is not None else 0,
             self._exit_code(pod_uid),
+            unit.held_runs.get(pod_uid) if unit is not None else None,
         )
         cached = self.settled.get(n)
         if settled and cached is not None and cached[0] == key:

@@ -37,6 +37,9 @@ class EventKind(IntEnum):
     """A gang's rank failed on its GPU and the gang's Job controller recreates its pods (``ref``: fault index)."""
     RESTALL = 12
     """A gang that restarted on a node with a hidden fault stalls again (``ref``: fault index)."""
+    RENDEZVOUS = 13
+    """A gang's restarted processes reach their rendezvous (``target``: unit id, ``ref``: restart token): a member
+    cut off from its peers keeps every rank there."""
 
 
 class Event(NamedTuple):

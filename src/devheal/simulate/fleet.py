@@ -108,6 +108,14 @@ class Unit:
     """When the unit stopped in the middle of a run (its ranks' last step); None once a restart began."""
     culprit: int | None = None
     """The member node whose rank stopped first (it never finished the step the others wait on); None: none did."""
+    held_runs: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Pod UID -> the exit code and time of a crashed run its launcher holds (``devheal launch --hold-failed``),
+    until the gang restarts."""
+    rendezvous_at: float | None = None
+    """When the current restart's processes reached their rendezvous and stopped there, a member missing; None:
+    the gang is not stuck at a rendezvous."""
+    unreached: frozenset[int] = frozenset()
+    """Member nodes whose ranks never reached that rendezvous (cut off from their peers)."""
     by_cause: dict[tuple[str, Loss], float] = field(default_factory=dict)
     """The same losses split by cause: the outage's cause, ``checkpoints`` and ``slow-node`` for running costs.
     Overlapping failures are booked to the one that stopped the unit."""
@@ -207,6 +215,9 @@ class Unit:
         self.restart_token += 1
         self.stalled_at = None
         self.culprit = None
+        self.held_runs.clear()  # the launchers acknowledge the restart (or exit): no run is held any more
+        self.rendezvous_at = None
+        self.unreached = frozenset()
 
     def finish_restart(self, now: float, slowdown: float) -> None:
         self.accrue(now)

@@ -9,11 +9,13 @@ What happens whatever the strategy is modelled here, once, for all of them:
   time has passed;
 - Kubernetes itself: pods leave a NotReady node after the grace period and the not-ready
   toleration; a crashed job is restarted by its own controller after its backoff (all pods
-  recreated: the gang is a Job or JobSet); a rank that fails on its GPU fails the gang's Job
+  recreated: the gang is a Job or JobSet; under ``devheal launch --hold-failed`` only once the
+  launchers' hold ends, ``Strategy.hold_failed_s``); a rank that fails on its GPU fails the gang's Job
   the same way, and the scheduler sends the new pod elsewhere (the node's allocatable
   dropped). The scheduler knows only what the controller knows: a node with a fault no
   signal shows (``hidden``, ``silent``) takes new pods like any other, and a gang restarted
-  on a node with a hidden fault stalls again;
+  on a node with a hidden fault stalls again: at its rendezvous where the fault cuts the rank off
+  from its peers (network, NIC: ``culprits.MISSES_RENDEZVOUS``), else in its first step;
 - people: every persistent fault is eventually handled by an on-call engineer (release the
   workload, send the node to reboot or repair), and slow gang members are swapped out.
 
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from devheal.simulate.config import CostModel, SimConfig
+from devheal.simulate.culprits import MISSES_RENDEZVOUS
 from devheal.simulate.event_queue import Event, EventKind, EventQueue
 from devheal.simulate.failures import DAY, HOUR, PERSISTENT, Fault, Signal, Trace, TraceError
 from devheal.simulate.fleet import NAMESPACES, NodeState, Unit, UnitKind, UnitState
@@ -41,6 +44,8 @@ STRAGGLER_SWAP_CAUSE = "straggler-swap"
 """A planned stop to swap a slow member out."""
 SCHEDULER_VISIBLE = frozenset({Signal.DEVICE, Signal.NODE_DOWN})
 """Faults the scheduler sees on a node (allocatable below capacity, NotReady): it places no new pod there."""
+CRASH_EXIT_CODE = 1
+"""What a crashed training command exits with (an uncaught exception): no device error code."""
 
 
 class Strategy:
@@ -52,6 +57,10 @@ class Strategy:
     """The gang's launcher restarts failed processes in place (torchrun's elastic agent): a crash, a hang the
     NCCL watchdog ends, or a pod recreated by its controller restarts the gang's other ranks in place
     (``CostModel.inplace_restart_s``) instead of recreating every pod."""
+    hold_failed_s: float | None = None
+    """The gang's ranks run under ``devheal launch --hold-failed`` this many seconds: a crashed rank's launcher
+    holds its failed run (``Unit.held_runs``) instead of exiting, so its Job fails only when the hold ends.
+    None: no hold (the launcher exits with its command)."""
 
     def attach(self, sim: Simulation) -> None:
         self.sim = sim
@@ -67,6 +76,9 @@ class Strategy:
 
     def on_fault(self, fault: int) -> None:
         """Any fault (index into the trace) just landed on a node not in repair, after Kubernetes' own handling."""
+
+    def on_run_held(self, node: int) -> None:
+        """The launcher of the gang rank on ``node`` holds a failed run (``hold_failed_s``)."""
 
     def on_rank_exited(self, node: int) -> None:
         """The gang rank on ``node`` exited with its workload's corruption code (``Simulation.exited``)."""
@@ -120,6 +132,7 @@ class Simulation:
                 self.queue.push(fault.time, EventKind.FAULT, fault.node, i)
         self.strategy = strategy
         self.elastic = strategy.elastic
+        self.hold_failed_s = strategy.hold_failed_s
         strategy.attach(self)
 
     # ---- set-up --------------------------------------------------------------------------------
@@ -312,12 +325,29 @@ class Simulation:
             return
         unit.begin_restart(self.now)
         if unit.kind is UnitKind.GANG:
-            duration = unit.restart_s + (self.costs.pod_recreate_s if unit.recreate else self.costs.inplace_restart_s)
+            start = self.costs.pod_recreate_s if unit.recreate else self.costs.inplace_restart_s
+            duration = unit.restart_s + start
         else:
-            duration = unit.restart_s
+            start, duration = 0.0, unit.restart_s
         if unit.recreate:
             unit.generation += 1
+        if unit.kind is UnitKind.GANG and self._cut_off(unit):
+            # A member cut off from its peers: the processes start, and the gang goes no further than its rendezvous.
+            self.queue.push(self.now + start, EventKind.RENDEZVOUS, unit.uid, unit.restart_token)
+            return
         self.queue.push(self.now + duration, EventKind.RESTART_DONE, unit.uid, unit.restart_token)
+
+    def _cut_off(self, unit: Unit) -> list[int]:
+        """The unit's member nodes whose ranks cannot reach its rendezvous (``_misses_rendezvous``)."""
+        return sorted(n for n in self.broken if self.nodes[n].unit == unit.uid and self._misses_rendezvous(n))
+
+    def _misses_rendezvous(self, node: int) -> bool:
+        """The node's rank cannot reach its gang's rendezvous: a fault that cuts it off from its peers stays on the
+        node (``culprits.MISSES_RENDEZVOUS``), and the node is up."""
+        state = self.nodes[node]
+        if state.repairing or state.down:
+            return False
+        return any(self.faults[i].cls in MISSES_RENDEZVOUS for i in state.faults)
 
     def _slow_members(self, unit: Unit) -> list[int]:
         return [n for n in sorted(self.slow_nodes) if self.nodes[n].unit == unit.uid]
@@ -382,9 +412,15 @@ class Simulation:
             unit.stuck.add(-(index + 1))
             self._transient_unit[index] = unit.uid
             delay = costs.crash_detect_s if signal is Signal.CRASH else costs.nccl_timeout_s
+            held = signal is Signal.CRASH and unit.kind is UnitKind.GANG and self.hold_failed_s is not None
+            if held:  # the launcher holds the failed run; its pod fails (and the Job acts) when the hold ends
+                unit.held_runs[unit.pod_uid(unit.members[fault.node])] = (CRASH_EXIT_CODE, self.now)
+                delay = self.hold_failed_s or 0.0
             if not self.elastic:  # the Job's controller waits its backoff; an elastic agent restarts at once
                 delay += costs.job_backoff_s
             self.queue.push(self.now + delay, EventKind.TRANSIENT_RELEASE, fault.node, index)
+            if held:
+                self.strategy.on_run_held(fault.node)
         elif signal is Signal.SILENT:
             self.queue.push(self.now + costs.sdc_detect_s, EventKind.SDC_DETECTED, fault.node, index)
         elif signal is Signal.NODE_DOWN:
@@ -522,6 +558,25 @@ class Simulation:
                     self.queue.push(self.now + self.costs.step_s, EventKind.RESTALL, node, hidden[0])
         self.strategy.on_unit_running(unit)
 
+    def _on_rendezvous(self, uid: int, token: int) -> None:
+        """The restarted processes reached their rendezvous. Every rank that can reach its peers waits there for
+        those that cannot (``Unit.unreached``): the gang is stopped again by the fault that cut them off, until
+        something replaces them. With none cut off any more, the restart goes on."""
+        unit = self.units[uid]
+        if token != unit.restart_token or unit.state is not UnitState.RESTARTING:
+            return
+        cut = self._cut_off(unit)
+        if not cut:
+            self.queue.push(self.now + unit.restart_s, EventKind.RESTART_DONE, uid, token)
+            return
+        first = next(i for i in self.nodes[cut[0]].faults if self.faults[i].cls in MISSES_RENDEZVOUS)
+        self._stop(unit, unit.cause)
+        unit.cause = self.faults[first].cls  # the wait from here on is that fault's (the same outage)
+        unit.stuck.update(cut)
+        unit.rendezvous_at = self.now
+        unit.unreached = frozenset(cut)
+        self.strategy.on_unit_stopped(unit, first)
+
     def _on_restall(self, index: int) -> None:
         fault = self.faults[index]
         state = self.nodes[fault.node]
@@ -571,6 +626,7 @@ class Simulation:
             EventKind.STRAGGLER_SWAP: lambda e: self._on_straggler_swap(e.target),
             EventKind.JOB_FAILED: lambda e: self._on_job_failed(e.ref),
             EventKind.RESTALL: lambda e: self._on_restall(e.ref),
+            EventKind.RENDEZVOUS: lambda e: self._on_rendezvous(e.target, e.ref),
             EventKind.SIGNAL: self.strategy.on_signal,
             EventKind.FAULT: lambda e: self._on_fault(e.ref),
         }

@@ -11,6 +11,9 @@ would have written by now:
 - once the gang stops mid-run (a fault): every rank's last report is of the step it finished
   when the gang stopped, except the rank on the failing node, which never finished that step
   (its last step is one step older): the rank that stalled first;
+- once a restart's processes stopped at their rendezvous because a member cannot reach its peers: no step
+  in the new run, every rank that reached the rendezvous says when (``joined``, as ``report_joined``
+  publishes it), the ranks cut off do not;
 - while a restart is under way, or before the new run's first step: a report with an empty
   window (nothing to judge).
 
@@ -47,6 +50,11 @@ def step_report(unit: Unit, node: int, slow: float, step_s: float, publish_s: fl
             last=unit.run_start + steps * pace,
             run=run,
         )
+    if unit.state is UnitState.DOWN and unit.rendezvous_at is not None:
+        # A new run, stopped at its rendezvous: the processes started (and reached it) at the same moment here.
+        started = unit.rendezvous_at
+        joined = None if node in unit.unreached else started
+        return StepReport(count=base, window=0, p50=None, last=None, run=started, joined=joined)
     if unit.state is UnitState.DOWN and unit.stalled_at is not None and unit.stalled_at > unit.run_start:
         # Stopped mid-run: the reports stay as they were when the gang stopped.
         pace = step_s * unit.slowdown

@@ -7,8 +7,16 @@ from dataclasses import replace
 import pytest
 
 from devheal.simulate.config import ConfigError, with_culprit_model, with_parallelism
-from devheal.simulate.culprits import CALIBRATED, CLASS_FAULTS, CULPRIT_MODELS, Parallelism, named_with
-from devheal.simulate.failures import FAILURE_CLASSES
+from devheal.simulate.culprits import (
+    CALIBRATED,
+    CLASS_FAULTS,
+    CULPRIT_MODELS,
+    MISSES_RENDEZVOUS,
+    BenchFault,
+    Parallelism,
+    named_with,
+)
+from devheal.simulate.failures import FAILURE_CLASSES, Signal
 from devheal.simulate.simulation import STALLING
 
 from .builders import small_config
@@ -62,3 +70,9 @@ def test_bad_models_and_parallelisms_are_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="parallelism: unknown 'tp'; expected one of ddp, fsdp"):
         with_parallelism(config, "tp")
     assert with_parallelism(config, "ddp").fleet.gangs[0].parallelism is DDP
+
+
+def test_the_ranks_that_miss_a_rendezvous_are_those_behind_a_network_cut() -> None:
+    # The bench's network cut: no stall names the rank; its restarted process never reaches the rendezvous.
+    hidden = {c.name for c in FAILURE_CLASSES if c.signal is Signal.HIDDEN}
+    assert MISSES_RENDEZVOUS == {cls for cls in hidden if CLASS_FAULTS[cls] is BenchFault.NETWORK} == {"network", "nic"}

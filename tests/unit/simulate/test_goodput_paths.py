@@ -66,11 +66,12 @@ def test_a_hidden_fault_stalls_the_gang_and_devheal_replaces_the_rank_that_stall
 
 
 def test_a_stall_whose_culprit_nobody_names_restarts_in_place_on_the_faulty_node_until_a_person_acts() -> None:
-    # A network cut: every rank waits in the same collective (the bench named none, DDP or FSDP). devheal restarts
-    # the gang in place, as the live engine does; the faulty node stays, so the gang hangs again in its first step
-    # (no step reported in the new run: nothing for the stall check to judge), until a person acts.
+    # A rank blocked on its failed SSD in a sharded gang: every rank waits in the same collective (the bench named
+    # none under FSDP). devheal restarts the gang in place, as the live engine does; the faulty node stays, and its
+    # rank reaches the rendezvous like the others, so the gang hangs again in its first step (no step reported in
+    # the new run: nothing for the stall check to judge), until a person acts.
     devheal = EngineStrategy(policy("p"))
-    result = run(small_config(), [fault(2, node=1, cls="network")], devheal)
+    result = run(small_config(), [fault(2, node=1, cls="ssd")], devheal)
     assert result.interruptions == 1  # the same fault again is no new interruption
     first, second = result.recoveries_s
     assert first == pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)
