@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 from typing import Any
 
 import pytest
@@ -14,6 +13,8 @@ import pytest
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab import realnode, toolchain
 from devheal.lab.cluster import Lab
+
+from .pods import pod_in_phase
 
 # The fixtures may build the real nodes' binaries (minutes, once) and the image (a minute or two, once).
 pytestmark = pytest.mark.timeout(1800)
@@ -48,17 +49,6 @@ def _hardened(name: str, image: str, command: list[str] | None = None) -> dict[s
     return container
 
 
-async def _finished(kube: KubeClient, namespace: str, name: str, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    pod: Any = {}
-    while time.monotonic() < deadline:
-        pod = await kube.get(api_path("v1", "pods", namespace=namespace, name=name))
-        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-            return pod
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"pod {namespace}/{name} did not finish: {pod.get('status')}")
-
-
 async def test_the_image_runs_devheal_as_non_root_on_a_read_only_root_file_system(
     real_lab: Lab, real_kube: KubeClient, real_namespace: str, devheal_image_name: str
 ) -> None:
@@ -78,7 +68,7 @@ async def test_the_image_runs_devheal_as_non_root_on_a_read_only_root_file_syste
         },
     }
     await real_kube.create(api_path("v1", "pods", namespace=real_namespace), pod)
-    done = await _finished(real_kube, real_namespace, "devheal-image")
+    done = await pod_in_phase(real_kube, real_namespace, "devheal-image")
     assert done["status"]["phase"] == "Succeeded", done["status"]
     states = {s["name"]: s["state"]["terminated"] for s in done["status"]["containerStatuses"]}
     assert {name: state["exitCode"] for name, state in states.items()} == {"help": 0, "probe": 0}

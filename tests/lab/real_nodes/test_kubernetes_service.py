@@ -3,16 +3,15 @@ ClusterIP, over TLS checked against the service-account CA, authenticated by its
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from typing import Any
 
 import pytest
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab import realnode, versions
 from devheal.lab.cluster import Lab
+
+from .pods import pod_in_phase
 
 # The fixtures may build the real nodes' binaries (minutes, once) and the devheal image (a minute or two, once).
 pytestmark = pytest.mark.timeout(1800)
@@ -41,17 +40,6 @@ open("/dev/termination-log", "w").write(json.dumps(answer))
 """
 
 
-async def _finished(kube: KubeClient, namespace: str, name: str, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    pod: Any = {}
-    while time.monotonic() < deadline:
-        pod = await kube.get(api_path("v1", "pods", namespace=namespace, name=name))
-        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-            return pod
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"pod {namespace}/{name} did not finish: {pod.get('status')}")
-
-
 async def test_a_pod_calls_the_api_server_at_the_kubernetes_service_with_its_service_account(
     real_lab: Lab, real_kube: KubeClient, real_namespace: str, devheal_image_name: str
 ) -> None:
@@ -74,7 +62,7 @@ async def test_a_pod_calls_the_api_server_at_the_kubernetes_service_with_its_ser
         },
     }
     await real_kube.create(api_path("v1", "pods", namespace=real_namespace), pod)
-    done = await _finished(real_kube, real_namespace, "in-cluster")
+    done = await pod_in_phase(real_kube, real_namespace, "in-cluster")
     (status,) = done["status"]["containerStatuses"]
     assert done["status"]["phase"] == "Succeeded", status["state"]
     answer = json.loads(status["state"]["terminated"]["message"])

@@ -23,6 +23,7 @@ from devheal.model.cluster import GPU_RESOURCE
 
 from .conftest import GPUS_PER_NODE, REAL_NODES, SIMULATED_NODES, real_node_support, until
 from .host_state import ROUTING_SYSCTLS, HostState, NodeTraces, cgroups_named, lab_mounts, lab_processes
+from .pods import pod_in_phase
 
 REAL_NODE = node_name(SIMULATED_NODES)
 
@@ -48,17 +49,6 @@ def _busybox_pod(name: str, command: str, restart: str = "Never") -> dict[str, A
             ],
         },
     }
-
-
-async def _wait_phase(kube: KubeClient, namespace: str, name: str, phases: set[str], timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    pod: Any = {}
-    while time.monotonic() < deadline:
-        pod = await kube.get(api_path("v1", "pods", namespace=namespace, name=name))
-        if pod.get("status", {}).get("phase") in phases:
-            return pod
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"pod {namespace}/{name} never reached {phases}: {pod.get('status')}")
 
 
 async def test_the_real_node_registers_ready_with_kubelet_and_containerd_as_pinned(
@@ -87,7 +77,7 @@ async def test_a_busybox_pod_runs_to_completion_in_its_own_network_namespace(
     pods = api_path("v1", "pods", namespace=real_namespace)
     command = "ip -4 -o addr show eth0 > /dev/termination-log; echo ran on a real node"
     await real_kube.create(pods, _busybox_pod("hello", command))
-    pod = await _wait_phase(real_kube, real_namespace, "hello", {"Succeeded", "Failed"})
+    pod = await pod_in_phase(real_kube, real_namespace, "hello", timeout=90)
     assert pod["status"]["phase"] == "Succeeded", pod["status"]
     assert pod["spec"]["nodeName"] == REAL_NODE
     (node,) = real_lab.status()["nodes"]["real"]
@@ -169,7 +159,7 @@ async def test_down_with_a_pod_running_leaves_no_process_mount_namespace_link_cg
             await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": "busy"}})
             pods = api_path("v1", "pods", namespace="busy")
             await kube.create(pods, _busybox_pod("sleeper", "exec sleep 3600", restart="Always"))
-            await _wait_phase(kube, "busy", "sleeper", {"Running"})
+            await pod_in_phase(kube, "busy", "sleeper", {"Running"}, timeout=90)
         finally:
             await kube.close()
         # What this lab made, named while it runs (other labs on the machine may make their own meanwhile).
