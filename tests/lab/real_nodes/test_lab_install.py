@@ -158,7 +158,10 @@ async def test_the_charts_devheal_runs_on_a_real_node_and_deschedules_a_pod_from
 
         (record,) = await until("the chart's controller deschedules the pod", descheduled, timeout=90)
         assert record["spec"]["finding"]["kind"] == "DeviceFailed"
-        assert "XID 79" in record["spec"]["finding"]["evidence"]
+        # The real kubelet may report the GPU Unhealthy before its health message (the XID) reaches the pod's
+        # status: seen in about half the runs here. The finding names the GPU either way.
+        evidence = record["spec"]["finding"]["evidence"]
+        assert device in evidence and "Unhealthy" in evidence, evidence
 
         # A lost GPU also takes its node out of scheduling (docs/policies.md): the replacement the Deployment
         # makes waits for a node, since the lab has one real node; on a kwok node it would only seem to run.
