@@ -6,18 +6,15 @@ tests share the nodes without seeing each other's broken GPUs.
 
 from __future__ import annotations
 
-import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devheal.kube import errors
-from devheal.kube.client import KubeClient, api_path
+from devheal.kube.client import KubeClient
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
+from tests.lab.sessions import fresh_namespace, lab_client, running_lab
 
 LAB_NODES = 6
 """Nodes with the device plugin's nvidia.com/gpu: gpu-node-000..005."""
@@ -28,38 +25,21 @@ DRA_NODES = [f"gpu-node-{i:03d}" for i in range(LAB_NODES, LAB_NODES + LAB_DRA_N
 
 @pytest.fixture(scope="session")
 def lab() -> Iterator[Lab]:
-    # A short path: unix socket paths (pod-resources) must stay under 108 bytes.
-    directory = Path(tempfile.mkdtemp(prefix="devheal-lab-", dir="/tmp"))
-    lab = Lab(directory)
-    lab.up(LabSpec(nodes=LAB_NODES + LAB_DRA_NODES, gpus_per_node=8, dra_nodes=LAB_DRA_NODES))
-    try:
+    spec = LabSpec(nodes=LAB_NODES + LAB_DRA_NODES, gpus_per_node=8, dra_nodes=LAB_DRA_NODES)
+    with running_lab("devheal-lab-", spec) as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 @pytest.fixture
 async def kube(lab: Lab) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(str(lab.kubeconfig))
-    try:
+    async with lab_client(lab) as client:
         yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture
 async def namespace(kube: KubeClient) -> AsyncIterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
-    try:
+    async with fresh_namespace(kube, "t") as name:
         yield name
-    finally:
-        try:
-            # Delete pods at once (the simulated kubelet finishes them) and the namespace.
-            await kube.request("DELETE", api_path("v1", "pods", namespace=name), params={"gracePeriodSeconds": 0})
-            await kube.delete(api_path("v1", "namespaces", name=name))
-        except errors.NotFound:
-            pass
 
 
 class RecordingFaults(Faults):

@@ -8,19 +8,16 @@ these tests skip and say which; the real-node binaries are built on first use (m
 
 from __future__ import annotations
 
-import asyncio
-import os
-import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devheal.kube.client import KubeClient, api_path
+from devheal.kube.client import KubeClient
 from devheal.lab import devheal_image, images, realnode, toolchain
 from devheal.lab.cluster import Lab, LabSpec
+from devheal.lab.workloads import wait_until
+from tests.lab.sessions import fresh_namespace, lab_client, running_lab
 
 REAL_NODES = 1
 SIMULATED_NODES = 1
@@ -49,13 +46,9 @@ def real_lab() -> Iterator[Lab]:
     reason = real_node_support()
     if reason:
         pytest.skip(reason)
-    # A short path: unix socket paths must stay under 108 bytes.
-    lab = Lab(Path(tempfile.mkdtemp(prefix="dhl-real-", dir="/tmp")))
-    lab.up(LabSpec(nodes=SIMULATED_NODES + REAL_NODES, gpus_per_node=GPUS_PER_NODE, real_nodes=REAL_NODES))
-    try:
+    spec = LabSpec(nodes=SIMULATED_NODES + REAL_NODES, gpus_per_node=GPUS_PER_NODE, real_nodes=REAL_NODES)
+    with running_lab("dhl-real-", spec) as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 @pytest.fixture(scope="package")
@@ -68,30 +61,16 @@ def devheal_image_name(real_lab: Lab) -> str:
 
 @pytest.fixture
 async def real_kube(real_lab: Lab) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(str(real_lab.kubeconfig))
-    try:
+    async with lab_client(real_lab) as client:
         yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture
 async def real_namespace(real_kube: KubeClient) -> AsyncIterator[str]:
-    name = f"real-{os.urandom(4).hex()}"
-    await real_kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
-    try:
+    async with fresh_namespace(real_kube, "real") as name:
         yield name
-    finally:
-        await real_kube.delete(api_path("v1", "namespaces", name=name))
 
 
 async def until(what: str, probe: Callable[[], Awaitable[Any]], timeout: float = 60) -> Any:
-    """``probe()``'s first truthy answer, asked every quarter second; fails saying ``what`` did not happen."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
+    """``probe()``'s first truthy answer, asked every quarter second; ``WaitTimeout`` saying ``what`` did not happen."""
+    return await wait_until(probe, bool, timeout=timeout, what=what, interval=0.25)

@@ -1,0 +1,54 @@
+"""What every lab fixture does: a lab up for a session, a client to it, a namespace per test.
+
+Both the kwok lab (``tests/lab/conftest.py``) and the real-node lab (``tests/lab/real_nodes``) are
+built from these, so they start, connect and clean up the same way.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+from devheal.kube import errors
+from devheal.kube.client import KubeClient, api_path
+from devheal.lab.cluster import Lab, LabSpec
+
+
+@contextmanager
+def running_lab(prefix: str, spec: LabSpec) -> Iterator[Lab]:
+    """A lab in a new directory under /tmp, up for the ``with`` block and down after it."""
+    # A short path: unix socket paths (pod-resources, plugins) must stay under 108 bytes.
+    lab = Lab(Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")))
+    lab.up(spec)
+    try:
+        yield lab
+    finally:
+        lab.down()
+
+
+@asynccontextmanager
+async def lab_client(lab: Lab) -> AsyncIterator[KubeClient]:
+    client = await KubeClient.connect(str(lab.kubeconfig))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@asynccontextmanager
+async def fresh_namespace(kube: KubeClient, prefix: str) -> AsyncIterator[str]:
+    """A namespace of its own for one test; its pods are deleted at once and the namespace after it."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        try:
+            # Pods go at once (kubelet, simulated or real, finishes them), then the namespace.
+            await kube.request("DELETE", api_path("v1", "pods", namespace=name), params={"gracePeriodSeconds": 0})
+            await kube.delete(api_path("v1", "namespaces", name=name))
+        except errors.NotFound:
+            pass
