@@ -14,6 +14,7 @@ from pathlib import Path
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
+from devheal.lab import toolchain
 from devheal.lab.cluster import Lab, LabSpec
 
 
@@ -52,3 +53,8 @@ async def fresh_namespace(kube: KubeClient, prefix: str) -> AsyncIterator[str]:
             await kube.delete(api_path("v1", "namespaces", name=name))
         except errors.NotFound:
             pass
+
+
+def kubectl_argv(lab: Lab, namespace: str) -> list[str]:
+    """The lab's kubectl against the lab, in ``namespace``, ready for its arguments."""
+    return [str(toolchain.CONTROL_PLANE.binary("kubectl")), f"--kubeconfig={lab.kubeconfig}", "-n", namespace]

@@ -156,7 +156,7 @@ async def test_printer_columns_are_in_the_crds_and_shown_by_kubectl(
         ),
     )
     process = await asyncio.create_subprocess_exec(
-        str(toolchain.binary("kubectl")),
+        str(toolchain.CONTROL_PLANE.binary("kubectl")),
         f"--kubeconfig={lab.kubeconfig}",
         "get",
         "rpol",
@@ -412,7 +412,7 @@ async def test_kubectl_shows_what_a_remediation_cost(installed: KubeClient, lab:
     status = {"phase": "Succeeded", "reason": "PodFailed", "gpus": 64, "badput": badput.to_status()}
     await installed.patch(remediation_path(name, "status"), {"status": status})
     process = await asyncio.create_subprocess_exec(
-        str(toolchain.binary("kubectl")),
+        str(toolchain.CONTROL_PLANE.binary("kubectl")),
         f"--kubeconfig={lab.kubeconfig}",
         "get",
         "rem",

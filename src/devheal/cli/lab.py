@@ -132,7 +132,7 @@ def up(
         f"({versions.KUBERNETES=}, {versions.ETCD=}, {versions.KWOK=})".replace("versions.", "")
     )
     err().print(f"  export KUBECONFIG={lab.kubeconfig}")
-    err().print(f"  {toolchain.binary('kubectl')} get nodes")
+    err().print(f"  {toolchain.CONTROL_PLANE.binary('kubectl')} get nodes")
 
 
 @app.command()

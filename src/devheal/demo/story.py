@@ -530,7 +530,7 @@ async def run(
                 proc.terminate()
                 _reap(proc, 15)
         if keep:
-            kubectl = f"{toolchain.binary('kubectl')} --kubeconfig {lab.kubeconfig}"
+            kubectl = f"{toolchain.CONTROL_PLANE.binary('kubectl')} --kubeconfig {lab.kubeconfig}"
             console.print("\nThe lab keeps running. Look around:")
             console.print(f"  {kubectl} get remediations")
             console.print(f"  {kubectl} get remediationpolicies")
@@ -572,6 +572,6 @@ def _summary(console: Console, results: list[FaultResult], lab: Lab) -> None:
     for r in results:
         for note in r.notes:
             console.print(f"  {r.fault}: {note}")
-    kubectl = f"{toolchain.binary('kubectl')} --kubeconfig {lab.kubeconfig}"
+    kubectl = f"{toolchain.CONTROL_PLANE.binary('kubectl')} --kubeconfig {lab.kubeconfig}"
     console.print("Audit trail while the lab runs (use --keep):")
     console.print(f"  {kubectl} get remediations -o wide")

@@ -371,7 +371,7 @@ class Lab:
         self.state_path.write_text(state.to_json())
         for image in node_images:
             say(f"{node.name}: importing {image.name}")
-            images.import_image(image, toolchain.node_binary("ctr"), node.containerd_socket)
+            images.import_image(image, toolchain.NODE.binary("ctr"), node.containerd_socket)
         kubelet = node.kubelet_component()
         self._start(state, kubelet, realnode.kubelet_command(node, state.pids[containerd]))
         self._wait(state, kubelet, deadline, say)
@@ -406,7 +406,7 @@ class Lab:
             pid = state.pids.get(node.containerd_component())
             if pid is None or not self._running(pid):
                 raise LabError(f"{node.name}: containerd is not running, so {image.name} cannot be imported")
-            images.import_image(image, toolchain.node_binary("ctr"), node.containerd_socket)
+            images.import_image(image, toolchain.NODE.binary("ctr"), node.containerd_socket)
         return [node.name for node in nodes]
 
     def _real_node(self, node: str) -> tuple[LabState, RealNode]:

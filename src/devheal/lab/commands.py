@@ -34,7 +34,7 @@ RUNTIME_CONFIG = "lifecycle.k8s.io/v1alpha1=true"
 
 
 def _bin(name: str) -> str:
-    return str(toolchain.binary(name))
+    return str(toolchain.CONTROL_PLANE.binary(name))
 
 
 def _gates() -> str:

@@ -202,7 +202,7 @@ def oci_archive(name: str, entries: list[Entry], config: dict[str, object]) -> t
 
 def _store(name: str, entries: list[Entry], config: dict[str, object]) -> ImageArchive:
     digest, archive = oci_archive(name, entries, config)
-    directory = toolchain.node_version_dir() / "images"
+    directory = toolchain.NODE.root / "images"
     directory.mkdir(parents=True, exist_ok=True)
     stem = name.rsplit("/", 1)[1].replace(":", "-")
     path = directory / f"{stem}-{digest[7:19]}.tar"
@@ -219,7 +219,7 @@ def _base_dirs() -> list[Entry]:
 
 def pause_image() -> ImageArchive:
     """The sandbox image: the lab's static ``pause`` as ``/pause``, run as nobody."""
-    binary = toolchain.node_binary("pause")
+    binary = toolchain.NODE.binary("pause")
     if not binary.is_file():
         raise ImageError(f"{binary} is missing: build the real nodes' binaries first (devheal lab build --real-nodes)")
     entries = [Entry("pause", 0o755, binary.read_bytes())]

@@ -236,10 +236,10 @@ def containerd_toml(node: RealNode) -> str:
         f"[{runc}]",
         "  runtime_type = 'io.containerd.runc.v2'",
         f"[{runc}.options]",
-        f"  BinaryName = '{toolchain.node_binary('runc')}'",
+        f"  BinaryName = '{toolchain.NODE.binary('runc')}'",
         "  SystemdCgroup = false",
         f"[{cri_runtime}.cni]",
-        f"  bin_dirs = ['{toolchain.node_bin_dir()}']",
+        f"  bin_dirs = ['{toolchain.NODE.bin_dir}']",
         f"  conf_dir = '{node.cni_conf_dir}'",
         "  max_conf_num = 1",
     ]
@@ -344,7 +344,7 @@ def containerd_command(node: RealNode) -> list[str]:
         "devheal-lab-node",
         str(node.device_plugin_dir),
         str(node.pod_resources_socket.parent),
-        str(toolchain.node_binary("containerd")),
+        str(toolchain.NODE.binary("containerd")),
         f"--config={node.containerd_config}",
     ]
 
@@ -355,7 +355,7 @@ def kubelet_command(node: RealNode, containerd_pid: int) -> list[str]:
         "nsenter",
         f"--mount=/proc/{containerd_pid}/ns/mnt",
         "--",
-        str(toolchain.node_binary("kubelet")),
+        str(toolchain.NODE.binary("kubelet")),
         f"--config={node.kubelet_config}",
         f"--kubeconfig={node.kubeconfig}",
         f"--root-dir={node.kubelet_root}",
@@ -369,7 +369,7 @@ def kubelet_command(node: RealNode, containerd_pid: int) -> list[str]:
 
 def node_environment() -> dict[str, str]:
     """containerd finds its shim (and the shim runc) on PATH: the real nodes' bin directory goes first."""
-    return {**os.environ, "PATH": f"{toolchain.node_bin_dir()}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return {**os.environ, "PATH": f"{toolchain.NODE.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 # ---- the machine's side ---------------------------------------------------------------------------

@@ -78,36 +78,32 @@ def cache_root() -> Path:
     return base / "devheal"
 
 
-def version_dir() -> Path:
-    return cache_root() / "lab" / versions.cache_key()
+@dataclass(frozen=True)
+class BinaryCache:
+    """One set of built binaries in a cache directory of its own, named by the versions they are built from."""
+
+    key: Callable[[], str]
+    names: tuple[str, ...]
+
+    @property
+    def root(self) -> Path:
+        return cache_root() / "lab" / self.key()
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+    def binary(self, name: str) -> Path:
+        return self.bin_dir / name
+
+    def missing(self) -> list[str]:
+        return [name for name in self.names if not os.access(self.binary(name), os.X_OK)]
 
 
-def bin_dir() -> Path:
-    return version_dir() / "bin"
-
-
-def binary(name: str) -> Path:
-    return bin_dir() / name
-
-
-def missing_binaries() -> list[str]:
-    return [name for name in BINARIES if not os.access(binary(name), os.X_OK)]
-
-
-def node_version_dir() -> Path:
-    return cache_root() / "lab" / versions.node_cache_key()
-
-
-def node_bin_dir() -> Path:
-    return node_version_dir() / "bin"
-
-
-def node_binary(name: str) -> Path:
-    return node_bin_dir() / name
-
-
-def missing_node_binaries() -> list[str]:
-    return [name for name in NODE_BINARIES if not os.access(node_binary(name), os.X_OK)]
+CONTROL_PLANE = BinaryCache(versions.cache_key, BINARIES)
+"""The binaries every lab runs."""
+NODE = BinaryCache(versions.node_cache_key, NODE_BINARIES)
+"""The binaries real nodes run, built only when a lab asks for real nodes."""
 
 
 @dataclass(frozen=True)
@@ -409,7 +405,7 @@ def _ensure(root: Path, targets: tuple[_Target, ...], progress: ProgressFn | Non
 
 def ensure_binaries(progress: ProgressFn | None = None) -> Path:
     """Build whatever control-plane binary is missing; return the bin directory. Seconds when the cache is warm."""
-    return _ensure(version_dir(), _targets(), progress)
+    return _ensure(CONTROL_PLANE.root, _targets(), progress)
 
 
 def _build_pause(go: str, root: Path, progress: ProgressFn) -> None:
@@ -440,16 +436,16 @@ def ensure_node_binaries(progress: ProgressFn | None = None) -> Path:
 
     Minutes the first time (kubelet and kube-proxy share most of their packages with the control plane's
     build, containerd and the CNI plugins are new), seconds after."""
-    if not missing_node_binaries():
-        return node_bin_dir()
+    if not NODE.missing():
+        return NODE.bin_dir
     node_prerequisites()
-    root = node_version_dir()
+    root = NODE.root
     bins = _ensure(root, _node_targets(), progress)
     if not os.access(bins / "pause", os.X_OK):
         with build_lock(root):
             if not os.access(bins / "pause", os.X_OK):
                 _build_pause(_go(), root, progress or (lambda step, done, total: None))
-    still = missing_node_binaries()
+    still = NODE.missing()
     if still:
         raise ToolchainError(f"real-node binaries still missing after build: {', '.join(still)}")
     return bins

@@ -30,7 +30,7 @@ def real_node_support() -> str | None:
         realnode.check_machine()
     except realnode.RealNodeError as exc:
         return str(exc)
-    if toolchain.missing_node_binaries():
+    if toolchain.NODE.missing():
         try:
             toolchain.node_prerequisites()
         except toolchain.ToolchainError as exc:

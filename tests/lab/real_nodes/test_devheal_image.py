@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.lab import realnode, toolchain
+from devheal.lab import realnode
 from devheal.lab.cluster import Lab
+from tests.lab.sessions import kubectl_argv
 
 from .pods import pod_in_phase
 
@@ -80,7 +81,7 @@ async def test_the_image_runs_devheal_as_non_root_on_a_read_only_root_file_syste
         "home": "/tmp",
         "bytecode": True,
     }
-    kubectl = [str(toolchain.binary("kubectl")), f"--kubeconfig={real_lab.kubeconfig}", "-n", real_namespace]
+    kubectl = kubectl_argv(real_lab, real_namespace)
     logs = await asyncio.create_subprocess_exec(
         *kubectl, "logs", "devheal-image", "-c", "help", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )

@@ -12,11 +12,12 @@ import pytest
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.kubelet.podresources import PodResourcesClient
-from devheal.lab import images, realnode, toolchain
+from devheal.lab import images, realnode
 from devheal.lab.cluster import Lab
 from devheal.lab.faults import FaultError, Faults
 from devheal.lab.nodesim.nodes import node_name
 from devheal.model.cluster import GPU_RESOURCE
+from tests.lab.sessions import kubectl_argv
 
 from .conftest import GPUS_PER_NODE, SIMULATED_NODES, until
 
@@ -113,7 +114,7 @@ async def test_allocate_and_pod_resources_name_the_same_device(
     uuid = allocated.device_ids[0]
     assert uuid in {d["uuid"] for d in Faults(real_lab).devices(REAL_NODE)["devices"]}
     # The container's NVIDIA_VISIBLE_DEVICES, from the plugin's Allocate, is that device.
-    kubectl = [str(toolchain.binary("kubectl")), f"--kubeconfig={real_lab.kubeconfig}", "-n", real_namespace]
+    kubectl = kubectl_argv(real_lab, real_namespace)
 
     async def logged() -> str:
         logs = await asyncio.create_subprocess_exec(

@@ -15,11 +15,12 @@ import pytest
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
-from devheal.lab import images, realnode, toolchain, versions
+from devheal.lab import images, realnode, versions
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.nodesim.nodes import node_name
 from devheal.model.cluster import GPU_RESOURCE
+from tests.lab.sessions import kubectl_argv
 
 from .conftest import GPUS_PER_NODE, REAL_NODES, SIMULATED_NODES, real_node_support, until
 from .host_state import ROUTING_SYSCTLS, HostState, NodeTraces, cgroups_named, lab_mounts, lab_processes
@@ -86,7 +87,7 @@ async def test_a_busybox_pod_runs_to_completion_in_its_own_network_namespace(
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 0
     assert f"inet {pod_ip}/24" in terminated["message"]  # the address was the pod's own, inside the container
-    kubectl = [str(toolchain.binary("kubectl")), f"--kubeconfig={real_lab.kubeconfig}", "-n", real_namespace]
+    kubectl = kubectl_argv(real_lab, real_namespace)
     logs = await asyncio.create_subprocess_exec(*kubectl, "logs", "hello", stdout=subprocess.PIPE)
     out, _ = await logs.communicate()
     assert out.decode().strip() == "ran on a real node"  # through the API server from the real kubelet

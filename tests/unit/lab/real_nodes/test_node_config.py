@@ -49,7 +49,7 @@ def test_containerd_keeps_everything_under_the_node_directory_and_runs_the_lab_i
     runtime = plugins["io.containerd.cri.v1.runtime"]
     assert runtime["netns_mounts_under_state_dir"] is True
     runc = runtime["containerd"]["runtimes"]["runc"]
-    assert runc["options"] == {"BinaryName": str(toolchain.node_binary("runc")), "SystemdCgroup": False}
+    assert runc["options"] == {"BinaryName": str(toolchain.NODE.binary("runc")), "SystemdCgroup": False}
     assert runtime["cni"]["conf_dir"] == str(node.cni_conf_dir)
 
 

@@ -7,7 +7,7 @@ from devheal.lab import toolchain, versions
 
 def test_real_node_binaries_have_their_own_cache_directory() -> None:
     assert versions.node_cache_key() != versions.cache_key()
-    assert toolchain.node_version_dir() != toolchain.version_dir()
+    assert toolchain.NODE.root != toolchain.CONTROL_PLANE.root
     for pinned in (versions.KUBERNETES, versions.CONTAINERD, versions.RUNC, versions.CNI_PLUGINS):
         assert pinned in versions.node_cache_key()
 
