@@ -11,24 +11,7 @@ from devheal.lab.cluster import Lab
 from devheal.lab.workloads import wait_until
 
 from .conftest import GangHarness
-
-MANIFEST = Path(__file__).parents[3] / "deploy" / "launcher-rbac.yaml"
-PLURALS = {"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings"}
-
-
-async def install_rbac(kube: KubeClient, namespace: str) -> str:
-    """Apply the manifest into ``namespace``; the ServiceAccount's name."""
-    account = ""
-    for doc in yaml.safe_load_all(MANIFEST.read_text()):
-        if not doc:
-            continue
-        doc["metadata"]["namespace"] = namespace
-        for subject in doc.get("subjects") or []:
-            subject["namespace"] = namespace
-        if doc["kind"] == "ServiceAccount":
-            account = doc["metadata"]["name"]
-        await kube.create(api_path(doc["apiVersion"], PLURALS[doc["kind"]], namespace=namespace), doc)
-    return account
+from .rbac import install_rbac
 
 
 async def service_account_token(kube: KubeClient, namespace: str, account: str) -> str:

@@ -21,7 +21,7 @@ from tests.lab.sessions import fresh_namespace, lab_client, running_lab
 
 REAL_NODES = 1
 SIMULATED_NODES = 1
-GPUS_PER_NODE = 2
+GPUS_PER_NODE = 3
 
 
 def real_node_support() -> str | None:

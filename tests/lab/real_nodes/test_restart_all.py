@@ -1,0 +1,256 @@
+"""A gang restarted in place by the real kubelet's RestartAllContainers (KEP-5532), driven by devheal's containers.
+
+Each rank is the documented layout (docs/gangs.md, deploy/training-restart-all-job.yaml) as real pods on the
+real node: `devheal barrier` as an init container and `devheal sidecar` as a sidecar, both from the devheal image
+built here, with the launcher's service account and RBAC (deploy/launcher-rbac.yaml) reaching the API server
+through the `kubernetes` Service; the training container is plain busybox, no wrapper. When the restart
+generation rises (as the controller raises it), each sidecar exits 88, and kubelet itself stops and starts every
+container of the pod: the same pod, sandbox and address, the barrier run again and acknowledging the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devheal.kube.client import KubeClient, api_path
+from devheal.kube.crds import install_crds
+from devheal.lab import images, realnode
+from devheal.lab.cluster import Lab
+from devheal.lab.faults import Faults
+from devheal.lab.workloads import get_path, gpu_job, pod_devices
+from devheal.model.cluster import GPU_RESOURCE, LAUNCHER_GENERATION_ANNOTATION, RESTART_GENERATION_ANNOTATION
+from tests.lab.controller.conftest import ControllerHarness
+from tests.lab.launch.rbac import install_rbac
+
+from .conftest import until
+
+# The fixtures may build the real nodes' binaries (minutes, once) and the image (a minute or two, once).
+pytestmark = pytest.mark.timeout(1800)
+
+RANKS = ("rank-0", "rank-1")
+GANG = "g1"
+RESTART_EXIT_CODE = 88
+DOWNWARD_API = [
+    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+]
+
+
+def _rank_spec(account: str, devheal_image: str) -> dict[str, Any]:
+    """A rank's pod spec: barrier, restart-watch sidecar (devheal's image) and an unwrapped training container."""
+
+    def devheal(container: str, *args: str) -> dict[str, Any]:
+        return {
+            "name": container,
+            "image": devheal_image,
+            "imagePullPolicy": "Never",
+            "command": ["devheal", *args],
+            "env": DOWNWARD_API,
+        }
+
+    watch = devheal("restart-watch", "sidecar", "--exit-code", str(RESTART_EXIT_CODE))
+    watch["restartPolicy"] = "Always"
+    watch["restartPolicyRules"] = [
+        {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [RESTART_EXIT_CODE]}}
+    ]
+    return {
+        "serviceAccountName": account,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+        "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+        "initContainers": [devheal("barrier", "barrier", "--barrier-timeout", "120"), watch],
+        "containers": [
+            {
+                "name": "train",
+                "image": images.busybox_image().name,
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+                "resources": {"limits": {GPU_RESOURCE: "1"}},
+            }
+        ],
+    }
+
+
+def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    statuses = [
+        *(get_path(pod, "status", "initContainerStatuses") or []),
+        *(get_path(pod, "status", "containerStatuses") or []),
+    ]
+    return next((s for s in statuses if s["name"] == name), {})
+
+
+def _acknowledged(pod: dict[str, Any]) -> int:
+    return int(get_path(pod, "metadata", "annotations", LAUNCHER_GENERATION_ANNOTATION, default="-1"))
+
+
+def _training_since(pod: dict[str, Any]) -> str | None:
+    """When the pod's training container last started, while it runs."""
+    started = get_path(_container(pod, "train"), "state", "running", "startedAt")
+    return str(started) if started else None
+
+
+class Gang:
+    """The live ranks of one gang on the real node, as the API server shows them."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        self.kube, self.namespace = kube, namespace
+
+    async def ranks(self) -> dict[str, dict[str, Any]]:
+        listing = await self.kube.get(
+            api_path("v1", "pods", namespace=self.namespace), labelSelector=f"devheal.io/gang={GANG}"
+        )
+        return {p["metadata"]["name"]: p for p in listing["items"] if not p["metadata"].get("deletionTimestamp")}
+
+    async def bump(self, name: str, generation: int) -> None:
+        """Raise a rank's restart generation, as the controller does."""
+        body = {"metadata": {"annotations": {RESTART_GENERATION_ANNOTATION: str(generation)}}}
+        await self.kube.patch(api_path("v1", "pods", namespace=self.namespace, name=name), body)
+
+    async def training(
+        self, generation: int, count: int, *, fresh_since: dict[str, dict[str, Any]] | None = None, timeout: float
+    ) -> dict[str, dict[str, Any]]:
+        """The ranks once ``count`` of them train with ``generation`` acknowledged; with ``fresh_since``, each of
+        those ranks' training container started again since that earlier view."""
+        what = f"{count} ranks train with generation {generation} acknowledged"
+        if fresh_since:
+            what += f", {', '.join(sorted(fresh_since))} restarted"
+
+        async def ready() -> dict[str, dict[str, Any]] | None:
+            now = await self.ranks()
+            ok = len(now) == count and all(_acknowledged(p) == generation and _training_since(p) for p in now.values())
+            for name, old in (fresh_since or {}).items():
+                ok = ok and name in now and _training_since(now[name]) != _training_since(old)
+            return now if ok else None
+
+        return await until(what, ready, timeout)
+
+
+@pytest.fixture
+async def gang(real_kube: KubeClient, real_namespace: str) -> Gang:
+    return Gang(real_kube, real_namespace)
+
+
+@pytest.fixture
+async def account(real_kube: KubeClient, real_namespace: str) -> str:
+    """deploy/launcher-rbac.yaml's ServiceAccount in the test's namespace: the ranks' barriers and sidecars use it."""
+    return await install_rbac(real_kube, real_namespace)
+
+
+async def _start_pods(gang: Gang, account: str, image: str) -> dict[str, dict[str, Any]]:
+    for name in RANKS:
+        pod = {"metadata": {"name": name, "labels": {"devheal.io/gang": GANG}}, "spec": _rank_spec(account, image)}
+        await gang.kube.create(api_path("v1", "pods", namespace=gang.namespace), pod)
+    return await gang.training(0, len(RANKS), timeout=180)
+
+
+def _assert_restarted_in_place(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """The same pod object, sandbox address and node; its containers started again, the barrier first."""
+    assert new["metadata"]["uid"] == old["metadata"]["uid"]
+    assert new["status"]["podIP"] == old["status"]["podIP"]
+    assert new["spec"]["nodeName"] == old["spec"]["nodeName"]
+    assert new["status"]["phase"] == "Running"
+    assert _container(new, "train")["restartCount"] >= 1, _container(new, "train")
+    assert _container(new, "barrier")["state"]["terminated"]["exitCode"] == 0
+
+
+async def test_a_rising_generation_restarts_every_container_of_each_rank_in_place_by_the_real_kubelet(
+    gang: Gang, account: str, devheal_image_name: str
+) -> None:
+    before = await _start_pods(gang, account, devheal_image_name)
+    for name in RANKS:
+        await gang.bump(name, 1)
+    after = await gang.training(1, len(RANKS), fresh_since=before, timeout=120)
+    for name in RANKS:
+        _assert_restarted_in_place(before[name], after[name])
+
+
+def _seconds(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+async def test_the_barrier_holds_a_restarted_rank_until_its_peer_stopped_too(
+    gang: Gang, account: str, devheal_image_name: str
+) -> None:
+    before = await _start_pods(gang, account, devheal_image_name)
+    early, late = RANKS
+    await gang.bump(early, 1)
+
+    async def waiting_in_barrier() -> dict[str, dict[str, Any]] | None:
+        now = await gang.ranks()
+        held = now[early]
+        waits = _acknowledged(held) == 1 and get_path(_container(held, "barrier"), "state", "running")
+        return now if waits and not _training_since(held) else None
+
+    held = await until(f"{early} restarts and waits in its barrier for {late}", waiting_in_barrier, 120)
+    assert _training_since(held[late]) == _training_since(before[late]), f"{late} trains on, untouched"
+    late_bumped = time.time()
+    await gang.bump(late, 1)
+    after = await gang.training(1, len(RANKS), fresh_since=before, timeout=120)
+    # Timestamps are whole seconds: the early rank trained again no sooner than the second its peer was told.
+    assert _seconds(_training_since(after[early]) or "") >= int(late_bumped), "the barrier let it go too early"
+    for name in RANKS:
+        _assert_restarted_in_place(before[name], after[name])
+
+
+RESTART_GANG_POLICY = {
+    "actions": {"gang": "RestartGang"},
+    "node": {"taint": False},
+    "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
+}
+
+
+@pytest.fixture
+async def controller(
+    real_lab: Lab, real_kube: KubeClient, real_namespace: str, tmp_path: Path
+) -> AsyncIterator[ControllerHarness]:
+    await install_crds(real_kube)
+    harness = ControllerHarness(real_lab, real_kube, real_namespace, tmp_path)
+    try:
+        yield harness
+    finally:
+        await harness.cleanup()
+
+
+async def test_the_controller_restarts_the_gang_in_place_on_the_real_kubelet_and_replaces_the_broken_rank(
+    real_lab: Lab, gang: Gang, account: str, devheal_image_name: str, controller: ControllerHarness
+) -> None:
+    await controller.policy({"selector": {"namespaces": [gang.namespace]}, **RESTART_GANG_POLICY})
+    job = gpu_job("train", ranks=len(RANKS))
+    job["spec"]["template"] = {
+        "metadata": {"labels": {"devheal.io/gang": GANG, "app": "train"}},
+        "spec": _rank_spec(account, devheal_image_name),
+    }
+    await gang.kube.create(api_path("batch/v1", "jobs", namespace=gang.namespace), job)
+    before = await gang.training(0, len(RANKS), timeout=180)
+    controller.start()
+
+    victim, survivor = sorted(before)
+    node = before[victim]["spec"]["nodeName"]
+    faults = Faults(real_lab)
+    gpu = await asyncio.to_thread(faults.gpu_index, node, pod_devices(before[victim])[0].device_id)
+    await asyncio.to_thread(faults.xid, node, gpu, 79)
+    try:
+        records = await controller.wait_remediation(
+            lambda rs: any(
+                r["spec"]["action"] == "RestartGang" and get_path(r, "status", "phase") == "Succeeded" for r in rs
+            ),
+            "the gang restart to succeed",
+            timeout=180,
+        )
+        after = await gang.training(1, len(RANKS), fresh_since={survivor: before[survivor]}, timeout=60)
+    finally:
+        await asyncio.to_thread(faults.recover, node, gpu)
+    assert victim not in after, "the rank on the failed GPU was replaced"
+    (replacement,) = set(after) - {survivor}
+    assert pod_devices(after[replacement])[0].device_id != pod_devices(before[victim])[0].device_id
+    _assert_restarted_in_place(before[survivor], after[survivor])
+    record = next(r for r in records if r["spec"]["action"] == "RestartGang")
+    assert "RestartAllContainers" in record["status"]["message"], record["status"]["message"]
