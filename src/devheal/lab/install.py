@@ -28,7 +28,7 @@ from devheal.lab import devheal_image
 from devheal.lab.chart import CHART
 from devheal.lab.cluster import Lab, LabError
 from devheal.lab.helm import ensure_helm
-from devheal.lab.realnode import REAL_NODE_LABEL
+from devheal.lab.realnode import REAL_NODE_LABEL, real_node_toleration
 
 RELEASE = "devheal"
 NAMESPACE = "devheal-system"
@@ -62,16 +62,15 @@ def image_values(image_name: str) -> dict[str, str]:
 
 def lab_values(image_name: str, lab_dir: Path, chart_values: Mapping[str, Any]) -> dict[str, Any]:
     """The values the lab adds to the chart's defaults (``chart_values``, the chart's values.yaml)."""
-    real_node_toleration = {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
     on_real_nodes = {REAL_NODE_LABEL: "true"}
-    agent_tolerations = [*chart_values["agent"]["tolerations"], real_node_toleration]
+    agent_tolerations = [*chart_values["agent"]["tolerations"], real_node_toleration()]
     # helm merges maps: a null value removes the chart's own selector (GPU feature discovery's label,
     # which no lab node carries).
     agent_selector: dict[str, str | None] = dict.fromkeys(chart_values["agent"]["nodeSelector"])
     agent_selector.update(on_real_nodes)
     return {
         "image": image_values(image_name),
-        "controller": {"nodeSelector": on_real_nodes, "tolerations": [real_node_toleration]},
+        "controller": {"nodeSelector": on_real_nodes, "tolerations": [real_node_toleration()]},
         "agent": {
             "backend": "simulated",
             "runtimeClassName": "",

@@ -51,6 +51,17 @@ REAL_NODE_LABEL = "devheal.io/real-node"
 """Label (value ``true``) and NoSchedule taint key of every real node: the lab's simulated workloads
 schedule onto kwok nodes only; a pod meant for a real node tolerates the taint."""
 
+
+def real_node_toleration() -> dict[str, str]:
+    """The toleration of the real nodes' NoSchedule taint."""
+    return {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def on_real_nodes() -> dict[str, Any]:
+    """The pod spec fields that place a pod on a real node: their label as node selector, their taint tolerated."""
+    return {"nodeSelector": {REAL_NODE_LABEL: "true"}, "tolerations": [real_node_toleration()]}
+
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 HOST_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 HOST_POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")

@@ -6,7 +6,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
 
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.api import GROUP_VERSION
@@ -182,3 +185,70 @@ async def wait_policy_observed(kube: KubeClient, policy: str, *, timeout: float)
         return bool(generation) and (obj.get("status") or {}).get("observedGeneration") == generation
 
     await wait_until(observed, bool, timeout=timeout, what=f"a controller to take up policy {policy}", interval=0.1)
+
+
+RESTART_ALL_EXIT_CODE = 88
+"""The exit code of `devheal sidecar` that the rank's restart rule turns into RestartAllContainers."""
+
+_DOWNWARD_API = [
+    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+]
+
+
+def restart_all_rank_spec(
+    *, account: str, devheal_image: str, training_image: str, command: list[str], barrier_timeout: int = 120
+) -> Obj:
+    """A gang rank's pod spec in docs/gangs.md's RestartAllContainers layout, for images already on the node:
+    `devheal barrier` (init container) and `devheal sidecar` (sidecar, its exit restarting every container) from
+    ``devheal_image``, and ``command`` in ``training_image`` holding one GPU, unwrapped; ``account`` is the
+    launcher's service account (deploy/launcher-rbac.yaml)."""
+
+    def devheal(container: str, *args: str) -> Obj:
+        return {
+            "name": container,
+            "image": devheal_image,
+            "imagePullPolicy": "Never",
+            "command": ["devheal", *args],
+            "env": _DOWNWARD_API,
+        }
+
+    watch = devheal("restart-watch", "sidecar", "--exit-code", str(RESTART_ALL_EXIT_CODE))
+    watch["restartPolicy"] = "Always"
+    watch["restartPolicyRules"] = [
+        {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [RESTART_ALL_EXIT_CODE]}}
+    ]
+    return {
+        "serviceAccountName": account,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "initContainers": [devheal("barrier", "barrier", "--barrier-timeout", str(barrier_timeout)), watch],
+        "containers": [
+            {
+                "name": "train",
+                "image": training_image,
+                "imagePullPolicy": "Never",
+                "command": command,
+                "resources": {"limits": {GPU_RESOURCE: "1"}},
+            }
+        ],
+    }
+
+
+LAUNCHER_RBAC = Path(__file__).resolve().parents[3] / "deploy" / "launcher-rbac.yaml"
+_RBAC_PLURALS = {"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings"}
+
+
+async def apply_launcher_rbac(kube: KubeClient, namespace: str) -> str:
+    """deploy/launcher-rbac.yaml applied into ``namespace``, as a user applies it; the ServiceAccount's name."""
+    account = ""
+    for doc in yaml.safe_load_all(LAUNCHER_RBAC.read_text()):
+        if not doc:
+            continue
+        doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects") or []:
+            subject["namespace"] = namespace
+        if doc["kind"] == "ServiceAccount":
+            account = doc["metadata"]["name"]
+        await kube.create(api_path(doc["apiVersion"], _RBAC_PLURALS[doc["kind"]], namespace=namespace), doc)
+    return account

@@ -8,10 +8,9 @@ import yaml
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab.cluster import Lab
-from devheal.lab.workloads import wait_until
+from devheal.lab.workloads import apply_launcher_rbac, wait_until
 
 from .conftest import GangHarness
-from .rbac import install_rbac
 
 
 async def service_account_token(kube: KubeClient, namespace: str, account: str) -> str:
@@ -42,7 +41,7 @@ def token_kubeconfig(lab: Lab, token: str, path: Path) -> Path:
 
 
 async def test_the_launcher_needs_no_more_than_its_role(lab: Lab, kube: KubeClient, gang: GangHarness) -> None:
-    account = await install_rbac(kube, gang.namespace)
+    account = await apply_launcher_rbac(kube, gang.namespace)
     token = await service_account_token(kube, gang.namespace, account)
     kubeconfig = token_kubeconfig(lab, token, gang.tmp / "launcher.kubeconfig")
     ranks = ["rank-0", "rank-1"]

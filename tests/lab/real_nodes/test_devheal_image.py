@@ -57,8 +57,7 @@ async def test_the_image_runs_devheal_as_non_root_on_a_read_only_root_file_syste
         "metadata": {"name": "devheal-image"},
         "spec": {
             "restartPolicy": "Never",
-            "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
-            "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+            **realnode.on_real_nodes(),
             "terminationGracePeriodSeconds": 1,
             # No runAsUser: kubelet checks the image's own user (65532) is not root.
             "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},

@@ -32,8 +32,7 @@ def _gpu_pod(name: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "restartPolicy": "Never",
-            "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
-            "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+            **realnode.on_real_nodes(),
             "terminationGracePeriodSeconds": 1,
             "containers": [
                 {

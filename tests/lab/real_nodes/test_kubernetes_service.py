@@ -48,8 +48,7 @@ async def test_a_pod_calls_the_api_server_at_the_kubernetes_service_with_its_ser
         "metadata": {"name": "in-cluster"},
         "spec": {
             "restartPolicy": "Never",
-            "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
-            "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+            **realnode.on_real_nodes(),
             "terminationGracePeriodSeconds": 1,
             "containers": [
                 {

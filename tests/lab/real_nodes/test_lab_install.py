@@ -60,8 +60,7 @@ def _inference(name: str) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
-                    "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+                    **realnode.on_real_nodes(),
                     "terminationGracePeriodSeconds": 1,
                     "containers": [
                         {

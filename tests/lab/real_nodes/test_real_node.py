@@ -37,8 +37,7 @@ def _busybox_pod(name: str, command: str, restart: str = "Never") -> dict[str, A
         "metadata": {"name": name},
         "spec": {
             "restartPolicy": restart,
-            "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
-            "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+            **realnode.on_real_nodes(),
             "terminationGracePeriodSeconds": 1,
             "containers": [
                 {

@@ -24,10 +24,9 @@ from devheal.kube.crds import install_crds
 from devheal.lab import images, realnode
 from devheal.lab.cluster import Lab
 from devheal.lab.faults import Faults
-from devheal.lab.workloads import get_path, gpu_job, pod_devices
-from devheal.model.cluster import GPU_RESOURCE, LAUNCHER_GENERATION_ANNOTATION, RESTART_GENERATION_ANNOTATION
+from devheal.lab.workloads import apply_launcher_rbac, get_path, gpu_job, pod_devices, restart_all_rank_spec
+from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION, RESTART_GENERATION_ANNOTATION
 from tests.lab.controller.conftest import ControllerHarness
-from tests.lab.launch.rbac import install_rbac
 
 from .conftest import until
 
@@ -36,47 +35,17 @@ pytestmark = pytest.mark.timeout(1800)
 
 RANKS = ("rank-0", "rank-1")
 GANG = "g1"
-RESTART_EXIT_CODE = 88
-DOWNWARD_API = [
-    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-]
 
 
 def _rank_spec(account: str, devheal_image: str) -> dict[str, Any]:
-    """A rank's pod spec: barrier, restart-watch sidecar (devheal's image) and an unwrapped training container."""
-
-    def devheal(container: str, *args: str) -> dict[str, Any]:
-        return {
-            "name": container,
-            "image": devheal_image,
-            "imagePullPolicy": "Never",
-            "command": ["devheal", *args],
-            "env": DOWNWARD_API,
-        }
-
-    watch = devheal("restart-watch", "sidecar", "--exit-code", str(RESTART_EXIT_CODE))
-    watch["restartPolicy"] = "Always"
-    watch["restartPolicyRules"] = [
-        {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [RESTART_EXIT_CODE]}}
-    ]
-    return {
-        "serviceAccountName": account,
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 1,
-        "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
-        "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-        "initContainers": [devheal("barrier", "barrier", "--barrier-timeout", "120"), watch],
-        "containers": [
-            {
-                "name": "train",
-                "image": images.busybox_image().name,
-                "imagePullPolicy": "Never",
-                "command": ["sleep", "3600"],
-                "resources": {"limits": {GPU_RESOURCE: "1"}},
-            }
-        ],
-    }
+    """A rank on the real node: devheal's barrier and sidecar around a busybox training container."""
+    spec = restart_all_rank_spec(
+        account=account,
+        devheal_image=devheal_image,
+        training_image=images.busybox_image().name,
+        command=["sleep", "3600"],
+    )
+    return {**spec, **realnode.on_real_nodes()}
 
 
 def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
@@ -141,7 +110,7 @@ async def gang(real_kube: KubeClient, real_namespace: str) -> Gang:
 @pytest.fixture
 async def account(real_kube: KubeClient, real_namespace: str) -> str:
     """deploy/launcher-rbac.yaml's ServiceAccount in the test's namespace: the ranks' barriers and sidecars use it."""
-    return await install_rbac(real_kube, real_namespace)
+    return await apply_launcher_rbac(real_kube, real_namespace)
 
 
 async def _start_pods(gang: Gang, account: str, image: str) -> dict[str, dict[str, Any]]:
