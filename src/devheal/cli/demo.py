@@ -17,22 +17,34 @@ def demo(
     directory: Annotated[
         Path | None, typer.Option("--dir", help="Lab directory (default: ~/.local/state/devheal/demo).")
     ] = None,
+    real_nodes: Annotated[
+        bool,
+        typer.Option(
+            "--real-nodes",
+            help="Tell it on 2 real nodes (kubelet, containerd, runc; needs root) with devheal installed by its "
+            "Helm chart: a few minutes, and the first run builds the node binaries and the image.",
+        ),
+    ] = False,
 ) -> None:
     """Fail GPUs under an inference Deployment, a training gang and an idle node; devheal heals each."""
     from rich.console import Console
 
+    from devheal.demo import real_nodes as real_story
     from devheal.demo import story
     from devheal.kube.errors import KubeError
     from devheal.lab.cluster import LabError
+    from devheal.lab.realnode import RealNodeError
     from devheal.lab.toolchain import ToolchainError
     from devheal.lab.workloads import WaitTimeout
 
     console = Console(no_color=no_color, force_terminal=False if no_color else None, highlight=not no_color)
     try:
-        results = asyncio.run(
-            story.run(console, keep=keep, nodes=nodes, observe_seconds=observe_seconds, directory=directory)
-        )
-    except (LabError, ToolchainError, KubeError, WaitTimeout) as exc:
+        if real_nodes:
+            told = real_story.run(console, keep=keep, observe_seconds=observe_seconds, directory=directory)
+        else:
+            told = story.run(console, keep=keep, nodes=nodes, observe_seconds=observe_seconds, directory=directory)
+        results = asyncio.run(told)
+    except (LabError, ToolchainError, KubeError, WaitTimeout, RealNodeError) as exc:
         console.print(f"error: {exc}")
         raise typer.Exit(1) from exc
     if not all(r.ok for r in results):

@@ -162,18 +162,34 @@ async def _install_fake_remediator(kube: KubeClient) -> None:
 
 
 class Story:
-    def __init__(self, console: Console, lab: Lab, kube: KubeClient) -> None:
+    def __init__(
+        self,
+        console: Console,
+        lab: Lab,
+        kube: KubeClient,
+        *,
+        gpus_per_node: int = 8,
+        gang_ranks: int = GANG_RANKS,
+        launchers: bool = True,
+    ) -> None:
         self.console = console
         self.lab = lab
         self.kube = kube
         self.faults = Faults(lab)
         self.t0 = time.monotonic()
+        self.gpus_per_node = gpus_per_node
+        self.gang_ranks = gang_ranks
+        self.uses_launchers = launchers
+        """Each rank's training runs under a local `devheal launch`; without, the ranks restart in place
+        through their own containers (RestartAllContainers on a real kubelet)."""
         self.launchers: dict[str, subprocess.Popen[bytes]] = {}
 
     async def attach_launchers(self) -> int:
         """Start a launcher (a local process) for every running rank that has none: what the
         container entry point `devheal launch -- python train.py` would be in a real pod."""
         started = 0
+        if not self.uses_launchers:
+            return started
         for pod in await self.running("training"):
             uid = pod["metadata"]["uid"]
             if uid in self.launchers:
@@ -204,16 +220,16 @@ class Story:
     async def gang_fault(self, code: int) -> FaultResult:
         ranks = await wait_until(
             lambda: self.running("training"),
-            lambda ps: len(ps) == GANG_RANKS,
-            timeout=60,
-            what=f"{GANG_RANKS} running training ranks",
+            lambda ps: len(ps) == self.gang_ranks,
+            timeout=120,
+            what=f"{self.gang_ranks} running training ranks",
         )
         await self.attach_launchers()
         await wait_until(
             lambda: self.running("training"),
             lambda ps: all(ACKED in (p["metadata"].get("annotations") or {}) for p in ps),
-            timeout=60,
-            what="every rank's launcher running its training loop",
+            timeout=120,
+            what="every rank running its training (its generation acknowledged)",
         )
         before = {p["metadata"]["uid"] for p in ranks}
         victim = ranks[0]
@@ -222,7 +238,7 @@ class Story:
         self.say(
             "FAULT",
             f"XID {code} on {node} GPU {index} ({device[:16]}…), used by rank "
-            f"{victim['metadata']['name']} of a {GANG_RANKS}-rank training gang",
+            f"{victim['metadata']['name']} of a {self.gang_ranks}-rank training gang",
         )
         started = time.monotonic()
         self.faults.xid(node, index, code)
@@ -241,19 +257,19 @@ class Story:
         healed = await wait_until(
             ranks_now,
             lambda ps: (
-                len(ps) == GANG_RANKS
+                len(ps) == self.gang_ranks
                 and all((p["metadata"].get("annotations") or {}).get(ACKED) == generation for p in ps)
             ),
-            timeout=90,
+            timeout=120,
             what=f"every rank restarted in place at generation {generation}",
         )
         result.recovered_seconds = time.monotonic() - started
         result.pods_disrupted = len(before - {p["metadata"]["uid"] for p in healed})
+        how = "by their launchers" if self.uses_launchers else "by kubelet (RestartAllContainers)"
         self.say(
             "HEALED",
-            f"training gang: {GANG_RANKS}/{GANG_RANKS} ranks running generation {generation} after "
-            f"{result.recovered_seconds:.2f}s; {GANG_RANKS - 1} restarted in place by their launchers, "
-            "1 pod replaced",
+            f"training gang: {self.gang_ranks}/{self.gang_ranks} ranks running generation {generation} after "
+            f"{result.recovered_seconds:.2f}s; {self.gang_ranks - 1} restarted in place {how}, 1 pod replaced",
         )
         return result
 
@@ -414,15 +430,18 @@ class Story:
             if p["spec"].get("nodeName") == node and get_path(p, "status", "phase") == "Running"
         }
         records_before = {r["metadata"]["name"] for r in await self.remediations()}
-        self.say("FAULT", f"device plugin on {node} restarts: GPU capacity and allocatable drop to 0 for 3s")
+        self.say("FAULT", f"device plugin on {node} restarts: GPU allocatable drops to 0 for 3s")
         started = time.monotonic()
         self.faults.plugin_restart(node, 3.0)
 
-        async def capacity() -> str:
+        async def allocatable() -> str:
             obj = await self.kube.get(api_path("v1", "nodes", name=node))
-            return str(get_path(obj, "status", "capacity", GPU_RESOURCE, default="0"))
+            return str(get_path(obj, "status", "allocatable", GPU_RESOURCE, default="0"))
 
-        await wait_until(capacity, lambda c: c == "8", timeout=20, what="GPU capacity back")
+        # Back once every GPU that was not failed on purpose is allocatable again.
+        failed = sum(1 for d in self.faults.devices(node)["devices"] if d.get("health") == "Unhealthy")
+        back = str(self.gpus_per_node - failed)
+        await wait_until(allocatable, lambda a: a == back, timeout=30, what=f"{back} GPUs allocatable again")
         await asyncio.sleep(2.0)
         result.recovered_seconds = time.monotonic() - started
         after = {
@@ -437,7 +456,7 @@ class Story:
             result.pods_disrupted = max(result.pods_disrupted, 1)
         self.say(
             "HEALED",
-            f"{node}: capacity back after {result.recovered_seconds:.1f}s; {len(after)} pods kept "
+            f"{node}: GPUs back after {result.recovered_seconds:.1f}s; {len(after)} pods kept "
             "running, devheal did not act (nothing failed)",
         )
         return result
@@ -521,7 +540,7 @@ async def run(
             results.append(await story.plugin_restart(busy))
             if observe_seconds > 0:
                 await asyncio.sleep(observe_seconds)
-            _summary(console, results, lab)
+            summary(console, results, lab)
     finally:
         if story is not None:
             story.stop_launchers()
@@ -530,18 +549,23 @@ async def run(
                 proc.terminate()
                 _reap(proc, 15)
         if keep:
-            kubectl = f"{toolchain.CONTROL_PLANE.binary('kubectl')} --kubeconfig {lab.kubeconfig}"
-            console.print("\nThe lab keeps running. Look around:")
-            console.print(f"  {kubectl} get remediations")
-            console.print(f"  {kubectl} get remediationpolicies")
-            console.print(f"  {kubectl} get nodedevices")
-            console.print(f"  {kubectl} -n {NAMESPACE} get pods -o wide")
-            console.print(f"  {kubectl} get events -A --field-selector source=devheal-controller")
-            console.print(f"  devheal lab down --dir {lab.dir}")
+            keep_commands(console, lab)
         else:
             console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim]  INFO    tearing the lab down")
             await asyncio.to_thread(lab.down)
     return results
+
+
+def keep_commands(console: Console, lab: Lab) -> None:
+    """What to look at in the lab the demo leaves running (``--keep``)."""
+    kubectl = f"{toolchain.CONTROL_PLANE.binary('kubectl')} --kubeconfig {lab.kubeconfig}"
+    console.print("\nThe lab keeps running. Look around:")
+    console.print(f"  {kubectl} get remediations")
+    console.print(f"  {kubectl} get remediationpolicies")
+    console.print(f"  {kubectl} get nodedevices")
+    console.print(f"  {kubectl} -n {NAMESPACE} get pods -o wide")
+    console.print(f"  {kubectl} get events -A --field-selector source=devheal-controller")
+    console.print(f"  devheal lab down --dir {lab.dir}")
 
 
 def _reap(proc: subprocess.Popen[bytes], grace: float) -> None:
@@ -558,7 +582,7 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
 
-def _summary(console: Console, results: list[FaultResult], lab: Lab) -> None:
+def summary(console: Console, results: list[FaultResult], lab: Lab) -> None:
     table = Table("fault", "detected", "action", "workload running again", "pods disrupted", title="summary")
     for r in results:
         table.add_row(
