@@ -1,4 +1,5 @@
-"""What every lab fixture does: a lab up for a session, a client to it, a namespace per test.
+"""What every lab fixture does: a lab up for a session, a client to it, a namespace per test, and a
+client holding nothing but a service account's token (what a pod of that account holds).
 
 Both the kwok lab (``tests/lab/conftest.py``) and the real-node lab (``tests/lab/real_nodes``) are
 built from these, so they start, connect and clean up the same way.
@@ -11,6 +12,8 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+
+import yaml
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
@@ -58,3 +61,31 @@ async def fresh_namespace(kube: KubeClient, prefix: str) -> AsyncIterator[str]:
 def kubectl_argv(lab: Lab, namespace: str) -> list[str]:
     """The lab's kubectl against the lab, in ``namespace``, ready for its arguments."""
     return [str(toolchain.CONTROL_PLANE.binary("kubectl")), f"--kubeconfig={lab.kubeconfig}", "-n", namespace]
+
+
+async def service_account_token(kube: KubeClient, namespace: str, account: str) -> str:
+    """A token of ``account`` bound to no pod (TokenRequest, an hour)."""
+    answer = await kube.create(
+        api_path("v1", "serviceaccounts", namespace=namespace, name=account, subresource="token"),
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+    )
+    return str(answer["status"]["token"])
+
+
+def token_kubeconfig(lab: Lab, token: str, path: Path) -> Path:
+    """The lab's cluster with ``token`` as the only credential."""
+    admin = yaml.safe_load(lab.kubeconfig.read_text())
+    cluster = admin["clusters"][0]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": "token", "user": {"token": token}}],
+                "contexts": [{"name": "token", "context": {"cluster": cluster["name"], "user": "token"}}],
+                "current-context": "token",
+            }
+        )
+    )
+    return path

@@ -38,7 +38,7 @@ from devheal.lab import chart
 from devheal.lab.cluster import Lab
 from devheal.lab.helm import ensure_helm
 from devheal.lab.toolchain import ToolchainError
-from devheal.lab.workloads import get_path, gpu_pod, pods_of, wait_until
+from devheal.lab.workloads import apply_launcher_rbac, get_path, gpu_pod, pods_of, wait_until
 from devheal.launch.gang import KubeGang
 from devheal.model.cluster import (
     DEVICE_FAILED_CONDITION,
@@ -53,9 +53,9 @@ from devheal.model.plan import Action, Finding, FindingKind, FindingSource, Targ
 from devheal.model.policy import ActionKind
 from devheal.model.run_failure import RUN_FAILURE_ANNOTATION
 from devheal.model.steps import STEPS_ANNOTATION
+from tests.lab.sessions import service_account_token, token_kubeconfig
 
 from .launch.conftest import GangHarness
-from .launch.test_rbac import install_rbac, service_account_token, token_kubeconfig
 from .test_manifests import PLURALS
 
 SYSTEM = chart.NAMESPACE
@@ -352,7 +352,7 @@ async def launcher_token(kube: KubeClient, namespace: str, account: str, pod: Ob
 async def test_a_launcher_writes_only_its_own_pods_annotations(
     lab: Lab, kube: KubeClient, chart_installed: list[Obj], namespace: str, tmp_path: Path
 ) -> None:
-    account = await install_rbac(kube, namespace)
+    account = await apply_launcher_rbac(kube, namespace)
     pods = api_path("v1", "pods", namespace=namespace)
     created = {}
     for name in ("rank-0", "rank-1"):
@@ -422,7 +422,7 @@ async def test_launchers_holding_only_their_pods_tokens_restart_in_place_under_t
     lab: Lab, kube: KubeClient, chart_installed: list[Obj], namespace: str, tmp_path: Path
 ) -> None:
     """The launcher process itself (devheal launch): its acknowledgements and step times go through."""
-    account = await install_rbac(kube, namespace)
+    account = await apply_launcher_rbac(kube, namespace)
     ranks = ["rank-0", "rank-1"]
     pods = api_path("v1", "pods", namespace=namespace)
     created = {}

@@ -15,9 +15,9 @@ import yaml
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab.cluster import Lab
+from tests.lab.sessions import service_account_token, token_kubeconfig
 
 from ..conftest import RecordingFaults
-from ..launch.test_rbac import service_account_token, token_kubeconfig
 from ..test_manifests import PLURALS
 from .conftest import ControllerHarness
 from .test_gang_restart import restart_a_placed_gang_as

@@ -27,9 +27,9 @@ from devheal.lab.toolchain import ToolchainError
 from devheal.lab.workloads import get_path, gpu_pod, wait_until
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import OWNED_TAINT_KEY
+from tests.lab.sessions import service_account_token, token_kubeconfig
 
 from ..conftest import RecordingFaults
-from ..launch.test_rbac import service_account_token, token_kubeconfig
 from ..monitoring_crds import install_monitoring_crds
 from ..test_manifests import PLURALS
 from .conftest import ControllerHarness

@@ -2,42 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import yaml
-
-from devheal.kube.client import KubeClient, api_path
+from devheal.kube.client import KubeClient
 from devheal.lab.cluster import Lab
 from devheal.lab.workloads import apply_launcher_rbac, wait_until
+from tests.lab.sessions import service_account_token, token_kubeconfig
 
 from .conftest import GangHarness
-
-
-async def service_account_token(kube: KubeClient, namespace: str, account: str) -> str:
-    answer = await kube.create(
-        api_path("v1", "serviceaccounts", namespace=namespace, name=account, subresource="token"),
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
-    )
-    return str(answer["status"]["token"])
-
-
-def token_kubeconfig(lab: Lab, token: str, path: Path) -> Path:
-    """The lab's cluster with ``token`` as the only credential."""
-    admin = yaml.safe_load(lab.kubeconfig.read_text())
-    cluster = admin["clusters"][0]
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [cluster],
-                "users": [{"name": "launcher", "user": {"token": token}}],
-                "contexts": [{"name": "launcher", "context": {"cluster": cluster["name"], "user": "launcher"}}],
-                "current-context": "launcher",
-            }
-        )
-    )
-    return path
 
 
 async def test_the_launcher_needs_no_more_than_its_role(lab: Lab, kube: KubeClient, gang: GangHarness) -> None:

@@ -3,18 +3,21 @@
 The chart is installed as a user installs it (`helm upgrade --install`, the image built here, the lab's
 values): the controller's two replicas and the agent run as the chart's service accounts on the real
 node's kubelet, one replica holds the leader Lease, the agent reads the real kubelet's pod-resources
-socket and publishes the node's NodeDevices; XID 79 on the GPU an inference pod holds then makes the
-chart's controller deschedule the pod and take the node out of scheduling.
+socket and publishes the node's NodeDevices, and the token kubelet gave the agent pod writes its own
+node's NodeDevices only; XID 79 on the GPU an inference pod holds then makes the chart's controller
+deschedule the pod and take the node out of scheduling.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from devheal.agent.publisher import FIELD_MANAGER, node_devices_path
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab import images, install, realnode
@@ -24,6 +27,7 @@ from devheal.lab.nodesim.nodes import node_name
 from devheal.lab.workloads import pod_devices
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import GPU_RESOURCE, OWNED_TAINT_KEY
+from tests.lab.sessions import token_kubeconfig
 
 from .conftest import GPUS_PER_NODE, SIMULATED_NODES, until
 
@@ -120,6 +124,7 @@ async def test_the_charts_devheal_runs_on_a_real_node_and_deschedules_a_pod_from
         return None
 
     await until("the agent publishes the real node's NodeDevices", published)
+    await _the_agents_own_token_writes_only_its_nodes_node_devices(real_lab, agent)
 
     # An inference pod on one GPU, a policy for its namespace, then XID 79 on that GPU.
     await real_kube.create(
@@ -190,3 +195,40 @@ async def test_the_charts_devheal_runs_on_a_real_node_and_deschedules_a_pod_from
             if record["spec"].get("policy") == real_namespace:
                 with contextlib.suppress(errors.NotFound):
                     await real_kube.delete(api_path(GROUP_VERSION, "remediations", name=record["metadata"]["name"]))
+
+
+async def _the_agents_own_token_writes_only_its_nodes_node_devices(lab: Lab, agent: dict[str, Any]) -> None:
+    """The token kubelet projected into the running agent pod (bound to the pod, so to its node) writes that node's
+    NodeDevices, and the chart's admission policy refuses it another node's. Dry runs: admission runs, nothing
+    is stored."""
+    state = lab.state()
+    assert state is not None
+    (node,) = [n for n in state.real_nodes(lab.dir) if n.name == REAL_NODE]
+    # The projected volume is a tmpfs mounted in the node's own mount namespace: seen through its containerd.
+    in_node = Path(f"/proc/{state.pids[node.containerd_component()]}/root")
+    pod_dir = node.kubelet_root / "pods" / agent["metadata"]["uid"] / "volumes" / "kubernetes.io~projected"
+    (token_file,) = (in_node / pod_dir.relative_to("/")).glob("*/token")
+    kubeconfig = token_kubeconfig(lab, token_file.read_text(), lab.dir / "agent-token.kubeconfig")
+    client = await KubeClient.connect(str(kubeconfig))
+
+    async def apply(node_name: str) -> str:
+        body = {"apiVersion": GROUP_VERSION, "kind": "NodeDevices", "metadata": {"name": node_name}}
+        body["spec"] = {"nodeName": node_name}
+        try:
+            await client.request(
+                "PATCH",
+                node_devices_path(node_name),
+                params={"fieldManager": FIELD_MANAGER, "force": "true", "dryRun": "All"},
+                body=body,
+                content_type="application/apply-patch+yaml",
+            )
+        except errors.Forbidden as exc:
+            return str(exc)
+        return "allowed"
+
+    try:
+        assert await apply(REAL_NODE) == "allowed"
+        refused = await apply(node_name(0))
+        assert "only write the NodeDevices and the status of its own node" in refused, refused
+    finally:
+        await client.close()
