@@ -50,6 +50,7 @@ from devheal.model.plan import (
 from devheal.model.policy import ActionKind, Budgets, NodeRules, Policy, RemediationMode
 from devheal.model.policy_set import policy_for_node, policy_for_pod
 from devheal.model.times import format_time
+from devheal.model.validation_policy import VALIDATION_POD_LABEL
 
 PolicyOf = Callable[[InFlight], Policy | None]
 """A record's policy, by its name (None: gone)."""
@@ -261,8 +262,8 @@ def _candidate_actions(
         node = view.nodes.get(f.node)
         if f.kind in POD_FINDINGS:
             pod = view.pods.get(f.pod)
-            if pod is None or not pod.active:
-                continue
+            if pod is None or not pod.active or VALIDATION_POD_LABEL in pod.labels:
+                continue  # devheal's own validation pod: its failed GPU is its validation's verdict
             policy = policy_for_pod(policies, pod, node)
             if policy is None:
                 continue

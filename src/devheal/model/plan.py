@@ -257,6 +257,9 @@ class RemediationReason(StrEnum):
     VALIDATION_TIMED_OUT = "ValidationTimedOut"
     NO_VALIDATION = "NoValidation"
     """The record's policy no longer names a validation (``node.validation``)."""
+    VALIDATION_POD_REFUSED = "ValidationPodRefused"
+    """The API server refused the validation pod (its namespace missing, the template invalid): tried again."""
+    NODE_GONE = "NodeGone"
     # Gang restarts, by stage.
     RESTARTING = "Restarting"
     WAITING_FOR_REPLACEMENT = "WaitingForReplacement"

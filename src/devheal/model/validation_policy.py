@@ -27,6 +27,9 @@ from devheal.model.values import show
 DEFAULT_VALIDATION_TIMEOUT = 600.0
 """Seconds the validation pod may take to end (``node.validation.timeout``) before it counts as failed."""
 
+VALIDATION_POD_LABEL = "devheal.io/validation"
+"""On a validation pod: the name of the ``Validate`` record that created it (as a label value). Such a pod is
+devheal's own check: its failing GPU is the validation's verdict, never a finding to act on the pod for."""
 UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
 """The taint a cordon shows to the scheduler: devheal tolerates it only for a cordon of its own."""
 

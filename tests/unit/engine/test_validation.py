@@ -14,11 +14,12 @@ from devheal.engine.breaker import Breaker
 from devheal.engine.decide import RecordReads, Settings, decide
 from devheal.engine.rounds import DecisionRound, due_times
 from devheal.engine.validation import Next, Verdict, after_repair, verdict
-from devheal.model.cluster import Node, NodeCondition
-from devheal.model.plan import Action, FindingKind, FindingSource, InFlight, Phase, Plan, Rail
+from devheal.model.cluster import DeviceHealth, Node, NodeCondition
+from devheal.model.plan import Action, FindingKind, FindingSource, InFlight, Phase, Plan, Rail, TargetKind
 from devheal.model.policy import ActionKind, Policy
+from devheal.model.validation_policy import VALIDATION_POD_LABEL
 
-from .builders import NOW, node, node_failed, node_recovered, policy, view
+from .builders import NOW, device, gpu_id, node, node_failed, node_recovered, pod, pod_failed, policy, view
 from .test_rounds import Host
 
 
@@ -264,3 +265,12 @@ def test_an_ended_validation_read_back_from_its_record_says_what_the_node_needs(
     assert after_repair(p.node, marked(), [rung(p, started=0.0), record]).next is expected
     # Retention keeps it while the ladder may read it.
     assert RecordReads.of([p]).still_read(record, record.started + 3600)
+
+
+def test_devheals_own_validation_pod_is_never_acted_on_for_its_failed_gpu() -> None:
+    p = validated()
+    bad = device(gpu_id("n1", 0), DeviceHealth.UNHEALTHY, message="XID 79")
+    check = pod("validate-n1-abc", "n1", devices=[bad], labels={VALIDATION_POD_LABEL: "validate-n1-abc"})
+    other = pod("serve-1", "n1", devices=[bad])
+    plan = decide(view([marked()], [check, other]), [pod_failed(check), pod_failed(other)], [p], [], NOW)
+    assert [a.target for a in plan.actions if a.target_kind is TargetKind.POD] == [other.key]
