@@ -23,7 +23,7 @@ KINDS = ("ResetRemediation", "RebootRemediation")
 POLICIES = api_path(GROUP_VERSION, "remediationpolicies")
 
 
-async def install_remediators(kube: KubeClient) -> None:
+async def install_remediators(kube: KubeClient, node: str = NODE) -> None:
     """Two medik8s-style remediators (a template kind and the kind it creates, each): the ladder's two rungs."""
     for kind in KINDS:
         for crd_kind in (f"{kind}Template", kind):
@@ -48,7 +48,7 @@ async def install_remediators(kube: KubeClient) -> None:
                 {"apiVersion": GV, "kind": f"{kind}Template", "metadata": {"name": "t"}, "spec": {"template": {}}},
             )
         with contextlib.suppress(errors.NotFound):  # an earlier run's object must not pass for this one's
-            await kube.delete(api_path(GV, f"{kind.lower()}s", namespace="default", name=NODE))
+            await kube.delete(api_path(GV, f"{kind.lower()}s", namespace="default", name=node))
 
 
 def validation(namespace: str, exit_code: int) -> dict[str, Any]:
