@@ -224,7 +224,8 @@ def escalation_step(
     ``start`` (the rung NVML's recovery action asks for, ``devheal.engine.recovery``) is the
     episode's first rung. The highest rung recorded for this episode stays while it is in
     progress within its timeout (its record carries it on) or once it succeeded; the next
-    rung is taken when it failed or ran past its timeout; the last rung is never left.
+    rung is taken when it failed, ran past its timeout, or succeeded but its validation
+    failed (``devheal.engine.validation``); the last rung is never left.
     """
     taken = [
         r
@@ -241,6 +242,12 @@ def escalation_step(
     current = ladder[step].template
     if last.phase is Phase.FAILED:
         return step + 1, f"step {step + 1} ({current.kind}) failed: escalating to {ladder[step + 1].template.kind}"
+    if last.phase is Phase.SUCCEEDED and validation.failed_after(last, in_flight):
+        # The validation of the rung failed, and its GPUs failed again (a diagnostic under load often does).
+        return step + 1, (
+            f"the validation after step {step + 1} ({current.kind}) failed: escalating to "
+            f"{ladder[step + 1].template.kind}"
+        )
     if last.active and now - last.started > ladder[step].timeout:
         return step + 1, (
             f"step {step + 1} ({current.kind}) did not bring the node back within {ladder[step].timeout:.0f}s: "

@@ -123,6 +123,20 @@ def after_repair(rules: NodeRules, node: Node, in_flight: Iterable[InFlight]) ->
     )
 
 
+def failed_after(rung: InFlight, in_flight: Iterable[InFlight]) -> bool:
+    """A carried-out validation of ``rung`` (same node, episode and step, begun after it) failed: the rung did not
+    repair the node, whether or not its GPUs show failed again now."""
+    if rung.resume is None:
+        return False
+    return any(
+        _carried_out(r, ActionKind.VALIDATE, rung.node, rung.resume.epoch)
+        and _step(r) == rung.resume.step
+        and r.started >= rung.started
+        and r.phase is Phase.FAILED
+        for r in in_flight
+    )
+
+
 def runs_its_timeout(record: InFlight, policy: Policy | None, now: float) -> bool:
     """A rung taken because a validation failed, within its timeout: it does not end because the node shows
     no failed device (it showed none when it began), only once its timeout has run."""

@@ -136,6 +136,19 @@ def test_a_failed_validation_takes_the_next_rung() -> None:
     assert second_check.name != check.name
 
 
+def test_a_node_failing_again_after_a_failed_validation_takes_the_next_rung() -> None:
+    """The diagnostic broke the GPU again: the node is faulty, not recovered, and still the ladder goes on."""
+    p = validated()
+    [check] = recovered(p, [rung(p)]).actions
+    failing = node_failed("n1", since=NOW - 400, all_failed=True, idle=True)
+    plan = decide(view([marked()]), [failing], [p], [rung(p), ended(check, Phase.FAILED)], NOW + 60)
+    [next_rung] = plan.actions
+    assert (next_rung.kind, next_rung.step) == (ActionKind.REMEDIATE_NODE, 1)
+    assert "the validation after step 1" in next_rung.reason
+    # Without the failed validation, the rung that succeeded stays (as before validation existed).
+    assert decide(view([marked()]), [failing], [p], [rung(p)], NOW + 60) == Plan()
+
+
 def test_a_failed_validation_after_the_last_rung_leaves_the_node_quarantined() -> None:
     p = validated()
     last = rung(p, step=1)
