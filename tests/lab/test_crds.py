@@ -132,6 +132,7 @@ async def test_printer_columns_are_in_the_crds_and_shown_by_kubectl(
             "Reason",
             "Lost GPU-h",
             "Cause",
+            "Validation",
             "Age",
         ],
         "nodedevices.devheal.io": ["Healthy", "Total", "Worst", "Age"],

@@ -5,7 +5,9 @@ classification sees them, then runs the agent's per-node work (sample, classify,
 the NodeDevices status, update the metrics; the pod-resources API too when the
 kubelet's socket is there) for ``--seconds`` at ``--poll-interval`` and reports what it
 cost: CPU seconds and percent of one core, resident memory. ``scripts/gpu-check`` sets up
-a virtual environment and runs this. Without a GPU or driver it says so and exits 2.
+a virtual environment and runs this. Without a GPU or driver it says so and exits 2. With
+``--fail-unless-healthy`` it exits 3 when a GPU is not Healthy at the end: a post-repair
+validation pod (a policy's ``node.validation``, docs/policy.md) can run it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from devheal.model.recovery_action import RecoveryActionReading
 
 KUBELET_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 NO_GPU_EXIT = 2
+NOT_HEALTHY_EXIT = 3
+"""``--fail-unless-healthy``: a GPU is not Healthy at the end of the check."""
 
 
 def _recovery(r: DeviceReading) -> str:
@@ -205,8 +209,10 @@ def run(args: argparse.Namespace, nvml: Any = None, out: TextIO = sys.stdout) ->
             file=out,
         )
         report["devices"] = []
+        health = {}
         for info, reading in zip(inventory, sample.readings, strict=True):
             assessment = trackers[info.uuid].assess(now)
+            health[info.index] = assessment.health
             print(f"  GPU {info.index}: {assessment.health.value:<9} {_describe_reading(reading)}", file=out)
             for reason in assessment.reasons:
                 if reason.health is not DeviceHealth.HEALTHY:
@@ -248,12 +254,17 @@ def run(args: argparse.Namespace, nvml: Any = None, out: TextIO = sys.stdout) ->
             print("\nHealth after the run:", file=out)
             for info in inventory:
                 a = trackers[info.uuid].assess(end)
+                health[info.index] = a.health
                 print(f"  GPU {info.index}: {a.health.value}" + (f" ({a.worst.message})" if a.worst else ""), file=out)
     finally:
         backend.close()
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"\nwrote {args.json}", file=out)
+    failing = [f"GPU {index}: {state.value}" for index, state in health.items() if state is not DeviceHealth.HEALTHY]
+    if args.fail_unless_healthy and failing:
+        print(f"gpu-check: not every GPU is Healthy ({'; '.join(failing)})", file=sys.stderr)
+        return NOT_HEALTHY_EXIT
     return 0
 
 
@@ -268,6 +279,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--classification", type=Path, default=None, help="classification override file")
     parser.add_argument("--pod-resources-socket", type=Path, default=KUBELET_SOCKET)
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
+    parser.add_argument(
+        "--fail-unless-healthy",
+        action="store_true",
+        help=f"exit {NOT_HEALTHY_EXIT} when a GPU is not Healthy at the end (a post-repair validation pod)",
+    )
     return parser.parse_args(argv)
 
 

@@ -8,7 +8,8 @@ there?), so a controller that dies half-way and resumes never repeats a disrupti
 ``Actuators`` is the one entry point the controller's loop uses. It owns that sequence
 and the dry-run, and hands each action to the ``Actuator`` of its family through a table
 keyed by ``ActionKind``: pods (``pod_actions``), gangs (``gangs``), node schedulability
-(``node_actions``) and external node remediation (``node_remediation``).
+(``node_actions``), external node remediation (``node_remediation``) and its validation
+(``node_validation``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from devheal.controller.infrastructure_actions import DeleteRejectedPod, ForceDe
 from devheal.controller.node_actions import Cordon, Drain, Lift, Taint
 from devheal.controller.node_conditions import NodeLifecycleWriter
 from devheal.controller.node_remediation import NodeRemediation
+from devheal.controller.node_validation import NodeValidator
 from devheal.controller.pod_actions import Deschedule, FailPod, Notify, release_gate
 from devheal.controller.records import REMEDIATIONS, Records, remediation_body
 from devheal.engine.badput import books_badput, ended_badput, workload_gpus
@@ -97,6 +99,7 @@ class Actuators:
             ActionKind.LIFT_DEGRADED: LiftDegraded(client),
             ActionKind.DELETE_POD: DeleteRejectedPod(client, policies, clock),
             ActionKind.FORCE_DELETE_POD: ForceDeletePod(client, policies, clock),
+            ActionKind.VALIDATE: NodeValidator(client, policies, self.records, clock),
         }
         """The actuator of each action kind."""
 

@@ -422,7 +422,9 @@ def project_remediation(obj: Obj) -> InFlight:
     # Only a decision to act is carried on: one without a phase is carried on only when created to act. A node
     # remediation's decision stays known once it ended: its rung, failed or done, is where the ladder goes on
     # from (engine.decide.escalation_step); rounds carry on active records only.
-    kept = phase in ACTIVE_PHASES or (action is ActionKind.REMEDIATE_NODE and phase in (Phase.FAILED, Phase.SUCCEEDED))
+    # Nor a node's validation (engine.validation): its rung and verdict say what the node needs next.
+    ladder = (ActionKind.REMEDIATE_NODE, ActionKind.VALIDATE)
+    kept = phase in ACTIVE_PHASES or (action in ladder and phase in (Phase.FAILED, Phase.SUCCEEDED))
     resumable = kept and (bool(status.get("phase")) or decision == Decision.ACT)
     try:
         target_kind = TargetKind(str(target.get("kind")))

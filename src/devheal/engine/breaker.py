@@ -43,6 +43,7 @@ NOT_DEVICE_FAULTS = frozenset(
         FindingKind.DEVICE_PLUGIN_DOWN,
         FindingKind.NODE_SIGNAL,
         FindingKind.MAINTENANCE_PLANNED,
+        FindingKind.VALIDATION_FAILED,  # decided from records, never detected: the node's fault was counted
     }
 )
 """Findings the breaker does not count: recoveries, a workload's own behaviour (slow, hung, a crashed run its

@@ -22,10 +22,10 @@ budget.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
-from devheal.engine import dra, infrastructure, maintenance, node_signals, recovery
+from devheal.engine import dra, infrastructure, maintenance, node_signals, recovery, validation
 from devheal.engine.breaker import Breaker, gpu_nodes, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
@@ -39,6 +39,7 @@ from devheal.model.plan import (
     Blocked,
     Finding,
     FindingKind,
+    FindingSource,
     InFlight,
     InFlightRecords,
     Phase,
@@ -49,6 +50,7 @@ from devheal.model.plan import (
 from devheal.model.policy import ActionKind, Budgets, NodeRules, Policy, RemediationMode
 from devheal.model.policy_set import policy_for_node, policy_for_pod
 from devheal.model.times import format_time
+from devheal.model.validation_policy import VALIDATION_POD_LABEL
 
 PolicyOf = Callable[[InFlight], Policy | None]
 """A record's policy, by its name (None: gone)."""
@@ -222,7 +224,8 @@ def escalation_step(
     ``start`` (the rung NVML's recovery action asks for, ``devheal.engine.recovery``) is the
     episode's first rung. The highest rung recorded for this episode stays while it is in
     progress within its timeout (its record carries it on) or once it succeeded; the next
-    rung is taken when it failed or ran past its timeout; the last rung is never left.
+    rung is taken when it failed, ran past its timeout, or succeeded but its validation
+    failed (``devheal.engine.validation``); the last rung is never left.
     """
     taken = [
         r
@@ -239,6 +242,12 @@ def escalation_step(
     current = ladder[step].template
     if last.phase is Phase.FAILED:
         return step + 1, f"step {step + 1} ({current.kind}) failed: escalating to {ladder[step + 1].template.kind}"
+    if last.phase is Phase.SUCCEEDED and validation.failed_after(last, in_flight):
+        # The validation of the rung failed, and its GPUs failed again (a diagnostic under load often does).
+        return step + 1, (
+            f"the validation after step {step + 1} ({current.kind}) failed: escalating to "
+            f"{ladder[step + 1].template.kind}"
+        )
     if last.active and now - last.started > ladder[step].timeout:
         return step + 1, (
             f"step {step + 1} ({current.kind}) did not bring the node back within {ladder[step].timeout:.0f}s: "
@@ -260,8 +269,8 @@ def _candidate_actions(
         node = view.nodes.get(f.node)
         if f.kind in POD_FINDINGS:
             pod = view.pods.get(f.pod)
-            if pod is None or not pod.active:
-                continue
+            if pod is None or not pod.active or VALIDATION_POD_LABEL in pod.labels:
+                continue  # devheal's own validation pod: its failed GPU is its validation's verdict
             policy = policy_for_pod(policies, pod, node)
             if policy is None:
                 continue
@@ -360,20 +369,32 @@ def _candidate_actions(
                     # Peer-to-peer traffic touches the node's other GPUs too: their pods go with it.
                     reason = f"{drain_first}; policy drains busy nodes"
                 out.append((replace(base, kind=ActionKind.DRAIN, reason=reason), policy))
-        elif f.kind is FindingKind.NODE_RECOVERED and node.owned and now - f.since >= rules.hold_down:
-            hold_down = lift_hold_down(rules, node.name, in_flight, now)
-            if now - f.since >= hold_down:
-                out.append(
-                    (
-                        replace(
-                            base,
-                            kind=ActionKind.LIFT,
-                            reason=f"healthy for {now - f.since:.0f}s (hold-down {hold_down:.0f}s)",
-                        ),
-                        policy,
-                    )
+        elif f.kind is FindingKind.NODE_RECOVERED and node.owned:
+            # Post-repair validation (``node.validation``): a node a rung brought back passes its pod before a lift.
+            gate = validation.after_repair(rules, node, in_flight)
+            if gate.next is validation.Next.LIFT:
+                out += _lift(base, rules, f, node, in_flight, now, policy)
+            elif gate.next is validation.Next.VALIDATE:
+                out.append((replace(base, kind=ActionKind.VALIDATE, step=gate.step, reason=gate.why), policy))
+            elif gate.next is validation.Next.ESCALATE:
+                check = replace(
+                    f, kind=FindingKind.VALIDATION_FAILED, sources=(FindingSource.VALIDATION,), evidence=gate.why
                 )
+                rung = replace(base, kind=ActionKind.REMEDIATE_NODE, finding=check, step=gate.step, reason=gate.why)
+                out.append((rung, policy))
     return out
+
+
+def _lift(
+    base: Action, rules: NodeRules, f: Finding, node: Node, in_flight: Sequence[InFlight], now: float, policy: Policy
+) -> list[tuple[Action, Policy]]:
+    """``Lift`` of a node healthy for its hold-down (``lift_hold_down``); none before."""
+    if now - f.since >= rules.hold_down:
+        hold_down = lift_hold_down(rules, node.name, in_flight, now)
+        if now - f.since >= hold_down:
+            reason = f"healthy for {now - f.since:.0f}s (hold-down {hold_down:.0f}s)"
+            return [(replace(base, kind=ActionKind.LIFT, reason=reason), policy)]
+    return []
 
 
 def relevance_horizon(policies: Sequence[Policy]) -> float:
@@ -395,12 +416,15 @@ class RecordReads:
     """The gang restart window or the longest workload disruption interval, whichever is longer."""
     horizon: float
     """``relevance_horizon``."""
+    last_rungs: Mapping[str, int] = field(default_factory=dict)
+    """Per policy with a validation (``node.validation``), its ladder's last rung (0 the first)."""
 
     @classmethod
     def of(cls, policies: Sequence[Policy]) -> RecordReads:
         intervals = [p.budgets.workload_disruption_interval for p in policies]
         window = max([GANG_RESTART_WINDOW, Budgets().workload_disruption_interval, *intervals])
-        return cls(window, relevance_horizon(policies))
+        last_rungs = {p.name: len(p.node.ladder) - 1 for p in policies if p.node.validation is not None}
+        return cls(window, relevance_horizon(policies), last_rungs)
 
     def still_read(self, record: InFlight, now: float) -> bool:
         """Whether a decision at ``now`` can still read ``record`` beyond its name. ``decide`` walks through no
@@ -411,8 +435,8 @@ class RecordReads:
         gang restart window or the longest workload disruption interval (``gangRestartsPerHour``, the
         interval); a lift that succeeded within ``FLAP_WINDOW`` (``lift_hold_down``; the spare pools' nodes back
         from repair); a node's mark that succeeded (taint, cordon, fence) and the lifts of marks, within
-        ``FLAP_WINDOW`` (``nodes_out``, while the cache has not shown the mark); a node remediation's rung within
-        the horizon (the escalation ladder)."""
+        ``FLAP_WINDOW`` (``nodes_out``, while the cache has not shown the mark); a node remediation's rung and its
+        validation within the horizon (the escalation ladder, ``devheal.engine.validation``)."""
         if record.active:
             return True
         if record.disruptive and record.workload and now - record.started < self.disruption_window:
@@ -425,7 +449,14 @@ class RecordReads:
             effects = KIND_EFFECTS[record.action]
             if Effect.STOPS_NODE_SCHEDULING in effects or Effect.REMOVES_OWN_MARK in effects:
                 return now - ended <= FLAP_WINDOW
-        if record.action is ActionKind.REMEDIATE_NODE and record.resume is not None:
+        if record.action is ActionKind.VALIDATE and record.phase is Phase.FAILED and record.resume is not None:
+            # A failed validation after the last rung keeps its node quarantined for good (devheal.engine.validation):
+            # read until an operator deletes it.
+            last = self.last_rungs.get(record.policy)
+            if last is not None and record.resume.step >= last:
+                return True
+        if record.action in (ActionKind.REMEDIATE_NODE, ActionKind.VALIDATE) and record.resume is not None:
+            # A rung, and its validation: where the ladder goes on from (``escalation_step``, ``validation``).
             return now - max(record.started, ended) <= self.horizon
         return False
 

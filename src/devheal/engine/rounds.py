@@ -38,6 +38,7 @@ from collections.abc import Collection, Container, Iterable, Iterator, Mapping, 
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from devheal.engine import validation
 from devheal.engine.breaker import Breaker, step_breaker
 from devheal.engine.decide import Overdue, Settings, decide, lift_hold_down, overdue
 from devheal.engine.degradation import DegradationTracker
@@ -165,8 +166,9 @@ def due_times(
     view: ClusterView, findings: Sequence[Finding], policies: Sequence[Policy], records: Sequence[InFlight], now: float
 ) -> list[float]:
     """When a policy duration the decisions wait for comes due (just after it): an idle node's or a fully
-    failed node's ``remediateAfter``, a recovered node's hold-down, a degraded node's ``leaveAfter``, and the
-    timeout of a ladder rung in progress (one that does not bring its node back gives way to the next)."""
+    failed node's ``remediateAfter``, a recovered node's hold-down, a degraded node's ``leaveAfter``, the
+    timeout of a ladder rung in progress (one that does not bring its node back gives way to the next), and
+    the timeout of a validation in progress (``devheal.engine.validation``)."""
     wake: list[float] = []
     for f in findings:
         node = view.nodes.get(f.node)
@@ -192,6 +194,7 @@ def due_times(
         if policy is not None and len(policy.node.ladder) > 1:
             step = min(record.resume.step, len(policy.node.ladder) - 1)
             wake.append(record.started + policy.node.ladder[step].timeout + DUE_SLACK)
+    wake += [t + DUE_SLACK for t in validation.due(records, policies)]
     return wake
 
 
@@ -436,7 +439,9 @@ class DecisionRound:
             ends_outside = record.action is ActionKind.REMEDIATE_NODE and record.phase is Phase.IN_PROGRESS
             if not ends_outside and record.resume is None:
                 continue  # nothing this round could carry on
-            ending = ends_outside and record.node not in faulty  # ending one is no disruption
+            # Ending one is no disruption. A rung taken because a validation failed runs its whole timeout.
+            ending = ends_outside and record.node not in faulty
+            ending = ending and not validation.runs_its_timeout(record, by_name.get(record.policy), now)
             why, rail = held_because(record, by_name.get(record.policy), world.settings), Rail.PAUSED
             stopped = record.carried_out and stopped_by_breaker(record.effects(by_name.get(record.policy)))
             if not why and world.breaker.open and stopped and record.resume is not None and not ending:

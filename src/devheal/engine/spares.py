@@ -42,7 +42,9 @@ SPARE_TOLERATION = {"key": SPARE_TAINT_KEY, "operator": "Exists", "effect": SPAR
 RETURN_WINDOW = 3600.0
 """Seconds after devheal lifted its marks from a node (a ``Lift`` that succeeded) during which the node counts
 as back from repair: it refills a pool even where ``promoteIdleNodes`` is false."""
-_NODE_WORK = frozenset({ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN, ActionKind.REMEDIATE_NODE})
+_NODE_WORK = frozenset(
+    {ActionKind.TAINT, ActionKind.CORDON, ActionKind.DRAIN, ActionKind.REMEDIATE_NODE, ActionKind.VALIDATE}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,7 @@ def returning_nodes(records: Iterable[InFlight], now: float) -> set[str]:
 
 
 def _busy_nodes(records: Iterable[InFlight]) -> set[str]:
-    """Nodes devheal is working on (taint, cordon, drain, remediation in progress)."""
+    """Nodes devheal is working on (taint, cordon, drain, remediation or its validation in progress)."""
     return {r.node for r in records if r.active and r.action in _NODE_WORK and r.node}
 
 

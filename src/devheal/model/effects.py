@@ -12,7 +12,7 @@ the policy gone, the kind's most disruptive effects apply.
 | ``EVICTS``, ``RESTARTS`` | yes | no | yes |
 | ``STOPS_NODE_SCHEDULING``, ``TAKES_NODE`` | yes | yes | no |
 | ``STOPS_DEVICE_SCHEDULING`` | yes | no | no |
-| ``STEERS``, ``REMOVES_OWN_MARK``, ``DELETES_ENDED_POD``, ``NOTIFIES`` | no | no | no |
+| ``STEERS``, ``REMOVES_OWN_MARK``, ``DELETES_ENDED_POD``, ``VALIDATES``, ``NOTIFIES`` | no | no | no |
 
 Pause and dry-run hold every action, whatever its effects. Pure.
 """
@@ -42,6 +42,9 @@ class Effect(StrEnum):
     """Lifts what devheal set (a taint, a cordon, a device taint): the cluster gets capacity back."""
     DELETES_ENDED_POD = "deletes a pod that already ended"
     """Deletes a pod that already failed (rejected at admission) or is already being deleted (stuck terminating)."""
+    VALIDATES = "runs a check on a node devheal keeps out of service"
+    """Runs the policy's validation pod on a node devheal's marks already keep other pods off (``node.validation``):
+    nothing running stops, no further node goes out; the node-level rail of maintenance still holds it."""
     NOTIFIES = "notifies only"
     """A record and an Event; nothing in the cluster changes."""
 
@@ -63,6 +66,7 @@ KIND_EFFECTS: Mapping[ActionKind, frozenset[Effect]] = {
     ActionKind.FORCE_DELETE_POD: frozenset({Effect.DELETES_ENDED_POD}),
     ActionKind.TAINT_DEVICE: frozenset({Effect.STOPS_DEVICE_SCHEDULING, Effect.EVICTS}),
     ActionKind.UNTAINT_DEVICE: frozenset({Effect.REMOVES_OWN_MARK}),
+    ActionKind.VALIDATE: frozenset({Effect.VALIDATES}),
 }
 """Every action kind's effects under any policy: where a policy decides (``effects_of``), the most disruptive."""
 

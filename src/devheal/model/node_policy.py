@@ -18,6 +18,7 @@ from typing import Any
 
 from devheal.model import fields, times
 from devheal.model.node_devices import Remedy
+from devheal.model.validation_policy import NodeValidation
 from devheal.model.values import show
 
 
@@ -80,6 +81,9 @@ class NodeRules:
     hold_down: float = 120.0
     escalation: tuple[EscalationStep, ...] = ()
     """``node.escalation``: templates tried in order, each for its timeout (medik8s-style ordered escalation)."""
+    validation: NodeValidation | None = None
+    """``node.validation``: the pod a node passes after a rung before devheal lifts its marks
+    (``devheal.model.validation_policy``); None: clean reports for ``holdDown`` alone."""
 
     @property
     def ladder(self) -> tuple[EscalationStep, ...]:

@@ -61,6 +61,10 @@ class FindingKind(StrEnum):
     """A node condition or taint of node-problem-detector, NVSentinel, ... that the policy maps to Degraded or
     Notify (mapped to DevicesFailed, it is a ``NodeDevicesFailed`` finding instead): reported."""
     # Node lifecycle conditions (``devheal.engine.maintenance``).
+    # Post-repair validation (``devheal.engine.validation``).
+    VALIDATION_FAILED = "ValidationFailed"
+    """A node's validation pod failed, or did not end within ``node.validation.timeout``, after a rung of its
+    remediation ladder: the next rung is taken (never found by detection: decided from the Validate record)."""
     MAINTENANCE_PLANNED = "MaintenancePlanned"
     """A gang's rank on a node with ``MaintenancePlanned`` True, that has reported a step since the condition was
     set: moved off the node where the policy says ``node.moveGangsBeforeMaintenance``."""
@@ -101,6 +105,8 @@ class FindingSource(StrEnum):
     """A DRA driver's ResourceSlice."""
     NODE_SIGNAL = "node-signal"
     """Another tool's node condition or taint (``spec.signals``)."""
+    VALIDATION = "validation"
+    """A node's post-repair validation pod (``node.validation``)."""
     NODE_LIFECYCLE = "node-lifecycle"
     """A node lifecycle condition (``MaintenancePlanned``, ...: ``devheal.model.node_lifecycle``)."""
 
@@ -244,6 +250,16 @@ class RemediationReason(StrEnum):
     REMEDIATION_KIND_MISSING = "RemediationKindMissing"
     FORBIDDEN = "Forbidden"
     FOREIGN_REMEDIATION = "ForeignRemediation"
+    # Post-repair validation.
+    VALIDATING = "Validating"
+    VALIDATION_PASSED = "ValidationPassed"
+    VALIDATION_FAILED = "ValidationFailed"
+    VALIDATION_TIMED_OUT = "ValidationTimedOut"
+    NO_VALIDATION = "NoValidation"
+    """The record's policy no longer names a validation (``node.validation``)."""
+    VALIDATION_POD_REFUSED = "ValidationPodRefused"
+    """The API server refused the validation pod (its namespace missing, the template invalid): tried again."""
+    NODE_GONE = "NodeGone"
     # Gang restarts, by stage.
     RESTARTING = "Restarting"
     WAITING_FOR_REPLACEMENT = "WaitingForReplacement"

@@ -41,6 +41,7 @@ from devheal.model.selectors import parse_selector
 from devheal.model.signals_policy import SignalRules, parse_signals
 from devheal.model.spares_policy import SparePool, parse_spares
 from devheal.model.straggler_policy import StragglerRules, parse_stragglers
+from devheal.model.validation_policy import parse_validation
 from devheal.model.values import INT32_MAX, show, whole_number
 
 RESET_BREAKER_ANNOTATION = "devheal.io/reset-breaker"
@@ -76,6 +77,8 @@ class ActionKind(StrEnum):
     """Quarantine one failed DRA device with devheal's DeviceTaintRule (``spec.devices``)."""
     UNTAINT_DEVICE = "UntaintDevice"
     """Remove devheal's DeviceTaintRule: the device is published healthy again."""
+    VALIDATE = "Validate"
+    """Run the policy's validation pod on a node a rung brought back (``node.validation``) before lifting its marks."""
 
 
 POD_ACTIONS = (ActionKind.DESCHEDULE, ActionKind.FAIL_POD, ActionKind.RESTART_GANG, ActionKind.NOTIFY)
@@ -440,6 +443,11 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         raise PolicyError(f"{prefix}.node: give either template or escalation, not both")
     if mode is RemediationMode.DRAIN and node.get("template") is None and not escalation:
         raise PolicyError(f"{prefix}.node.template: required when node.remediation is Drain")
+    validation = parse_validation(node.get("validation"), f"{prefix}.node.validation", PolicyError)
+    if validation is not None and node.get("template") is None and not escalation:
+        raise PolicyError(
+            f"{prefix}.node.validation: validates a node after its remediation: give node.template or node.escalation"
+        )
     defaults = NodeRules()
     node_rules = NodeRules(
         taint=fields.flag(node.get("taint"), defaults.taint, f"{prefix}.node.taint", PolicyError),
@@ -450,6 +458,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         template=parse_template(node.get("template"), f"{prefix}.node.template", PolicyError),
         hold_down=parse_duration(node.get("holdDown", "2m"), f"{prefix}.node.holdDown"),
         escalation=escalation,
+        validation=validation,
     )
 
     b = fields.mapping(spec.get("budgets"), f"{prefix}.budgets", PolicyError)

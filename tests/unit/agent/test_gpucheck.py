@@ -55,6 +55,16 @@ def test_inventory_health_and_overhead_with_a_fake_gpu(tmp_path: Path) -> None:
     assert nvml.shutdowns == 1
 
 
+@pytest.mark.parametrize(("lost", "code"), [(False, 0), (True, gpucheck.NOT_HEALTHY_EXIT)])
+def test_as_a_validation_pod_it_fails_unless_every_gpu_is_healthy(lost: bool, code: int) -> None:
+    """``--fail-unless-healthy``: the exit code a post-repair validation pod (node.validation) ends with."""
+    nvml = FakeNvml([FakeGpu(0, "GPU-0000"), FakeGpu(1, "GPU-1111", lost=lost)])
+    args = gpucheck.parse_args(["--seconds", "0", "--fail-unless-healthy", "--pod-resources-socket", "/nonexistent"])
+    assert gpucheck.run(args, nvml=nvml, out=io.StringIO()) == code
+    plain = gpucheck.parse_args(["--seconds", "0", "--pod-resources-socket", "/nonexistent"])
+    assert gpucheck.run(plain, nvml=FakeNvml([FakeGpu(0, "GPU-0000"), FakeGpu(1, "GPU-1111", lost=lost)])) == 0
+
+
 def test_the_script_checks_its_python_before_installing() -> None:
     proc = subprocess.run(
         ["bash", str(REPO / "scripts" / "gpu-check")],

@@ -206,6 +206,7 @@ def test_manifests_are_fresh_copies() -> None:
                 ("Reason", ".status.reason"),
                 ("Lost GPU-h", ".status.badput.gpuHours"),
                 ("Cause", ".status.badput.cause"),
+                ("Validation", ".status.validation.result"),
                 ("Age", ".metadata.creationTimestamp"),
             ],
         ),

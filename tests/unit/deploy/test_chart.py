@@ -185,6 +185,22 @@ def test_remediation_templates_from_values_become_rbac_for_them_and_for_what_the
     assert remediation_rules(documents("--set", "remediation.templates=null")) == set()
 
 
+def test_validation_namespaces_become_a_role_for_pods_there_only() -> None:
+    """Post-repair validation creates pods: only in the namespaces named, never cluster-wide."""
+    assert not [d for d in documents() if d["metadata"]["name"] == "devheal-controller-validation"]
+    docs = documents("--set-json", 'remediation.validationNamespaces=["gpu-checks"]')
+    role = one(docs, "Role", "devheal-controller-validation")
+    assert role["metadata"]["namespace"] == "gpu-checks"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "create", "delete"]}]
+    binding = one(docs, "RoleBinding", "devheal-controller-validation")
+    assert binding["metadata"]["namespace"] == "gpu-checks"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "devheal-controller", "namespace": chart.NAMESPACE}
+    ]
+    rules = one(docs, "ClusterRole", "devheal-controller")["rules"]
+    assert not any("create" in r["verbs"] and "pods" in r.get("resources", []) for r in rules)
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
