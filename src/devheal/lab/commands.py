@@ -25,12 +25,17 @@ FEATURE_GATES = {
     "NodeLifecycleConditions": True,
     # Cooperative eviction (KEP-4563, alpha in 1.37): serves lifecycle.k8s.io/v1alpha1 with the runtime config below.
     "EvictionRequestAPI": True,
+    # The Workload API (KEP-4671, beta in 1.37): PodGroups in scheduling.k8s.io/v1beta1 with the runtime config
+    # below, pods naming theirs in spec.schedulingGroup.podGroupName, gang scheduling by the scheduler.
+    "GenericWorkload": True,
+    # A Job's spec.scheduling: the Job controller creates the Workload and PodGroup of its pods (KEP-5547, alpha).
+    "WorkloadWithJob": True,
 }
 """Beta gates later issues rely on, set explicitly so a default flip never surprises us."""
 
 
-RUNTIME_CONFIG = "lifecycle.k8s.io/v1alpha1=true"
-"""Alpha API versions the lab serves: an alpha group stays off without it, whatever its gate says."""
+RUNTIME_CONFIG = "lifecycle.k8s.io/v1alpha1=true,scheduling.k8s.io/v1beta1=true"
+"""Alpha and beta API versions the lab serves: such a version stays off without it, whatever its gate says."""
 
 
 def _bin(name: str) -> str:
@@ -129,6 +134,8 @@ def scheduler(lab_dir: Path, kubeconfig: Path, ports: dict[str, int]) -> list[st
         "--bind-address=127.0.0.1",
         f"--secure-port={ports['kube-scheduler']}",
         "--profiling=false",
+        # Gang scheduling of PodGroups (GenericWorkload) is the scheduler's as much as the API server's.
+        f"--feature-gates={_gates()}",
         "--v=1",
     ]
 
