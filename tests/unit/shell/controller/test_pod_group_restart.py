@@ -161,3 +161,16 @@ async def test_an_api_server_without_pod_groups_is_no_error(api: MemApi, kube: K
     assert outcome.phase is Phase.IN_PROGRESS
     assert evicted(api) == ["rank-1"], "a group devheal cannot see is disrupted one rank at a time (the default)"
     assert not [c for c in api.calls("list") if POD_GROUPS in c.path]
+
+
+async def test_without_the_cache_the_group_and_its_members_are_read_from_the_api(api: MemApi, kube: KubeClient) -> None:
+    pod_group(api, "all")
+    for i in range(3):
+        rank(api, i, unhealthy=i == 1)
+    rank_elsewhere = rank(api, 9)
+    api.patch(f"{PODS}/{rank_elsewhere['metadata']['name']}", {"metadata": {"labels": {"devheal.io/gang": "other"}}})
+    chosen = parse_policy({"metadata": {"name": "p"}, "spec": {"selector": {"podSelector": {}}}})
+    actuators = Actuators(kube, lambda: {"p": chosen}, unix_clock, cache=None)
+    outcome = await actuators.execute(restart())
+    assert outcome.phase is Phase.IN_PROGRESS
+    assert evicted(api) == ["rank-0", "rank-1", "rank-2", "rank-9"], "every pod naming the group, labels or not"
