@@ -265,7 +265,7 @@ def _candidate_actions(
             policy = policy_for_pod(policies, pod, node)
             if policy is None:
                 continue
-            kind = policy.actions[pod.workload.cls]
+            kind = pod_groups.member_action(view, pod.workload, policy.actions[pod.workload.cls])
             taint = steer_away(f, view, policy, policies)
             if taint is not None:  # first: the node is tainted before the pod's replacement is scheduled
                 out.append(taint)
@@ -283,7 +283,9 @@ def _candidate_actions(
                             f,
                             policy.name,
                             epoch=generations.get(pod.workload.key, 0),
-                            reason=pod_groups.restart_reason(mode, f.kind, pod.key, pod.workload, policy.name),
+                            reason=pod_groups.restart_reason(
+                                mode, f.kind, pod.key, pod.workload, policy.name, policy.actions[pod.workload.cls]
+                            ),
                         ),
                         policy,
                     )

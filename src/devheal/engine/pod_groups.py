@@ -5,8 +5,10 @@ devheal may restart the group at all.
 ``Single`` (the API's default) one at a time, so a gang restart replaces only the broken ranks and restarts
 the others in place; ``All`` only together, so a restart replaces every member at once (each is evicted, its
 owner recreates it, and the scheduler places the group again, all or nothing). Either way it is one
-``RestartGang`` remediation under the policy's per-gang budget. A group the scheduler (or anyone but devheal)
-has marked ``DisruptionTarget`` is about to be terminated: devheal leaves it alone.
+``RestartGang`` remediation under the policy's per-gang budget; a policy that says ``Deschedule`` for a
+member of an ``All`` group gets such a restart too (evicting one member alone is what the mode forbids).
+A group the scheduler (or anyone but devheal) has marked ``DisruptionTarget`` is about to be terminated:
+devheal leaves it alone.
 
 Pure.
 """
@@ -17,6 +19,7 @@ from collections.abc import Collection
 
 from devheal.model.cluster import ClusterView, Workload
 from devheal.model.pod_groups import POD_GROUP_KIND, DisruptionMode, PodGroup
+from devheal.model.policy import ActionKind
 
 
 def group_of(view: ClusterView, workload: Workload) -> PodGroup | None:
@@ -42,6 +45,14 @@ def ranks_to_replace(mode: DisruptionMode, active: Collection[str], broken: Coll
     return found
 
 
+def member_action(view: ClusterView, workload: Workload, kind: ActionKind) -> ActionKind:
+    """What the policy's action ``kind`` for a member's pod finding becomes: ``Deschedule`` (evict that pod alone)
+    is a ``RestartGang`` of the whole group where its members go only together; every other kind stays."""
+    if kind is ActionKind.DESCHEDULE and disruption_mode(view, workload) is DisruptionMode.ALL:
+        return ActionKind.RESTART_GANG
+    return kind
+
+
 def held_by_others(view: ClusterView, workload: Workload) -> str:
     """Why devheal must not restart the gang now ("" : it may): its PodGroup is someone else's disruption target."""
     group = group_of(view, workload)
@@ -53,11 +64,18 @@ def held_by_others(view: ClusterView, workload: Workload) -> str:
     )
 
 
-def restart_reason(mode: DisruptionMode, finding: str, rank: str, workload: Workload, policy: str) -> str:
-    """The reason a gang restart decision gives, saying what it replaces."""
+def restart_reason(
+    mode: DisruptionMode,
+    finding: str,
+    rank: str,
+    workload: Workload,
+    policy: str,
+    asked: ActionKind = ActionKind.RESTART_GANG,
+) -> str:
+    """The reason a gang restart decision gives, saying what it replaces (``asked``: the policy's own action)."""
     what = (
         f"replace every member of PodGroup {workload.name} together: disruptionMode All"
         if mode is DisruptionMode.ALL
         else f"restart {workload.kind}/{workload.name} in place, replace only the broken pod"
     )
-    return f"{finding} on rank {rank}: policy {policy} says RestartGang ({what})"
+    return f"{finding} on rank {rank}: policy {policy} says {asked} ({what})"

@@ -91,3 +91,17 @@ def test_a_group_someone_else_marked_as_a_disruption_target_is_not_restarted_by_
     ours, finding = gang(DisruptionMode.ALL, target=DISRUPTION_REASON)  # devheal's own: its restart goes on
     assert pod_groups.held_by_others(ours, GROUP) == ""
     assert [a.kind for a in decide(ours, [finding], policies, [], NOW).actions] == [ActionKind.RESTART_GANG]
+
+
+def test_a_policy_that_deschedules_a_gang_member_restarts_an_all_group_whole_instead() -> None:
+    policies = [policy(actions={"gang": "Deschedule"}, node={"taint": False})]
+    cluster, finding = gang(DisruptionMode.ALL)
+    (restart,) = decide(cluster, [finding], policies, [], NOW).actions
+    assert restart.kind is ActionKind.RESTART_GANG and restart.target == "train/PodGroup/llm"
+    assert "policy p says Deschedule (replace every member of PodGroup llm together" in restart.reason
+    single, finding = gang(DisruptionMode.SINGLE)
+    (one,) = decide(single, [finding], policies, [], NOW).actions
+    assert (one.kind, one.target) == (ActionKind.DESCHEDULE, "train/llm-1")
+    failing = [policy(actions={"gang": "FailPod"}, node={"taint": False})]
+    cluster, finding = gang(DisruptionMode.ALL)
+    assert [a.kind for a in decide(cluster, [finding], failing, [], NOW).actions] == [ActionKind.FAIL_POD]
