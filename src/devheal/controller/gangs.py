@@ -581,8 +581,9 @@ class GangRestarter:
             refused = await self._evict(
                 late, action, grace, now, {p.uid for p in late}, f"{why}, the other ranks did", along=along
             )
-            steps += [f"replace {p.name}: {why}" for p in late if p not in refused]
-            not_joined += [p.name for p in late if p not in refused]
+            gone = [p for p in late if p not in refused]
+            steps += [f"replace {p.name}: {why if p.uid not in along else 'with the group'}" for p in gone]
+            not_joined += [p.name for p in gone if p.uid not in along]
             if refused:
                 return self._refused(action, refused, generation, self.clock() - started, given=True), steps
         joined = f"; replaced for not joining within {join_after:.0f}s: {', '.join(not_joined)}" if not_joined else ""
