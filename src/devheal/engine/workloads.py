@@ -1,9 +1,10 @@
 """Which workload a pod belongs to, and which class of remedy suits it.
 
-A pod that names a Kubernetes PodGroup (``spec.schedulingGroup.podGroupName``, the Workload API)
-belongs to that group's gang first; then a pluggable table of gang markers (label -> owner kind),
-then owner references. Pure: works on the pod's own fields, labels and owner references only, so
-no extra watches are needed to tell a gang (a cluster without the Workload API has no such pods).
+A pluggable table of gang markers (label -> owner kind) comes first, then owner references; a
+gang member or a lone pod that names a Kubernetes PodGroup (``spec.schedulingGroup.podGroupName``,
+the Workload API) belongs to that group's gang instead. Pure: works on the pod's own fields, labels
+and owner references only, so no extra watches are needed to tell a gang (a cluster without the
+Workload API has no such pods).
 """
 
 from __future__ import annotations
@@ -40,13 +41,24 @@ def classify(
     restart_policy: str,
     pod_group: str = "",
 ) -> Workload:
-    """``pod_group``: the PodGroup the pod names (``spec.schedulingGroup.podGroupName``; "" : none)."""
-    if pod_group:
-        # The group is the gang, whoever owns its pods (a Job with spec.scheduling, a JobSet, a bare pod); the
-        # owner's UID tells a recreated owner's group apart from the one before it.
+    """``pod_group``: the PodGroup the pod names (``spec.schedulingGroup.podGroupName``; "" : none).
+
+    A pod that would be a gang's member (a gang label, an indexed Job) or stands alone (a bare pod, an owner
+    devheal does not know) and names a PodGroup belongs to that group's gang: the group is the gang, and the
+    owner's UID tells a recreated owner's group apart from the one before it. A batch Job's or a serving
+    workload's pod stays what it was: with the gate ``WorkloadWithJob`` the Job controller gives every new Job a
+    PodGroup (of basic scheduling unless its ``spec.scheduling`` says gang), which makes no batch Job a gang."""
+    found = _by_labels_and_owner(namespace, pod_name, labels, owner, restart_policy)
+    if pod_group and found.cls in (WorkloadClass.GANG, WorkloadClass.STANDALONE):
         return Workload(
             namespace, POD_GROUP_KIND, pod_group, WorkloadClass.GANG, incarnation=owner.uid if owner else ""
         )
+    return found
+
+
+def _by_labels_and_owner(
+    namespace: str, pod_name: str, labels: Mapping[str, str], owner: OwnerRef | None, restart_policy: str
+) -> Workload:
     for label, kind in GANG_LABELS:
         if labels.get(label):
             attempt = labels.get(JOBSET_RESTART_ATTEMPT_LABEL, "") if kind == "JobSet" else ""

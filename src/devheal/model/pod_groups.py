@@ -11,8 +11,8 @@ What the API server of 1.37.2 serves (its own OpenAPI, ``/openapi/v3/apis/schedu
   about to be terminated due to disruption such as preemption" (the scheduler's reason:
   ``PreemptionByScheduler``).
 
-What devheal makes of them: a pod naming a PodGroup is a member of a gang of kind ``PodGroup``
-(``devheal.engine.workloads``); a restart of a group whose mode is ``All`` replaces every member, never one
+What devheal makes of them: a gang member or a lone pod naming a PodGroup is a member of a gang of kind
+``PodGroup`` (``devheal.engine.workloads``); a restart of a group whose mode is ``All`` replaces every member, never one
 (``devheal.engine.pod_groups``); devheal sets ``DisruptionTarget`` (reason ``DISRUPTION_REASON``) before it
 evicts such a group and clears it once the group runs again; a group another party marked as a disruption
 target (the scheduler preempting it) is not restarted by devheal.

@@ -20,7 +20,7 @@ INDEX = {"batch.kubernetes.io/job-completion-index": "1", "devheal.io/gang": "by
 GROUP = Workload("train", "PodGroup", "llm", WorkloadClass.GANG)
 
 
-def test_a_pod_naming_a_pod_group_belongs_to_that_groups_gang_before_its_labels_and_owner() -> None:
+def test_a_gang_member_or_lone_pod_naming_a_pod_group_belongs_to_that_groups_gang() -> None:
     member = classify("train", "llm-1", INDEX, OwnerRef("Job", "llm-job", "uid-job"), "Never", "llm")
     assert (member.key, member.cls, member.incarnation) == ("train/PodGroup/llm", WorkloadClass.GANG, "uid-job")
     bare = classify("train", "llm-2", {}, None, "Never", "llm")
@@ -29,6 +29,11 @@ def test_a_pod_naming_a_pod_group_belongs_to_that_groups_gang_before_its_labels_
     assert (
         classify("train", "llm-1", INDEX, OwnerRef("Job", "llm-job", "uid-job"), "Never").key == "train/Gang/by-label"
     )
+    # A batch Job's or a serving workload's pod stays so (WorkloadWithJob gives every new Job a PodGroup).
+    batch = classify("train", "b-1", {}, OwnerRef("Job", "b", "uid-b"), "Never", "b-pg")
+    assert (batch.key, batch.cls) == ("train/Job/b", WorkloadClass.BATCH)
+    served = classify("web", "s-0", {}, OwnerRef("StatefulSet", "s", "uid-s"), "Always", "s-pg")
+    assert served.cls is WorkloadClass.INFERENCE
     # scheduler-plugins' label names a group of its own kind, never Kubernetes' PodGroup.
     coscheduled = classify("train", "p", {"scheduling.x-k8s.io/pod-group": "llm"}, None, "Never")
     assert coscheduled.key == "train/CoschedulingPodGroup/llm"
