@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from devheal.controller import metrics
+from devheal.controller import metrics, pod_groups
 from devheal.controller.dra_cache import DraCache
 from devheal.controller.projections import (
     ProjectionError,
@@ -53,6 +53,7 @@ from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod, Wor
 from devheal.model.gpu_resources import DEFAULT as DEFAULT_GPUS
 from devheal.model.gpu_resources import GpuResources
 from devheal.model.plan import InFlight, Phase, TargetKind
+from devheal.model.pod_groups import POD_GROUP_API, POD_GROUP_KIND, POD_GROUPS, PodGroup
 from devheal.model.policy import ActionKind, Policy, PolicyError, parse_policy
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ class ClusterCache:
     ) -> None:
         """``dra``: also watch ResourceSlices and devheal's DeviceTaintRules (``controller.dra_cache``); ``gpu``:
         the extended resources that are GPUs (``model.gpu_resources``)."""
+        self.client = client
         self.clock = clock
         self.changed = asyncio.Event()
         self.pods_by_node: dict[str, set[str]] = {}
@@ -182,12 +184,21 @@ class ClusterCache:
             kind="Remediation",
             fallback=lambda obj: record_unknown(obj, self.clock()),
         )
+        self.pod_groups: Reflector[PodGroup] = Reflector(
+            client,
+            api_path(POD_GROUP_API, POD_GROUPS),
+            pod_groups.project_pod_group,
+            [self._on_any],
+            kind=POD_GROUP_KIND,
+        )
+        """Kubernetes' PodGroups, watched only where the API server serves them (``_watch_pod_groups``)."""
         self.reflectors: list[Reflector[Any]] = [
             self.nodes,
             self.pods,
             self.reports,
             self.policy_objects,
             self.remediations,
+            self.pod_groups,
         ]
         self.dra = DraCache(client, self.changed.set) if dra else None
         if self.dra is not None:
@@ -272,6 +283,7 @@ class ClusterCache:
             troubled=frozenset(self.troubled),
             dra_devices=self.dra.devices if self.dra is not None else {},
             quarantined=self.dra.quarantined if self.dra is not None else {},
+            pod_groups=self.pod_groups.store,
         )
 
     def policies(self) -> list[Policy]:
@@ -324,8 +336,18 @@ class ClusterCache:
         """Run every reflector, each supervised: one that crashes is started again (it lists afresh)."""
         async with self.loops:
             for reflector in self.reflectors:
-                self.loops.start(f"reflector {reflector.path}", reflector.run)
+                run = self._watch_pod_groups if reflector is self.pod_groups else reflector.run
+                self.loops.start(f"reflector {reflector.path}", run)
             await self.loops.wait()
+
+    async def _watch_pod_groups(self) -> None:
+        """Watch PodGroups where the API server serves them; elsewhere (an older cluster, the Workload API off)
+        there are none to list: synced at once, and gangs are found by their labels and owners alone."""
+        if not await pod_groups.served(self.client):
+            log.info("the API server serves no %s %s: gangs come from labels and owners", POD_GROUP_API, POD_GROUPS)
+            self.pod_groups.synced.set()
+            return
+        await self.pod_groups.run()
 
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)

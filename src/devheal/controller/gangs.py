@@ -20,6 +20,11 @@ showing the stage: ``Restarting`` -> ``WaitingForReplacement`` -> ``Running``):
    process stuck, its node cut off, its launcher gone) is replaced within it once every
    other rank is back and it has not joined for the policy's ``stragglers.stall.joinAfter``.
 
+A gang discovered from a Kubernetes PodGroup whose ``spec.disruptionMode`` is ``All`` never loses one rank
+alone (``devheal.engine.pod_groups``): as soon as one rank is to be replaced, every member is, together, within
+the same remediation, and the group's ``DisruptionTarget`` condition says so while it lasts
+(``devheal.controller.pod_groups``). The replacements get the generation as any replacement does.
+
 The gang's pods are read from the controller's cache (projected ``Pod`` records, which
 carry the restart generations and the in-place mechanism), and which ranks are broken is
 decided by the same ``detect`` that decided to restart the gang, so the restarter never
@@ -43,15 +48,16 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from devheal.controller import pod_groups as groups
 from devheal.controller.action_family import Outcome, Policies, StepFailed, Steps
 from devheal.controller.cache import ClusterCache
 from devheal.controller.eviction import eviction, failed_device_grace
 from devheal.controller.projections import MALFORMED_GENERATION, ProjectionError, project_pod
 from devheal.controller.records import REMEDIATIONS
-from devheal.engine import maintenance
+from devheal.engine import maintenance, pod_groups
 from devheal.engine.degradation import degraded_ranks
 from devheal.engine.findings import detect
 from devheal.engine.placement import Vacancy
@@ -62,6 +68,7 @@ from devheal.kube import errors
 from devheal.kube.client import STRATEGIC_PATCH, KubeClient, Obj, api_path
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, RESTART_GENERATION_ANNOTATION, ClusterView, Pod, Workload
 from devheal.model.plan import POD_FINDINGS, Action, FindingKind, Phase, RemediationReason
+from devheal.model.pod_groups import POD_GROUP_API, POD_GROUP_KIND, POD_GROUPS, DisruptionMode, PodGroup
 from devheal.model.policy import Policy
 from devheal.model.restarts import InPlaceRestart
 from devheal.model.straggler_policy import StallRules
@@ -243,6 +250,9 @@ class GangRestarter:
         replaces them too, whatever its cause, and leaves their nodes no vacancy."""
         self.joins: dict[str, JoinWatch] = {}
         """Per restart (its Remediation's name), the ranks it waits for to join its generation, and since when."""
+        self.together: dict[str, set[str]] = {}
+        """Per restart of a PodGroup with ``disruptionMode: All`` (its Remediation's name), the UIDs of the members
+        it replaces together: every member there was once one had to go, until each is gone."""
 
     def recently_replaced(self, now: float, keep: float = 600.0) -> set[str]:
         for uid in [u for u, at in self.replaced.items() if now - at > keep]:
@@ -254,24 +264,45 @@ class GangRestarter:
         if self.cache is not None:
             view = self.cache.view()
             members = [p for p in view.pods.values() if p.workload.key == workload.key]
-            return members, gang_view(view, members)
-        items, _ = await self.client.list_all(
-            api_path("v1", "pods", namespace=workload.namespace), {"labelSelector": member_selector(workload)}
-        )
+            return members, replace(gang_view(view, members), pod_groups=view.pod_groups)
+        # A PodGroup's members carry no label of it: the namespace's pods, kept by the group they name.
+        params = {} if workload.kind == POD_GROUP_KIND else {"labelSelector": member_selector(workload)}
+        items, _ = await self.client.list_all(api_path("v1", "pods", namespace=workload.namespace), params)
         members = []
         for obj in items:
             try:
-                members.append(project_pod(obj))
+                pod = project_pod(obj)
             except ProjectionError as exc:
                 log.warning("gang %s: %s", workload.key, exc)
-        return members, ClusterView(nodes={}, pods={p.key: p for p in members})
+                continue
+            if pod.workload.key == workload.key:
+                members.append(pod)
+        group = await self._fetch_group(workload)
+        found = {group.key: group} if group is not None else {}
+        return members, ClusterView(nodes={}, pods={p.key: p for p in members}, pod_groups=found)
+
+    async def _fetch_group(self, workload: Workload) -> PodGroup | None:
+        """Without a cache: the gang's PodGroup from the API (None for another kind of gang, or none there)."""
+        if workload.kind != POD_GROUP_KIND:
+            return None
+        try:
+            obj = await self.client.get(
+                api_path(POD_GROUP_API, POD_GROUPS, namespace=workload.namespace, name=workload.name)
+            )
+            return groups.project_pod_group(obj)
+        except (errors.NotFound, errors.Forbidden, ProjectionError) as exc:
+            log.warning("gang %s: PodGroup not read (%s): its members are disrupted one at a time", workload.key, exc)
+            return None
 
     async def _mark_and_evict(
-        self, pod: Pod, action: Action, grace: int | None, vacate: bool = True, not_joined: str = ""
+        self, pod: Pod, action: Action, grace: int | None, vacate: bool = True, not_joined: str = "", along: str = ""
     ) -> None:
-        """``not_joined``: why the rank is replaced for not joining the restart (empty: for a finding)."""
+        """``not_joined``: why the rank is replaced for not joining the restart (empty: for a finding); ``along``:
+        why a rank with nothing wrong of its own goes with the others (its PodGroup's disruption mode)."""
         cause = (
-            "on a failed device"
+            along
+            if along
+            else "on a failed device"
             if vacate
             else "failed first with a device-error exit code"
             if action.finding.kind is FindingKind.RANK_FAILED and pod.uid == action.finding.pod_uid
@@ -282,8 +313,9 @@ class GangRestarter:
         condition = {
             "type": DEVICE_FAILED_CONDITION,
             "status": "True",
-            "reason": "NotJoined" if not_joined else action.finding.kind.value,
-            "message": f"rank of gang {action.target} {not_joined or cause}; replaced, the gang restarts in place",
+            "reason": "NotJoined" if not_joined else "DisruptionModeAll" if along else action.finding.kind.value,
+            "message": f"rank of gang {action.target} {not_joined or cause}; replaced, "
+            + ("with every other member" if along else "the gang restarts in place"),
         }
         await self.client.patch(
             api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="status"),
@@ -346,9 +378,11 @@ class GangRestarter:
         not_joined: str = "",
         *,
         dry_run: bool = False,
+        along: Collection[str] = (),
     ) -> list[Pod]:
         """Mark and evict each broken rank whose backoff allows it; returns those still refused. ``dry_run``: only
-        ask whether each may be evicted (the API server's dry run: its PodDisruptionBudgets answer), marking none."""
+        ask whether each may be evicted (the API server's dry run: its PodDisruptionBudgets answer), marking none.
+        ``along``: UIDs of ranks replaced only because their PodGroup's members go together."""
         refused = []
         for pod in pods:
             refusal = self.refused.get(pod.uid)
@@ -365,7 +399,9 @@ class GangRestarter:
                             params={"dryRun": "All"},
                         )
                     continue
-                await self._mark_and_evict(pod, action, grace, pod.uid not in (moved or set()), not_joined)
+                together = "replaced with the others: its PodGroup's disruptionMode is All" if pod.uid in along else ""
+                why = "" if together else not_joined
+                await self._mark_and_evict(pod, action, grace, pod.uid not in (moved or set()), why, together)
             except errors.TooManyRequests as exc:
                 tries = refusal.tries + 1 if refusal is not None else 1
                 delay = max(min(EVICTION_BACKOFF * 2 ** (tries - 1), EVICTION_BACKOFF_CAP), exc.delay)
@@ -421,7 +457,19 @@ class GangRestarter:
         outcome, steps = await self._pass(action, record)
         if outcome.phase is not Phase.IN_PROGRESS:
             self.joins.pop(action.name, None)
+            self.together.pop(action.name, None)
+            if action.workload is not None and action.workload.kind == POD_GROUP_KIND:
+                # Ours only (a condition someone else set stays), and also after a restart of the controller.
+                ended = f"devheal's Remediation {action.name} ended: {outcome.message}"
+                await self._disruption(action.workload, False, ended)
         return outcome, steps
+
+    async def _disruption(self, workload: Workload, on: bool, message: str) -> None:
+        """Set or end devheal's ``DisruptionTarget`` on the gang's PodGroup."""
+        group = PodGroup(workload.namespace, workload.name)
+        if await groups.mark_disruption(self.client, group, on, message, self.clock()):
+            steps = "set" if on else "ended"
+            log.info("gang %s: DisruptionTarget %s on PodGroup %s", workload.key, steps, group.key)
 
     async def _pass(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
         if action.workload is None:
@@ -471,6 +519,16 @@ class GangRestarter:
             moved |= (planned & {p.uid for p in active}) - broken_uids
         moved |= suspect  # accused by an exit code or a crash loop only: no vacancy on a GPU that looks healthy
         broken_uids |= moved
+        # A PodGroup whose members go only together: once one is to go, every member goes (and none alone).
+        mode = pod_groups.disruption_mode(view, action.workload)
+        along: set[str] = set()
+        if mode is DisruptionMode.ALL:
+            active_uids = {p.uid for p in active}
+            together = self.together.setdefault(action.name, set())
+            together |= pod_groups.ranks_to_replace(mode, active_uids, broken_uids)
+            together &= active_uids  # the ones gone (replaced here, or deleted) are done
+            along = together - broken_uids
+            broken_uids |= together
         broken = [p for p in active if p.uid in broken_uids]
         healthy = [p for p in active if p.uid not in broken_uids]
         # The healthy ranks are told before a broken one goes: an evicted rank takes its peers' collectives
@@ -486,7 +544,14 @@ class GangRestarter:
         await asyncio.gather(*(self._set_generation(p, generation) for p in behind))
         if behind:
             steps.append(f"generation {generation} on {len(behind)} pods")
-        refused = await self._evict(broken, action, grace, now, moved)
+        if mode is DisruptionMode.ALL and broken:
+            await self._disruption(
+                action.workload,
+                True,
+                f"devheal's Remediation {action.name} replaces every member ({action.finding.kind} on "
+                f"{action.finding.pod or action.finding.node}; disruptionMode All)",
+            )
+        refused = await self._evict(broken, action, grace, now, moved, along=along)
         steps += [f"replace {p.name}" for p in broken if p not in refused]
         elapsed = self.clock() - started
         if refused:
@@ -506,11 +571,19 @@ class GangRestarter:
             if not broken
             else []
         )
+        if late and mode is DisruptionMode.ALL:  # not one rank alone: the whole group goes with it
+            late_uids = {p.uid for p in late}
+            along = {p.uid for p in healthy} - late_uids
+            late = list(healthy)
+            self.together.setdefault(action.name, set()).update(p.uid for p in late)
         if late:
             why = f"{NOT_JOINED} {generation} within {join_after:.0f}s"
-            refused = await self._evict(late, action, grace, now, {p.uid for p in late}, f"{why}, the other ranks did")
-            steps += [f"replace {p.name}: {why}" for p in late if p not in refused]
-            not_joined += [p.name for p in late if p not in refused]
+            refused = await self._evict(
+                late, action, grace, now, {p.uid for p in late}, f"{why}, the other ranks did", along=along
+            )
+            gone = [p for p in late if p not in refused]
+            steps += [f"replace {p.name}: {why if p.uid not in along else 'with the group'}" for p in gone]
+            not_joined += [p.name for p in gone if p.uid not in along]
             if refused:
                 return self._refused(action, refused, generation, self.clock() - started, given=True), steps
         joined = f"; replaced for not joining within {join_after:.0f}s: {', '.join(not_joined)}" if not_joined else ""

@@ -199,6 +199,9 @@ def project_pod(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Pod:
     namespace = _intern(str(meta.get("namespace") or ""))
     name = str(meta.get("name") or "")
     restart_policy = _intern(str(spec.get("restartPolicy") or "Always"))
+    group = _obj(spec.get("schedulingGroup"), f"{where}: spec.schedulingGroup").get("podGroupName")
+    if group is not None and not isinstance(group, str):
+        raise ProjectionError(f"{where}: spec.schedulingGroup.podGroupName: expected a string, got {show(group, 60)}")
     return Pod(
         namespace=namespace,
         name=name,
@@ -207,7 +210,7 @@ def project_pod(obj: Obj, gpu: GpuResources = DEFAULT_GPUS) -> Pod:
         phase=_intern(str(status.get("phase") or "Pending")),
         labels=labels,
         restart_policy=restart_policy,
-        workload=classify(namespace, name, labels, owner, restart_policy),
+        workload=classify(namespace, name, labels, owner, restart_policy, _intern(group or "")),
         devices=tuple(devices),
         containers=tuple(containers),
         true_conditions=true_conditions,

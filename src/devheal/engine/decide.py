@@ -25,7 +25,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from devheal.engine import dra, infrastructure, maintenance, node_signals, recovery, validation
+from devheal.engine import dra, infrastructure, maintenance, node_signals, pod_groups, recovery, validation
 from devheal.engine.breaker import Breaker, gpu_nodes, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
@@ -274,14 +274,17 @@ def _candidate_actions(
             policy = policy_for_pod(policies, pod, node)
             if policy is None:
                 continue
-            kind = policy.actions[pod.workload.cls]
+            kind = pod_groups.member_action(view, pod.workload, policy.actions[pod.workload.cls])
             taint = steer_away(f, view, policy, policies)
             if taint is not None:  # first: the node is tainted before the pod's replacement is scheduled
                 out.append(taint)
             if kind is ActionKind.RESTART_GANG:
+                if pod_groups.held_by_others(view, pod.workload):
+                    continue  # the scheduler (or another) is about to terminate the group: not devheal's to restart
                 # One remediation per gang restart: every rank that fails while it runs joins it.
                 if generations is None:
                     generations = gang_epochs(view)
+                mode = pod_groups.disruption_mode(view, pod.workload)
                 out.append(
                     (
                         Action.on_gang(
@@ -289,8 +292,9 @@ def _candidate_actions(
                             f,
                             policy.name,
                             epoch=generations.get(pod.workload.key, 0),
-                            reason=f"{f.kind} on rank {pod.key}: policy {policy.name} says {kind} "
-                            f"(restart {pod.workload.kind}/{pod.workload.name} in place, replace only the broken pod)",
+                            reason=pod_groups.restart_reason(
+                                mode, f.kind, pod.key, pod.workload, policy.name, policy.actions[pod.workload.cls]
+                            ),
                         ),
                         policy,
                     )

@@ -1,8 +1,10 @@
 """Which workload a pod belongs to, and which class of remedy suits it.
 
-A pluggable table of gang markers (label -> owner kind) comes first, then owner
-references. Pure: works on labels and owner references only, so no extra watches are
-needed for the common controllers.
+A pluggable table of gang markers (label -> owner kind) comes first, then owner references; a
+gang member or a lone pod that names a Kubernetes PodGroup (``spec.schedulingGroup.podGroupName``,
+the Workload API) belongs to that group's gang instead. Pure: works on the pod's own fields, labels
+and owner references only, so no extra watches are needed to tell a gang (a cluster without the
+Workload API has no such pods).
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from devheal.model.cluster import GANG_LABEL, OwnerRef, Workload, WorkloadClass
+from devheal.model.pod_groups import POD_GROUP_KIND
 
 GANG_LABELS: tuple[tuple[str, str], ...] = (
     (GANG_LABEL, "Gang"),
     ("jobset.sigs.k8s.io/jobset-name", "JobSet"),
     ("training.kubeflow.org/job-name", "KubeflowJob"),
-    ("scheduling.x-k8s.io/pod-group", "PodGroup"),
+    ("scheduling.x-k8s.io/pod-group", "CoschedulingPodGroup"),  # scheduler-plugins', not Kubernetes' PodGroup
     ("volcano.sh/job-name", "VolcanoJob"),
     ("kueue.x-k8s.io/pod-group-name", "KueuePodGroup"),
 )
@@ -31,6 +34,29 @@ JOBSET_RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 
 
 def classify(
+    namespace: str,
+    pod_name: str,
+    labels: Mapping[str, str],
+    owner: OwnerRef | None,
+    restart_policy: str,
+    pod_group: str = "",
+) -> Workload:
+    """``pod_group``: the PodGroup the pod names (``spec.schedulingGroup.podGroupName``; "" : none).
+
+    A pod that would be a gang's member (a gang label, an indexed Job) or stands alone (a bare pod, an owner
+    devheal does not know) and names a PodGroup belongs to that group's gang: the group is the gang, and the
+    owner's UID tells a recreated owner's group apart from the one before it. A batch Job's or a serving
+    workload's pod stays what it was: with the gate ``WorkloadWithJob`` the Job controller gives every new Job a
+    PodGroup (of basic scheduling unless its ``spec.scheduling`` says gang), which makes no batch Job a gang."""
+    found = _by_labels_and_owner(namespace, pod_name, labels, owner, restart_policy)
+    if pod_group and found.cls in (WorkloadClass.GANG, WorkloadClass.STANDALONE):
+        return Workload(
+            namespace, POD_GROUP_KIND, pod_group, WorkloadClass.GANG, incarnation=owner.uid if owner else ""
+        )
+    return found
+
+
+def _by_labels_and_owner(
     namespace: str, pod_name: str, labels: Mapping[str, str], owner: OwnerRef | None, restart_policy: str
 ) -> Workload:
     for label, kind in GANG_LABELS:
@@ -57,7 +83,8 @@ def classify(
 
 
 def member_selector(workload: Workload) -> str:
-    """The label selector that lists a gang's member pods."""
+    """The label selector that lists a gang's member pods (a PodGroup's members carry no label of it: list the
+    namespace's pods and keep those ``classify`` puts in the group)."""
     for label, kind in GANG_LABELS:
         if kind == workload.kind:
             return f"{label}={workload.name}"

@@ -25,20 +25,31 @@ FEATURE_GATES = {
     "NodeLifecycleConditions": True,
     # Cooperative eviction (KEP-4563, alpha in 1.37): serves lifecycle.k8s.io/v1alpha1 with the runtime config below.
     "EvictionRequestAPI": True,
+    # The Workload API (KEP-4671, beta in 1.37): PodGroups in scheduling.k8s.io/v1beta1 with the runtime config
+    # below, pods naming theirs in spec.schedulingGroup.podGroupName, gang scheduling by the scheduler. Not
+    # WorkloadWithJob (KEP-5547, alpha): with it the Job controller gives every new Job a Workload and a PodGroup,
+    # and every lab Job would be scheduled through one.
+    "GenericWorkload": True,
 }
 """Beta gates later issues rely on, set explicitly so a default flip never surprises us."""
 
 
-RUNTIME_CONFIG = "lifecycle.k8s.io/v1alpha1=true"
-"""Alpha API versions the lab serves: an alpha group stays off without it, whatever its gate says."""
+RUNTIME_CONFIG = "lifecycle.k8s.io/v1alpha1=true,scheduling.k8s.io/v1beta1=true"
+"""Alpha and beta API versions the lab serves: such a version stays off without it, whatever its gate says."""
 
 
 def _bin(name: str) -> str:
     return str(toolchain.CONTROL_PLANE.binary(name))
 
 
-def _gates() -> str:
-    return ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES.items())
+SCHEDULER_GATES = ("GenericWorkload",)
+"""The gates the scheduler is given too: gang scheduling of PodGroups is the scheduler's as much as the API
+server's. The others stay at the scheduler's defaults, as before."""
+
+
+def _gates(names: tuple[str, ...] | None = None) -> str:
+    chosen = FEATURE_GATES if names is None else {k: FEATURE_GATES[k] for k in names}
+    return ",".join(f"{k}={str(v).lower()}" for k, v in chosen.items())
 
 
 def etcd(lab_dir: Path, ports: dict[str, int]) -> list[str]:
@@ -129,6 +140,7 @@ def scheduler(lab_dir: Path, kubeconfig: Path, ports: dict[str, int]) -> list[st
         "--bind-address=127.0.0.1",
         f"--secure-port={ports['kube-scheduler']}",
         "--profiling=false",
+        f"--feature-gates={_gates(SCHEDULER_GATES)}",
         "--v=1",
     ]
 

@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from devheal.model.dra import DeviceQuarantine, SliceDevice
 from devheal.model.node_devices import Remedy
+from devheal.model.pod_groups import PodGroup
 from devheal.model.recovery_action import RecoveryActionReading
 from devheal.model.restarts import InPlaceRestart
 from devheal.model.run_failure import RunFailure
@@ -319,6 +320,9 @@ class ClusterView:
     empty when the controller does not watch ResourceSlices."""
     quarantined: Mapping[str, DeviceQuarantine] = field(default_factory=dict)
     """devheal's DeviceTaintRules, by the ``driver/pool/device`` each quarantines."""
+    pod_groups: Mapping[str, PodGroup] = field(default_factory=dict)
+    """Kubernetes' PodGroups by ``namespace/name`` (``devheal.model.pod_groups``); empty where the API server
+    does not serve them."""
 
     def pods_in_trouble(self) -> Iterable[Pod]:
         """The pods that may give an infrastructure finding: those in ``troubled``, or every pod without it."""

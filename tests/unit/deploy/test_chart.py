@@ -152,6 +152,13 @@ def test_the_controller_role_grants_what_the_actions_use_and_nothing_broad() -> 
     assert {v for g, r, v in granted if r == "nodes/status"} == {"patch"}, "devheal's drain conditions only"
     assert {v for g, r, v in granted if g == "lifecycle.k8s.io"} == {"get", "create", "delete"}, "EvictionRequests"
     assert not any(r == "evictions" for g, r, _ in granted if g == "lifecycle.k8s.io"), "the system's, not devheal's"
+    pod_groups = {(r, v) for g, r, v in granted if g == "scheduling.k8s.io"}
+    assert pod_groups == {
+        ("podgroups", "get"),
+        ("podgroups", "list"),
+        ("podgroups", "watch"),
+        ("podgroups/status", "patch"),
+    }, "PodGroups read, and only devheal's DisruptionTarget condition written"
     assert not any(r.startswith("nodedevices") and v not in ("get", "list", "watch") for _, r, v in granted)
     lease = one(docs, "Role", "devheal-controller-lease")
     assert lease["metadata"]["namespace"] == chart.NAMESPACE
