@@ -15,11 +15,14 @@ import pytest
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
+from devheal.kube.crds import install_crds
 from devheal.lab import images, realnode, versions
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.nodesim.nodes import node_name
+from devheal.lab.workloads import wait_policy_observed
 from devheal.model.cluster import GPU_RESOURCE
+from tests.lab.controller.conftest import ControllerHarness
 from tests.lab.sessions import kubectl_argv
 
 from .conftest import GPUS_PER_NODE, REAL_NODES, SIMULATED_NODES, real_node_support, until
@@ -114,10 +117,20 @@ async def test_a_kubelet_may_write_its_own_node_but_not_another(real_lab: Lab) -
         await kubelet.close()
 
 
-async def test_a_stopped_kubelet_turns_its_node_unknown_through_the_real_node_lifecycle(
-    real_lab: Lab, real_kube: KubeClient
+async def test_a_stopped_kubelet_turns_its_node_unknown_through_the_real_node_lifecycle_and_devheal_takes_no_action(
+    real_lab: Lab, real_kube: KubeClient, real_namespace: str, tmp_path: Path
 ) -> None:
     faults = Faults(real_lab)
+    # devheal watches a pod holding a GPU of the node: a node that stops reporting is not a failed device.
+    await install_crds(real_kube)
+    controller = ControllerHarness(real_lab, real_kube, real_namespace, tmp_path)
+    gpu_pod = _busybox_pod("holder", "sleep 3600")
+    gpu_pod["spec"]["containers"][0]["resources"] = {"limits": {GPU_RESOURCE: "1"}}
+    await real_kube.create(api_path("v1", "pods", namespace=real_namespace), gpu_pod)
+    await pod_in_phase(real_kube, real_namespace, "holder", ("Running",))
+    policy = await controller.policy({"selector": {"namespaces": [real_namespace]}})
+    controller.start()
+    await wait_policy_observed(real_kube, policy, timeout=60)
 
     async def ready_status() -> tuple[str, str]:
         node = await real_kube.get(api_path("v1", "nodes", name=REAL_NODE))
@@ -135,14 +148,19 @@ async def test_a_stopped_kubelet_turns_its_node_unknown_through_the_real_node_li
         return bool(node["status"]["allocatable"].get(GPU_RESOURCE) == str(GPUS_PER_NODE))
 
     try:
-        faults.node_not_ready(REAL_NODE)
-        # The controller manager's node lifecycle, after its grace period (50 s).
-        await until("the node's Ready condition turns Unknown", unknown, timeout=120)
+        try:
+            faults.node_not_ready(REAL_NODE)
+            # The controller manager's node lifecycle, after its grace period (50 s).
+            await until("the node's Ready condition turns Unknown", unknown, timeout=120)
+        finally:
+            faults.node_ready(REAL_NODE)
+        await until("the node is Ready again once kubelet runs", ready)
+        # Restarted, kubelet cleared its device-plugin directory: the plugin registered again.
+        await until("the GPUs are allocatable again", all_gpus)
+        assert await controller.remediations() == [], "devheal acted on a node that only stopped reporting"
+        assert controller.processes[0].proc.poll() is None, controller.processes[0].output()[-2000:]
     finally:
-        faults.node_ready(REAL_NODE)
-    await until("the node is Ready again once kubelet runs", ready)
-    # Restarted, kubelet cleared its device-plugin directory: the plugin registered again.
-    await until("the GPUs are allocatable again", all_gpus)
+        await controller.cleanup()
 
 
 async def test_down_with_a_pod_running_leaves_no_process_mount_namespace_link_cgroup_rule_or_setting() -> None:
