@@ -24,20 +24,10 @@ from devheal.lab.workloads import wait_until
 from devheal.model.api import GROUP_VERSION
 from devheal.model.node_devices import NODE_CONDITION
 
+from .admission import OWN_NODE_ONLY, node_devices, refusal_of_node_devices
 from .test_deploy import NAMESPACE, NODE, OTHER, agent_kubeconfig, installed
 
 __all__ = ["installed"]
-
-OWN_NODE_ONLY = "only write the NodeDevices and the status of its own node"
-
-
-def node_devices(name: str, node_name: str | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": GROUP_VERSION,
-        "kind": "NodeDevices",
-        "metadata": {"name": name},
-        "spec": {"nodeName": node_name or name},
-    }
 
 
 def device_status(pod: str) -> dict[str, Any]:
@@ -48,21 +38,12 @@ def device_status(pod: str) -> dict[str, Any]:
 
 async def enforced(agent: KubeClient) -> str:
     """Wait until the API server enforces the policy (it loads a new one asynchronously); the refusal's text."""
-
-    async def refusal() -> str:
-        try:  # a dry run goes through admission and leaves nothing behind if let through
-            await agent.request(
-                "PATCH",
-                node_devices_path(OTHER),
-                params={"fieldManager": FIELD_MANAGER, "force": "true", "dryRun": "All"},
-                body=node_devices(OTHER),
-                content_type="application/apply-patch+yaml",
-            )
-        except errors.Forbidden as exc:
-            return str(exc)
-        return ""
-
-    return await wait_until(refusal, bool, timeout=15, what="the policy to refuse another node's NodeDevices")
+    return await wait_until(
+        lambda: refusal_of_node_devices(agent, OTHER),
+        bool,
+        timeout=15,
+        what="the policy to refuse another node's NodeDevices",
+    )
 
 
 @pytest.fixture

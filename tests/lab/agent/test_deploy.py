@@ -26,9 +26,9 @@ from devheal.kube.client import STRATEGIC_PATCH, KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab
 from devheal.lab.workloads import gpu_pod, wait_until
-from devheal.model.api import GROUP_VERSION
 from devheal.model.node_devices import NODE_CONDITION
 
+from .admission import node_devices, refusal_of_node_devices
 from .conftest import read_node_devices
 
 MANIFEST = Path(__file__).resolve().parents[3] / "deploy" / "agent-daemonset.yaml"
@@ -163,30 +163,15 @@ async def test_the_agent_publishes_for_its_own_node_and_nothing_else(
 
         await wait_until(node_condition, lambda c: c.get("status") == "True", timeout=5, what="node condition")
 
-        # Another node's NodeDevices: refused by the policy.
-        other = {
-            "apiVersion": GROUP_VERSION,
-            "kind": "NodeDevices",
-            "metadata": {"name": OTHER},
-            "spec": {"nodeName": OTHER},
-        }
-
-        async def refusal() -> str:
-            # A dry run goes through admission too, and leaves nothing behind if it is let through.
-            try:
-                await agent_kube.request(
-                    "PATCH",
-                    node_devices_path(OTHER),
-                    params={"fieldManager": FIELD_MANAGER, "force": "true", "dryRun": "All"},
-                    body=other,
-                    content_type="application/apply-patch+yaml",
-                )
-            except errors.Forbidden as exc:
-                return str(exc)
-            return ""
-
-        # The API server loads a new policy asynchronously: wait until it is enforced.
-        message = await wait_until(refusal, bool, timeout=15, what="the policy to refuse another node's NodeDevices")
+        # Another node's NodeDevices: refused by the policy. The API server loads a new policy asynchronously:
+        # wait until it is enforced.
+        other = node_devices(OTHER)
+        message = await wait_until(
+            lambda: refusal_of_node_devices(agent_kube, OTHER),
+            bool,
+            timeout=15,
+            what="the policy to refuse another node's NodeDevices",
+        )
         assert "only write the NodeDevices and the status of its own node" in message
         with pytest.raises(errors.Forbidden, match="only write the NodeDevices and the status of its own node"):
             await agent_kube.apply(node_devices_path(OTHER), other, field_manager=FIELD_MANAGER)

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from devheal.agent.publisher import FIELD_MANAGER, node_devices_path
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab import images, install, realnode
@@ -27,6 +26,7 @@ from devheal.lab.nodesim.nodes import node_name
 from devheal.lab.workloads import pod_devices
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import GPU_RESOURCE, OWNED_TAINT_KEY
+from tests.lab.agent.admission import OWN_NODE_ONLY, refusal_of_node_devices
 from tests.lab.sessions import token_kubeconfig
 
 from .conftest import GPUS_PER_NODE, SIMULATED_NODES, until
@@ -211,24 +211,9 @@ async def _the_agents_own_token_writes_only_its_nodes_node_devices(lab: Lab, age
     kubeconfig = token_kubeconfig(lab, token_file.read_text(), lab.dir / "agent-token.kubeconfig")
     client = await KubeClient.connect(str(kubeconfig))
 
-    async def apply(node_name: str) -> str:
-        body = {"apiVersion": GROUP_VERSION, "kind": "NodeDevices", "metadata": {"name": node_name}}
-        body["spec"] = {"nodeName": node_name}
-        try:
-            await client.request(
-                "PATCH",
-                node_devices_path(node_name),
-                params={"fieldManager": FIELD_MANAGER, "force": "true", "dryRun": "All"},
-                body=body,
-                content_type="application/apply-patch+yaml",
-            )
-        except errors.Forbidden as exc:
-            return str(exc)
-        return "allowed"
-
     try:
-        assert await apply(REAL_NODE) == "allowed"
-        refused = await apply(node_name(0))
-        assert "only write the NodeDevices and the status of its own node" in refused, refused
+        assert await refusal_of_node_devices(client, REAL_NODE) == ""
+        refused = await refusal_of_node_devices(client, node_name(0))
+        assert OWN_NODE_ONLY in refused, refused
     finally:
         await client.close()
