@@ -11,12 +11,15 @@ from typing import Any
 import pytest
 
 from devheal.kube.client import KubeClient, api_path
+from devheal.kube.crds import install_crds
 from devheal.kubelet.podresources import PodResourcesClient
 from devheal.lab import images, realnode
 from devheal.lab.cluster import Lab
 from devheal.lab.faults import FaultError, Faults
 from devheal.lab.nodesim.nodes import node_name
+from devheal.lab.workloads import wait_policy_observed
 from devheal.model.cluster import GPU_RESOURCE
+from tests.lab.controller.conftest import ControllerHarness
 from tests.lab.sessions import kubectl_argv
 
 from .conftest import GPUS_PER_NODE, SIMULATED_NODES, until
@@ -134,9 +137,11 @@ def test_faults_the_real_node_plugin_cannot_play_are_refused_by_name(real_lab: L
 
 
 async def test_a_stopped_device_plugin_makes_the_real_kubelet_refuse_gpu_pods_until_it_is_back(
-    real_lab: Lab, real_kube: KubeClient, real_namespace: str
+    real_lab: Lab, real_kube: KubeClient, real_namespace: str, tmp_path: Path
 ) -> None:
     faults = Faults(real_lab)
+    await install_crds(real_kube)
+    controller = ControllerHarness(real_lab, real_kube, real_namespace, tmp_path)
     before = real_lab.state()
     assert before is not None
     old_pid = before.pids[f"deviceplugin/{REAL_NODE}"]
@@ -155,8 +160,23 @@ async def test_a_stopped_device_plugin_makes_the_real_kubelet_refuse_gpu_pods_un
         rejected = await until("the real kubelet rejects the pod at admission", refused)
         assert rejected["status"]["reason"] == "UnexpectedAdmissionError"
         assert GPU_RESOURCE in rejected["status"]["message"]
+
+        # devheal's infrastructure path, as docs/controller.md says: a bare pod rejected at admission is told
+        # about (Notify); one with an owner would be deleted for its owner to recreate.
+        policy = await controller.policy({"selector": {"namespaces": [real_namespace]}})
+        controller.start()
+        await wait_policy_observed(real_kube, policy, timeout=60)
+        records = await controller.wait_remediation(
+            lambda rs: any(r["spec"]["target"].get("name") == "window" for r in rs),
+            "devheal's record of the rejected pod",
+            timeout=60,
+        )
+        (record,) = [r for r in records if r["spec"]["target"].get("name") == "window"]
+        assert record["spec"]["finding"]["kind"] == "AdmissionRejected", record["spec"]
+        assert record["spec"]["action"] == "Notify", record["spec"]
     finally:
         faults.plugin_up(REAL_NODE)
+        await controller.cleanup()
     after = real_lab.state()
     assert after is not None and after.pids[f"deviceplugin/{REAL_NODE}"] != old_pid  # a new process
     await until("allocatable returns with the new plugin process", lambda: _is(real_kube, GPUS_PER_NODE))
