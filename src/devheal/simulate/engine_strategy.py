@@ -164,9 +164,15 @@ class EngineStrategy(Strategy):
     def on_slowness_changed(self, node: int) -> None:
         """A fail-slow episode began or ended on a running gang's member: rounds at each step report judge the
         ranks, until the slow rank is found, or, once it ended, until the tracker let it go (``sustainedReports``
-        reports within the bound) and so no longer replaces it."""
+        reports within the bound) and so no longer replaces it. Only where the rank's reports can stand out: where
+        every rank reports the gang's pace (``Simulation.reported_slow``), such rounds find nothing."""
         unit = self.sim.unit_of(node)
-        if unit is not None and unit.kind is UnitKind.GANG and unit.state is UnitState.RUNNING:
+        if unit is None or unit.kind is not UnitKind.GANG or unit.state is not UnitState.RUNNING:
+            return
+        if node in self.sim.slow_nodes:
+            if self.sim.culprits.names_slow(unit.parallelism, node):
+                self._judge_pace(unit)
+        elif any(s.outliers for s in self.round.stragglers.streaks.values()):
             self._judge_pace(unit)
 
     def _judge_pace(self, unit: Unit) -> None:
