@@ -175,13 +175,23 @@ FLAP_WINDOW = 24 * 3600.0
 """Lifts of a node within this window make its next hold-down longer (``lift_hold_down``)."""
 MAX_FLAP_HOLD_DOWN = 4 * 3600.0
 """The longest hold-down flapping makes (a policy's own ``holdDown`` may be longer)."""
+LEMON_WINDOW = 30 * 24 * 3600.0
+"""Lifts of a node within this window count towards ``node.lemonAfter``; a lemon's hold-down is this long."""
 
 
-def lift_hold_down(rules: NodeRules, node: str, in_flight: Iterable[InFlight], now: float) -> float:
+def lift_hold_down(
+    rules: NodeRules, node: str, in_flight: Iterable[InFlight], now: float, since: float | None = None
+) -> float:
     """How long ``node`` must stay healthy before devheal lifts its marks: the policy's ``holdDown``, doubled for
     each lift of the node within the last day, up to four hours. A GPU that keeps failing again soon after
     a lift stays one episode (one set of records), not one per flap; a node quiet for a day is back to the
-    policy's hold-down."""
+    policy's hold-down. A node lifted ``lemonAfter`` times within ``LEMON_WINDOW`` is a lemon (repaired, it failed
+    again): it stays out until it has been healthy for that whole window, so no workload lands on it meanwhile;
+    its lifts are counted in the window before it became healthy (``since``; default ``now``), so the wait does
+    not shorten as they age."""
+    healthy_since = now if since is None else since
+    if rules.lemon_after and lifts_within(node, in_flight, healthy_since, LEMON_WINDOW) >= rules.lemon_after:
+        return max(rules.hold_down, LEMON_WINDOW)
     recent = sum(
         1
         for r in in_flight
@@ -193,6 +203,18 @@ def lift_hold_down(rules: NodeRules, node: str, in_flight: Iterable[InFlight], n
     if recent == 0:
         return rules.hold_down
     return max(rules.hold_down, min(rules.hold_down * 2.0 ** min(recent, 32), MAX_FLAP_HOLD_DOWN))
+
+
+def lifts_within(node: str, in_flight: Iterable[InFlight], now: float, window: float) -> int:
+    """Lifts of ``node``'s marks that succeeded within ``window`` before ``now``."""
+    return sum(
+        1
+        for r in in_flight
+        if r.action is ActionKind.LIFT
+        and r.node == node
+        and r.phase is Phase.SUCCEEDED
+        and now - (r.finished if r.finished is not None else r.started) <= window
+    )
 
 
 def gang_epochs(view: ClusterView) -> dict[str, int]:
@@ -394,7 +416,7 @@ def _lift(
 ) -> list[tuple[Action, Policy]]:
     """``Lift`` of a node healthy for its hold-down (``lift_hold_down``); none before."""
     if now - f.since >= rules.hold_down:
-        hold_down = lift_hold_down(rules, node.name, in_flight, now)
+        hold_down = lift_hold_down(rules, node.name, in_flight, now, f.since)
         if now - f.since >= hold_down:
             reason = f"healthy for {now - f.since:.0f}s (hold-down {hold_down:.0f}s)"
             return [(replace(base, kind=ActionKind.LIFT, reason=reason), policy)]
@@ -405,7 +427,13 @@ def relevance_horizon(policies: Sequence[Policy]) -> float:
     """How far back (seconds) an ended record can still change a decision beyond its name: gang restarts per
     hour, the workload disruption interval, the lifts that lengthen a hold-down (``InFlightRecords.current``)."""
     intervals = [p.budgets.workload_disruption_interval for p in policies]
-    return max([3600.0, FLAP_WINDOW, Budgets().workload_disruption_interval, *intervals])
+    return max([3600.0, lift_window(policies), Budgets().workload_disruption_interval, *intervals])
+
+
+def lift_window(policies: Sequence[Policy]) -> float:
+    """How long a succeeded lift lengthens a node's hold-down: ``FLAP_WINDOW``, or ``LEMON_WINDOW`` where some
+    policy counts lemons (``node.lemonAfter``)."""
+    return LEMON_WINDOW if any(p.node.lemon_after for p in policies) else FLAP_WINDOW
 
 
 GANG_RESTART_WINDOW = 3600.0
@@ -420,6 +448,8 @@ class RecordReads:
     """The gang restart window or the longest workload disruption interval, whichever is longer."""
     horizon: float
     """``relevance_horizon``."""
+    lifts: float = FLAP_WINDOW
+    """``lift_window``."""
     last_rungs: Mapping[str, int] = field(default_factory=dict)
     """Per policy with a validation (``node.validation``), its ladder's last rung (0 the first)."""
 
@@ -428,7 +458,7 @@ class RecordReads:
         intervals = [p.budgets.workload_disruption_interval for p in policies]
         window = max([GANG_RESTART_WINDOW, Budgets().workload_disruption_interval, *intervals])
         last_rungs = {p.name: len(p.node.ladder) - 1 for p in policies if p.node.validation is not None}
-        return cls(window, relevance_horizon(policies), last_rungs)
+        return cls(window, relevance_horizon(policies), lift_window(policies), last_rungs)
 
     def still_read(self, record: InFlight, now: float) -> bool:
         """Whether a decision at ``now`` can still read ``record`` beyond its name. ``decide`` walks through no
@@ -437,7 +467,7 @@ class RecordReads:
 
         Read are: every active record (budgets, one remediation per target); a disruption started within the
         gang restart window or the longest workload disruption interval (``gangRestartsPerHour``, the
-        interval); a lift that succeeded within ``FLAP_WINDOW`` (``lift_hold_down``; the spare pools' nodes back
+        interval); a lift that succeeded within ``lift_window`` (``lift_hold_down``; the spare pools' nodes back
         from repair); a node's mark that succeeded (taint, cordon, fence) and the lifts of marks, within
         ``FLAP_WINDOW`` (``nodes_out``, while the cache has not shown the mark); a node remediation's rung and its
         validation within the horizon (the escalation ladder, ``devheal.engine.validation``)."""
@@ -447,7 +477,7 @@ class RecordReads:
             return True
         ended = record.finished if record.finished is not None else record.started
         if record.action is ActionKind.LIFT and record.phase is Phase.SUCCEEDED:
-            return now - ended <= FLAP_WINDOW
+            return now - ended <= self.lifts
         if record.target_kind == TargetKind.NODE and record.phase is Phase.SUCCEEDED and not record.dry_run:
             # A node's mark that succeeded, and the lift that removed it: ``nodes_out`` counts the node until then.
             effects = KIND_EFFECTS[record.action]

@@ -185,7 +185,7 @@ def due_times(
             wake.append(f.since + policy.degradation.leave_after + DUE_SLACK)
         elif f.kind is FindingKind.NODE_RECOVERED:
             history = [r for r in records if r.target_kind is TargetKind.NODE and r.node == f.node]
-            wake.append(f.since + lift_hold_down(rules, f.node, history, now) + DUE_SLACK)
+            wake.append(f.since + lift_hold_down(rules, f.node, history, now, f.since) + DUE_SLACK)
     by_name = {p.name: p for p in policies}
     for record in records:
         policy = by_name.get(record.policy)

@@ -13,7 +13,11 @@ is a robust outlier among its gang's ranks:
   MADs **and** by ``minSlowdownPercent`` of the centre (the floor keeps a gang whose ranks
   agree to the microsecond from flagging noise);
 - it is a straggler once it was an outlier in ``sustainedReports`` consecutive reports of its
-  own (a new report: its step count moved); one report within the bound starts it over.
+  own (a new report: its step count moved); one report within the bound starts it over;
+- once a straggler, it stays one until ``sustainedReports`` consecutive reports of its own are
+  within the bound (a slowdown that ends, a fail-slow episode): a rank hovering at the limit is
+  not found, dropped and found again (no flapping), and one that recovered is no longer
+  acted on (``ReplaceAtRestart`` forgets it) a few reports after its slowness ended.
 
 A gang is **stalled** when every active member runs and has reported steps in its current
 run, no restart is under way, no launcher holds a failed run, and no rank has reported a step
@@ -115,6 +119,8 @@ class _Streak:
     """Consecutive reports it was an outlier in."""
     since: float
     """When the current run of outlier reports began."""
+    calm: int = 0
+    """Of a straggler: consecutive reports within the bound since it was last an outlier."""
 
 
 def _judged(pod: Pod, rules: StragglerRules) -> StepReport | None:
@@ -186,12 +192,7 @@ class StragglerTracker:
             seen.add(pod.uid)
             streak = self.streaks.get(pod.uid)
             if streak is None or streak.count != report.count:  # a new report: judge it
-                if report.p50 <= bound.limit:
-                    streak = _Streak(report.count, 0, now)
-                elif streak is None or streak.outliers == 0:
-                    streak = _Streak(report.count, 1, now)
-                else:
-                    streak = _Streak(report.count, streak.outliers + 1, streak.since)
+                streak = _judge(streak, report.count, report.p50 <= bound.limit, rules.sustained_reports, now)
                 self.streaks[pod.uid] = streak
             if streak.outliers < rules.sustained_reports:
                 continue
@@ -204,8 +205,8 @@ class StragglerTracker:
                     sources=(FindingSource.STEP_TIMES,),
                     evidence=f"rank {pod.key}'s median step {report.p50:.3f}s is {ratio:.2f}x its gang's median "
                     f"{bound.centre:.3f}s (limit {bound.limit:.3f}s: {rules.outlier_mads} MADs of "
-                    f"{bound.mad:.3f}s, at least +{rules.min_slowdown_percent}%) in {streak.outliers} reports "
-                    f"in a row, over {len(members)} ranks{telemetry}",
+                    f"{bound.mad:.3f}s, at least +{rules.min_slowdown_percent}%); an outlier in {streak.outliers} "
+                    f"reports in a row, over {len(members)} ranks{_calm(streak, rules)}{telemetry}",
                     since=streak.since,
                     pod=pod.key,
                     pod_uid=pod.uid,
@@ -213,6 +214,28 @@ class StragglerTracker:
                 )
             )
         return out
+
+
+def _judge(streak: _Streak | None, count: int, within: bool, sustained: int, now: float) -> _Streak:
+    """A rank's run of outlier reports after its new report ``count`` (``within``: inside the gang's bound). A
+    straggler (``sustained`` outliers in a row) stays one until ``sustained`` reports in a row are within."""
+    straggling = streak is not None and streak.outliers >= sustained
+    if within:
+        if streak is not None and straggling and streak.calm + 1 < sustained:
+            return _Streak(count, streak.outliers, streak.since, streak.calm + 1)
+        return _Streak(count, 0, now)
+    if streak is None or streak.outliers == 0:
+        return _Streak(count, 1, now)
+    return _Streak(count, streak.outliers + 1, streak.since)
+
+
+def _calm(streak: _Streak, rules: StragglerRules) -> str:
+    if not streak.calm:
+        return ""
+    return (
+        f"; back within the limit in its last {streak.calm} reports (a straggler until "
+        f"{rules.sustained_reports} in a row are)"
+    )
 
 
 def telemetry_of(view: ClusterView, pod: Pod, now: float) -> tuple[tuple[str, ...], str]:

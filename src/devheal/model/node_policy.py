@@ -79,6 +79,9 @@ class NodeRules:
     remediation: RemediationMode = RemediationMode.IDLE_ONLY
     template: TemplateRef | None = None
     hold_down: float = 120.0
+    lemon_after: int = 0
+    """``node.lemonAfter``: a node devheal lifted this many times within ``LEMON_WINDOW`` stays out after its next
+    fault until it has been healthy for that window (a lemon: repaired, it fails again); 0: never."""
     escalation: tuple[EscalationStep, ...] = ()
     """``node.escalation``: templates tried in order, each for its timeout (medik8s-style ordered escalation)."""
     validation: NodeValidation | None = None

@@ -237,13 +237,15 @@ RECOMMENDED_POLICY = Policy(
     actions={**DEFAULT_ACTIONS, WorkloadClass.GANG: ActionKind.RESTART_GANG},
     budgets=Budgets(gang_restarts_per_hour=10),
     stragglers=StragglerRules(action=RankAction.REPLACE_NOW),
+    node=NodeRules(lemon_after=1),
 )
 """What we recommend a cluster installs (``deploy/examples/recommended-policy.yaml``, which adds a selector),
 and what the simulator runs as devheal: the documented defaults, except that a gang restarts in place
 (``RestartGang``: only the broken rank's pod is replaced; ranks run under ``devheal launch``) up to 10 times an
 hour (a 16,000-GPU gang fails several times a day, and failures come in bursts), and a straggler is replaced at
 once (``ReplaceNow``: one in-place restart costs less than a slow rank holding the gang back until its next
-restart; docs/stragglers.md)."""
+restart; docs/stragglers.md), and a node that fails again within 30 days of devheal lifting its marks is kept
+out as a lemon (``node.lemonAfter: 1``)."""
 
 
 # ---- parsing ---------------------------------------------------------------------------------
@@ -457,6 +459,14 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         remediation=mode,
         template=parse_template(node.get("template"), f"{prefix}.node.template", PolicyError),
         hold_down=parse_duration(node.get("holdDown", "2m"), f"{prefix}.node.holdDown"),
+        lemon_after=fields.whole(
+            node.get("lemonAfter"),
+            defaults.lemon_after,
+            f"{prefix}.node.lemonAfter",
+            PolicyError,
+            minimum=0,
+            maximum=100,
+        ),
         escalation=escalation,
         validation=validation,
     )

@@ -42,7 +42,7 @@ from devheal.simulate.engine_records import RecordStore
 from devheal.simulate.engine_view import CacheView
 from devheal.simulate.event_queue import Event, EventKind
 from devheal.simulate.failures import Signal
-from devheal.simulate.fleet import Unit, UnitKind
+from devheal.simulate.fleet import Unit, UnitKind, UnitState
 from devheal.simulate.simulation import Simulation, Strategy
 
 STEP_SAMPLE = 5
@@ -159,6 +159,23 @@ class EngineStrategy(Strategy):
             self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
         if unit.kind is not UnitKind.GANG or not self._has_slow(unit):
             return
+        self._judge_pace(unit)
+
+    def on_slowness_changed(self, node: int) -> None:
+        """A fail-slow episode began or ended on a running gang's member: rounds at each step report judge the
+        ranks, until the slow rank is found, or, once it ended, until the tracker let it go (``sustainedReports``
+        reports within the bound) and so no longer replaces it. Only where the rank's reports can stand out: where
+        every rank reports the gang's pace (``Simulation.reported_slow``), such rounds find nothing."""
+        unit = self.sim.unit_of(node)
+        if unit is None or unit.kind is not UnitKind.GANG or unit.state is not UnitState.RUNNING:
+            return
+        if node in self.sim.slow_nodes:
+            if self.sim.culprits.names_slow(unit.parallelism, node):
+                self._judge_pace(unit)
+        elif any(s.outliers for s in self.round.stragglers.streaks.values()):
+            self._judge_pace(unit)
+
+    def _judge_pace(self, unit: Unit) -> None:
         costs = self.sim.costs
         rules = self.policy.stragglers
         # Enough reports for a full window of samples, then the sustained run of outlier reports.

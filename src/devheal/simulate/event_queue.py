@@ -40,6 +40,10 @@ class EventKind(IntEnum):
     RENDEZVOUS = 13
     """A gang's restarted processes reach their rendezvous (``target``: unit id, ``ref``: restart token): a member
     cut off from its peers keeps every rank there."""
+    SLOW_START = 14
+    """A fail-slow episode begins on a node (``target``: node, ``ref``: index in the trace's episodes)."""
+    SLOW_END = 15
+    """A fail-slow episode ends: the node runs at its own pace again (``target``: node, ``ref``: episode)."""
 
 
 class Event(NamedTuple):

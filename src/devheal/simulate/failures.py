@@ -16,10 +16,11 @@ random generator is seeded and passed in.
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 HOUR = 3600.0
@@ -110,6 +111,16 @@ class TraceSpec:
     """Share of nodes that run slow without failing (MegaScale, Jiang et al. 2024: about 0.5%)."""
     gray_slowdown: tuple[float, float] = (1.1, 1.5)
     """A slow node's step time, as a multiple of a healthy one's (uniform in this range)."""
+    fail_slow_per_node_day: float = 1 / 4000
+    """Fail-slow episodes per node and day: a node that runs slow for a while, then recovers by itself (a
+    throttling GPU, a flapping link, a noisy neighbour). An assumption: about one episode every two days on the
+    llama3-405b fleet (docs/simulator.md)."""
+    fail_slow_median_s: float = 1800.0
+    """The median length of a fail-slow episode; lengths are log-normal (minutes to hours)."""
+    fail_slow_sigma: float = 1.2
+    """The log-normal's sigma: 5% of episodes are shorter than about 4 minutes, 5% longer than about 3.6 hours."""
+    fail_slow_max_s: float = 12 * HOUR
+    """No episode lasts longer (a node slow for longer is a gray node, ``gray_fraction``)."""
     burst_probability: float = 0.03
     """Chance that a failure brings 1-3 more of its class on nodes of the same rack within the window."""
     burst_extra: tuple[int, int] = (1, 3)
@@ -129,6 +140,13 @@ class TraceSpec:
             )
         if any(w < 0 for w in self.class_weights.values()) or sum(self.class_weights.values()) <= 0:
             raise TraceError("class_weights: weights must be >= 0 and not all 0")
+        if not self.fail_slow_per_node_day >= 0:
+            raise TraceError(f"fail_slow_per_node_day: expected a rate >= 0, got {self.fail_slow_per_node_day!r}")
+        if not 0 < self.fail_slow_median_s <= self.fail_slow_max_s or self.fail_slow_sigma < 0:
+            raise TraceError(
+                "fail_slow_median_s, fail_slow_max_s, fail_slow_sigma: expected 0 < median <= max and sigma >= 0, got "
+                f"{self.fail_slow_median_s!r}, {self.fail_slow_max_s!r}, {self.fail_slow_sigma!r}"
+            )
         for name in ("lemon_fraction", "gray_fraction", "burst_probability"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -163,10 +181,23 @@ class Fault:
     """Multiplies the configured human response time for this fault."""
     repair_factor: float = 1.0
     """Multiplies the configured repair time for this fault."""
+    lemon: bool = False
+    """The fault comes from a lemon node's excess hazard (``TraceSpec.lemon_hazard``): it belongs to the machine, so
+    it does not land once the machine in the slot was replaced (a fresh one fails at the ordinary rate)."""
 
     @property
     def failure_class(self) -> FailureClass:
         return CLASSES[self.cls]
+
+
+@dataclass(frozen=True, slots=True)
+class SlowEpisode:
+    """A fail-slow episode: the node runs ``factor`` times slower from ``start`` to ``end`` (seconds), then recovers."""
+
+    node: int
+    start: float
+    end: float
+    factor: float
 
 
 @dataclass(frozen=True)
@@ -178,7 +209,9 @@ class Trace:
     faults: tuple[Fault, ...]
     lemons: frozenset[int] = frozenset()
     slow: Mapping[int, float] = field(default_factory=dict)
-    """Gray failures: node -> slowdown factor (> 1)."""
+    """Gray failures: node -> slowdown factor (> 1), from the start until the node is repaired."""
+    slow_episodes: tuple[SlowEpisode, ...] = ()
+    """Fail-slow episodes that appear during the run, by start time."""
     source: str = "generated"
 
     def counts_by_class(self) -> Counter[str]:
@@ -258,6 +291,9 @@ def generate_trace(nodes: int, gpus_per_node: int, horizon_s: float, spec: Trace
                         faults.append(make(when, rng.choice(rack), cls))
             t += rng.expovariate(per_second)
     faults.sort(key=lambda f: (f.time, f.node, f.cls))
+    # Drawn from their own streams, so adding them left every fault above as it was.
+    faults = _mark_lemon_excess(faults, lemons, spec, random.Random(f"lemons-{seed}"))
+    episodes = _fail_slow_episodes(nodes, horizon_s, spec, random.Random(f"fail-slow-{seed}"))
     return Trace(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -265,5 +301,30 @@ def generate_trace(nodes: int, gpus_per_node: int, horizon_s: float, spec: Trace
         faults=tuple(faults),
         lemons=lemons,
         slow=slow,
+        slow_episodes=episodes,
         source=f"generated (seed {seed})",
     )
+
+
+def _mark_lemon_excess(faults: list[Fault], lemons: frozenset[int], spec: TraceSpec, rng: random.Random) -> list[Fault]:
+    """Of a lemon node's faults, the share its excess hazard brings ((hazard - 1) / hazard) is the machine's own."""
+    if not lemons or spec.lemon_hazard <= 1.0:
+        return faults
+    excess = (spec.lemon_hazard - 1.0) / spec.lemon_hazard
+    return [replace(f, lemon=True) if f.node in lemons and rng.random() < excess else f for f in faults]
+
+
+def _fail_slow_episodes(nodes: int, horizon_s: float, spec: TraceSpec, rng: random.Random) -> tuple[SlowEpisode, ...]:
+    """Fleet-level exponential arrivals, a node drawn uniformly, a log-normal length, a slowdown in
+    ``gray_slowdown``."""
+    per_second = spec.fail_slow_per_node_day * nodes / DAY
+    if per_second <= 0:
+        return ()
+    low, high = spec.gray_slowdown
+    episodes = []
+    t = rng.expovariate(per_second)
+    while t < horizon_s:
+        length = min(rng.lognormvariate(math.log(spec.fail_slow_median_s), spec.fail_slow_sigma), spec.fail_slow_max_s)
+        episodes.append(SlowEpisode(rng.randrange(nodes), t, min(t + length, horizon_s), rng.uniform(low, high)))
+        t += rng.expovariate(per_second)
+    return tuple(episodes)

@@ -50,6 +50,8 @@ class NodeState:
     marks: set[str] = field(default_factory=set)
     """What devheal set on the node (``taint``, ``cordon``): new pods stay off it."""
     in_pool: bool = False
+    replaced: bool = False
+    """The machine in this slot was replaced since the start: a lemon's own faults (``Fault.lemon``) left with it."""
 
     @property
     def name(self) -> str:
@@ -96,6 +98,9 @@ class Unit:
     """The current outage was planned (a straggler swap): not counted as an interruption or in recovery times."""
     restart_token: int = 0
     slowdown: float = 1.0
+    paces: list[tuple[float, float]] = field(default_factory=list)
+    """(since, slowdown) of the current run, where its slowdown changed mid-run (a fail-slow episode began or ended);
+    empty: ``slowdown`` all along."""
     straggler_check_pending: bool = False
     useful_s: float = 0.0
     losses: dict[Loss, float] = field(default_factory=lambda: dict.fromkeys(Loss, 0.0))
@@ -114,6 +119,9 @@ class Unit:
     rendezvous_at: float | None = None
     """When the current restart's processes reached their rendezvous and stopped there, a member missing; None:
     the gang is not stuck at a rendezvous."""
+    rendezvous_due: float | None = None
+    """When the restart under way reaches its rendezvous, where nothing is scheduled to happen there yet (no member
+    was cut off when it began); None otherwise."""
     unreached: frozenset[int] = frozenset()
     """Member nodes whose ranks never reached that rendezvous (cut off from their peers)."""
     by_cause: dict[tuple[str, Loss], float] = field(default_factory=dict)
@@ -179,13 +187,41 @@ class Unit:
         committed = kept_until - self.run_start
         stalls = k * self.stall_s
         work = committed - stalls
-        useful = work / self.slowdown
+        useful = work / self.slowdown if not self.paces else work * self._mean_rate(self.run_start, kept_until)
         self._book(CHECKPOINT_CAUSE, Loss.CHECKPOINTS, stalls)
         self._book(SLOW_NODE_CAUSE, Loss.STRAGGLERS, work - useful)
         self._book(self.cause, Loss.ROLLBACK, end - kept_until)
         self.useful_s += useful
         if committed > 0:
             self.commits.append((self.run_start, kept_until, useful / committed))
+
+    def set_slowdown(self, now: float, slowdown: float) -> None:
+        """A member's slowness changed mid-run: the gang steps at its new slowest pace from ``now`` (a unit not
+        running takes its pace when it runs again)."""
+        if self.state is not UnitState.RUNNING or slowdown == self.slowdown:
+            return
+        if not self.paces:
+            self.paces.append((self.run_start, self.slowdown))
+        self.paces.append((now, slowdown))
+        self.slowdown = slowdown
+
+    def _mean_rate(self, start: float, end: float) -> float:
+        """Work done per wall second over [start, end] of the current run (1 / slowdown, averaged over its paces)."""
+        if end <= start:
+            return 1.0 / self.slowdown
+        done = 0.0
+        for i, (since, slowdown) in enumerate(self.paces):
+            until = self.paces[i + 1][0] if i + 1 < len(self.paces) else math.inf
+            low, high = max(start, since), min(end, until)
+            if high > low:
+                done += (high - low) / slowdown
+        return done / (end - start)
+
+    def steps_by(self, t: float, step_s: float) -> float:
+        """Steps of ``step_s`` (at a healthy pace) the current run had made by ``t``, at its paces."""
+        if not self.paces:
+            return (t - self.run_start) / (step_s * self.slowdown)
+        return (t - self.run_start) * self._mean_rate(self.run_start, t) / step_s
 
     def stop(self, now: float, rollback_to: float | None = None, planned: bool = False, cause: str = "") -> None:
         """Something stopped the unit. ``rollback_to``: the last moment whose work can be kept (default: now).
@@ -224,6 +260,7 @@ class Unit:
         self.state = UnitState.RUNNING
         self.run_start = now
         self.slowdown = slowdown
+        self.paces = []
         if not self.planned:
             self.recoveries.append(now - self.outage_start)
         self.planned = False

@@ -63,6 +63,8 @@ class StrategyResult:
     """Training gangs: GPU-hours lost, by what caused the loss (a failure class, ``checkpoints``, ``slow-node``,
     ``straggler-swap``) and then by loss category."""
     run_seconds: float = 0.0
+    lemon_interruptions: int = 0
+    """Interruptions of training by a lemon machine's own faults (fewer where lemons were kept away or replaced)."""
 
     @property
     def lost_gpu_hours(self) -> float:

@@ -89,6 +89,9 @@ class Strategy:
     def on_node_repaired(self, node: int) -> None:
         """A node's reboot, repair or replacement finished (its faults may or may not be gone)."""
 
+    def on_slowness_changed(self, node: int) -> None:
+        """A fail-slow episode began or ended on ``node`` (``Simulation.slow_until``: when the current one ends)."""
+
     def engine_stats(self) -> dict[str, Any]:
         return {}
 
@@ -112,6 +115,12 @@ class Simulation:
         self.queue = EventQueue()
         self.nodes = [NodeState(i, slow=trace.slow.get(i, 1.0)) for i in range(fleet.nodes)]
         self.slow_nodes = {n for n, factor in trace.slow.items() if factor > 1.0}
+        self.slow_until: dict[int, float] = {}
+        """Node -> when its current fail-slow episode ends."""
+        self._slow_before: dict[int, float] = {}
+        """Episode (index in ``trace.slow_episodes``) under way -> its node's slowness before it began."""
+        self.lemon_interruptions = 0
+        """Training interruptions by a lemon machine's own faults (``Fault.lemon``)."""
         self.units: list[Unit] = []
         self.pool: deque[int] = deque()
         self.waiting: deque[int] = deque()
@@ -130,6 +139,10 @@ class Simulation:
         for i, fault in enumerate(self.faults):
             if fault.time <= self.horizon:
                 self.queue.push(fault.time, EventKind.FAULT, fault.node, i)
+        for i, episode in enumerate(trace.slow_episodes):
+            if episode.start <= self.horizon:
+                self.queue.push(episode.start, EventKind.SLOW_START, episode.node, i)
+                self.queue.push(min(episode.end, self.horizon), EventKind.SLOW_END, episode.node, i)
         self.strategy = strategy
         self.elastic = strategy.elastic
         self.hold_failed_s = strategy.hold_failed_s
@@ -331,11 +344,26 @@ class Simulation:
             start, duration = 0.0, unit.restart_s
         if unit.recreate:
             unit.generation += 1
+        unit.rendezvous_due = None
         if unit.kind is UnitKind.GANG and self._cut_off(unit):
             # A member cut off from its peers: the processes start, and the gang goes no further than its rendezvous.
             self.queue.push(self.now + start, EventKind.RENDEZVOUS, unit.uid, unit.restart_token)
             return
+        if unit.kind is UnitKind.GANG:
+            unit.rendezvous_due = self.now + start  # a member cut off before then stops the gang there
         self.queue.push(self.now + duration, EventKind.RESTART_DONE, unit.uid, unit.restart_token)
+
+    def _cut_off_while_restarting(self, unit: Unit | None, fault: Fault) -> bool:
+        """A fault that cuts a member off from its peers (``MISSES_RENDEZVOUS``) lands while its gang restarts,
+        before the rendezvous: the restart goes on, and the gang stops at that rendezvous (``_on_rendezvous``)."""
+        if unit is None or unit.state is not UnitState.RESTARTING or fault.cls not in MISSES_RENDEZVOUS:
+            return False
+        due = unit.rendezvous_due
+        if due is None or due < self.now:
+            return False
+        unit.rendezvous_due = None
+        self.queue.push(due, EventKind.RENDEZVOUS, unit.uid, unit.restart_token)
+        return True
 
     def _cut_off(self, unit: Unit) -> list[int]:
         """The unit's member nodes whose ranks cannot reach its rendezvous (``_misses_rendezvous``)."""
@@ -374,6 +402,8 @@ class Simulation:
     def _on_fault(self, index: int) -> None:
         fault = self.faults[index]
         node = self.nodes[fault.node]
+        if fault.lemon and node.replaced:
+            return  # the lemon machine that would have failed left the fleet
         if node.repairing:
             self.absorbed += 1
             return
@@ -381,6 +411,7 @@ class Simulation:
         unit = self.unit_of(fault.node)
         if unit is not None and unit.kind is UnitKind.GANG:
             unit.interruptions += 1
+            self.lemon_interruptions += fault.lemon
         was_running = unit is not None and unit.state is UnitState.RUNNING
         self._handle_fault(index, fault, node, signal, unit)
         if unit is not None and was_running and unit.state is not UnitState.RUNNING:
@@ -437,6 +468,8 @@ class Simulation:
                 self.start_repair(fault.node, "reboot", "node:self-reboot")
             else:
                 self.queue.push(human_at, EventKind.HUMAN, fault.node, index)
+        elif self._cut_off_while_restarting(unit, fault):
+            self.queue.push(human_at, EventKind.HUMAN, fault.node, index)
         else:  # DEVICE, HIDDEN: the workload stops on the node and stays there until something acts.
             if unit is not None:
                 self._stop(unit, fault.cls)
@@ -532,6 +565,7 @@ class Simulation:
             state.faults = []
             state.slow = 1.0
             self.slow_nodes.discard(node)
+            state.replaced = state.replaced or state.repair_kind == "replace"
         state.down = any(self.faults[i].failure_class.signal is Signal.NODE_DOWN for i in state.faults)
         if not state.faults:
             self.broken.discard(node)
@@ -588,6 +622,35 @@ class Simulation:
         self._name_culprit(unit, index)
         self.strategy.on_unit_stopped(unit, index)
 
+    def _on_slow_start(self, node: int, episode: int) -> None:
+        state = self.nodes[node]
+        if state.repairing:
+            return  # out for repair: the episode passes unseen
+        factor = self.trace.slow_episodes[episode].factor
+        self._slow_before[episode] = state.slow
+        state.slow = max(state.slow, factor)
+        self.slow_nodes.add(node)
+        self.slow_until[node] = self.trace.slow_episodes[episode].end
+        self._slowness_changed(node)
+
+    def _on_slow_end(self, node: int, episode: int) -> None:
+        if episode not in self._slow_before:
+            return
+        state = self.nodes[node]
+        state.slow = min(state.slow, self._slow_before.pop(episode))  # a repair meanwhile made it 1.0 already
+        if state.slow <= 1.0:
+            self.slow_nodes.discard(node)
+        self.slow_until.pop(node, None)
+        self._slowness_changed(node)
+
+    def _slowness_changed(self, node: int) -> None:
+        """A running gang steps at its slowest member's new pace; people look at its slow members later."""
+        unit = self.unit_of(node)
+        if unit is not None and unit.kind is UnitKind.GANG and unit.state is UnitState.RUNNING:
+            unit.set_slowdown(self.now, self._slowdown(unit))
+            self._schedule_straggler_check(unit)
+        self.strategy.on_slowness_changed(node)
+
     def _on_straggler_check(self, uid: int) -> None:
         unit = self.units[uid]
         unit.straggler_check_pending = False
@@ -629,6 +692,8 @@ class Simulation:
             EventKind.RENDEZVOUS: lambda e: self._on_rendezvous(e.target, e.ref),
             EventKind.SIGNAL: self.strategy.on_signal,
             EventKind.FAULT: lambda e: self._on_fault(e.ref),
+            EventKind.SLOW_START: lambda e: self._on_slow_start(e.target, e.ref),
+            EventKind.SLOW_END: lambda e: self._on_slow_end(e.target, e.ref),
         }
         processed = 0
         last = 0.0
@@ -677,5 +742,6 @@ class Simulation:
             events=processed,
             engine=self.strategy.engine_stats(),
             training_loss_by_cause=losses_by_cause(self.units),
+            lemon_interruptions=self.lemon_interruptions,
             run_seconds=time.perf_counter() - started,
         )

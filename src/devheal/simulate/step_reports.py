@@ -5,7 +5,8 @@ devheal's engine finds stragglers and stalled gangs from these reports
 would have written by now:
 
 - while the gang runs: the rank's median step is the gang's step time times its node's
-  slowdown (a gray node computes slower; the others then wait for it in the collectives), the
+  slowdown (a gray node, or one in a fail-slow episode, computes slower; the others then wait
+  for it in the collectives; the count follows the gang's pace as episodes begin and end), the
   window fills one step at a time from the run's start, and the report is rewritten every
   publish interval;
 - once the gang stops mid-run (a fault): every rank's last report is of the step it finished
@@ -40,14 +41,15 @@ def step_report(unit: Unit, node: int, slow: float, step_s: float, publish_s: fl
     if unit.state is UnitState.RUNNING:
         pace = step_s * unit.slowdown  # the gang steps at its slowest rank's pace
         published = unit.run_start + math.floor((now - unit.run_start) / publish_s) * publish_s
-        steps = math.floor((published - unit.run_start) / pace)
+        made = unit.steps_by(published, step_s)
+        steps = math.floor(made)
         if steps <= 0:
             return StepReport(count=base, window=0, p50=None, last=None, run=run)
         return StepReport(
             count=base + steps,
             window=min(steps, WINDOW),
             p50=step_s * slow,
-            last=unit.run_start + steps * pace,
+            last=unit.run_start + steps * pace if not unit.paces else published - (made - steps) * pace,
             run=run,
         )
     if unit.state is UnitState.DOWN and unit.rendezvous_at is not None:
@@ -58,7 +60,7 @@ def step_report(unit: Unit, node: int, slow: float, step_s: float, publish_s: fl
     if unit.state is UnitState.DOWN and unit.stalled_at is not None and unit.stalled_at > unit.run_start:
         # Stopped mid-run: the reports stay as they were when the gang stopped.
         pace = step_s * unit.slowdown
-        steps = math.floor((unit.stalled_at - unit.run_start) / pace)
+        steps = math.floor(unit.steps_by(unit.stalled_at, step_s))
         if steps <= 1:
             return StepReport(count=base, window=0, p50=None, last=None, run=run)
         if unit.culprit == node:

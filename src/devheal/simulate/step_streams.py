@@ -1,7 +1,7 @@
 """Synthetic step-time streams of a training gang, as its launchers would publish them (pure, seeded).
 
 Each rank's step takes ``base`` seconds times a noise factor drawn uniformly from
-``[1 - noise, 1 + noise]``, times its slowdown once the slowdown has begun. After each step
+``[1 - noise, 1 + noise]``, times its slowdown while the slowdown lasts. After each step
 every rank publishes what its launcher would (``StepReport``: the count, the median of its
 last ``window`` steps, when it reported last). The straggler tests and ``bench.stragglers``
 feed these views to the engine; the durations stand for each rank's own compute time (what
@@ -31,6 +31,8 @@ class GangStream:
     slowdown: Mapping[int, float] = field(default_factory=dict)
     """Rank index -> factor its steps take longer by, from step ``slow_from`` on."""
     slow_from: int = 0
+    slow_until: int | None = None
+    """The step the slowdown ends at (a fail-slow episode); None: it lasts."""
     noise: float = 0.1
     base: float = 1.0
     window: int = 10
@@ -60,7 +62,7 @@ class GangStream:
         durations = []
         for rank in range(self.ranks):
             factor = 1.0 + self._rng.uniform(-self.noise, self.noise)
-            if self.step >= self.slow_from:
+            if self.step >= self.slow_from and (self.slow_until is None or self.step < self.slow_until):
                 factor *= self.slowdown.get(rank, 1.0)
             durations.append(self.base * factor)
         for rank, d in enumerate(durations):

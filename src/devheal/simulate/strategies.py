@@ -25,7 +25,7 @@ from devheal.model.policy import RECOMMENDED_POLICY, Policy
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.event_queue import Event, EventKind
 from devheal.simulate.failures import Signal
-from devheal.simulate.fleet import Unit
+from devheal.simulate.fleet import Unit, UnitState
 from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Strategy
 
 
@@ -78,7 +78,8 @@ class IdealBound(Strategy):
     """Not a product: what no remediation can beat. Every fault is handled the moment it lands (silent
     corruption: the moment the job notices it): the node leaves its workload for a spare and goes to the
     repair a person would choose, the other ranks restart in place; a crash or a hang restarts in place at
-    once; slow nodes are taken out at the start. What is left is the workload's own cost: rollback to the
+    once; slow nodes are taken out at the start, a fail-slow episode when it begins if it lasts long enough to
+    be worth a restart. What is left is the workload's own cost: rollback to the
     last checkpoint, checkpoint pauses, the in-place restart and the workload's restart (rendezvous, load)."""
 
     name = "ideal-bound"
@@ -88,6 +89,18 @@ class IdealBound(Strategy):
         sim = self.sim
         for node in [n for n in sorted(sim.slow_nodes) if sim.nodes[n].unit == unit.uid]:
             sim.start_repair(node, "repair", None)  # first: the released node must not go straight back to work
+            sim.release(node, recreate=False, why="ideal:swap-slow-node", cause=STRAGGLER_SWAP_CAUSE)
+
+    def on_slowness_changed(self, node: int) -> None:
+        """A fail-slow episode: swapped out at once where what it would cost the gang until it ends (it knows when)
+        is more than a swap does (the restart, and on average half a checkpoint interval of rollback)."""
+        sim = self.sim
+        unit = sim.unit_of(node)
+        if unit is None or node not in sim.slow_until or unit.state is not UnitState.RUNNING:
+            return
+        lost = (sim.slow_until[node] - sim.now) * (1.0 - 1.0 / sim.nodes[node].slow)
+        if lost > sim.costs.inplace_restart_s + unit.restart_s + unit.checkpoint_s / 2:
+            sim.start_repair(node, "repair", None)
             sim.release(node, recreate=False, why="ideal:swap-slow-node", cause=STRAGGLER_SWAP_CAUSE)
 
     def on_fault(self, fault: int) -> None:

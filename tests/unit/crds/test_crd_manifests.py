@@ -316,9 +316,15 @@ def test_documented_defaults_pass_the_schema_and_parse_to_the_built_in_defaults(
     assert violations(spec, spec_schema("RemediationPolicy")) == []
     parsed = parse_policy({"metadata": {"name": DEFAULT_POLICY.name}, "spec": spec})
     assert parsed == dataclasses.replace(DEFAULT_POLICY, dry_run=False)
-    # The recommended policy differs only where it says so: gangs restart in place, more often; stragglers go now.
+    # The recommended policy differs only where it says so: gangs restart in place, more often; stragglers go now;
+    # lemons stay out.
     recommended = dataclasses.replace(RECOMMENDED_POLICY, name=DEFAULT_POLICY.name)
-    changed = {"actions": recommended.actions, "budgets": recommended.budgets, "stragglers": recommended.stragglers}
+    changed = {
+        "actions": recommended.actions,
+        "budgets": recommended.budgets,
+        "stragglers": recommended.stragglers,
+        "node": recommended.node,
+    }
     assert dataclasses.replace(parsed, **changed) == recommended
 
 

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from devheal.engine.decide import MAX_FLAP_HOLD_DOWN, Overdue, lift_hold_down
+from devheal.engine.decide import (
+    LEMON_WINDOW,
+    MAX_FLAP_HOLD_DOWN,
+    Overdue,
+    RecordReads,
+    lift_hold_down,
+    relevance_horizon,
+)
 from devheal.engine.rounds import DecisionRound, Pacing
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.plan import Action, Blocked, InFlight, Phase, TargetKind
@@ -157,3 +164,27 @@ def test_only_recent_succeeded_lifts_of_the_node_lengthen_the_hold_down() -> Non
 def test_a_policy_hold_down_longer_than_the_cap_is_kept() -> None:
     rules = policy(node={"holdDown": 6 * 3600}).node
     assert lift_hold_down(rules, "n1", [lifted(DAY - 60)], DAY) == 6 * 3600
+
+
+def test_a_node_lifted_lemon_after_times_within_30_days_stays_out_30_days_after_its_next_fault() -> None:
+    lemons = policy(node={"holdDown": 120, "lemonAfter": 1}).node
+    now = 100 * DAY
+    recovered = now - 600
+    # Lifted 20 days before it recovered from its next fault: a lemon, kept out for 30 days of health.
+    assert lift_hold_down(lemons, "n1", [lifted(recovered - 20 * DAY)], now, recovered) == LEMON_WINDOW
+    # The count is taken when it became healthy: the wait does not shorten as that lift ages.
+    later = recovered + 15 * DAY
+    assert lift_hold_down(lemons, "n1", [lifted(recovered - 20 * DAY)], later, recovered) == LEMON_WINDOW
+    # A lift more than 30 days before: an ordinary node; and without lemonAfter nothing changes.
+    assert lift_hold_down(lemons, "n1", [lifted(recovered - 31 * DAY)], now, recovered) == 120
+    plain = policy(node={"holdDown": 120}).node
+    assert lift_hold_down(plain, "n1", [lifted(recovered - 20 * DAY)], now, recovered) == 120
+
+
+def test_lifts_a_lemon_count_reads_are_kept_for_30_days_where_a_policy_counts_lemons() -> None:
+    old = lifted(DAY)
+    with_lemons = RecordReads.of([policy(node={"lemonAfter": 2})])
+    without = RecordReads.of([policy()])
+    assert with_lemons.still_read(old, DAY + 20 * DAY) and not without.still_read(old, DAY + 20 * DAY)
+    assert not with_lemons.still_read(old, DAY + 31 * DAY)
+    assert relevance_horizon([policy(node={"lemonAfter": 2})]) == LEMON_WINDOW

@@ -491,3 +491,45 @@ def test_the_finding_is_cross_checked_with_the_node_agents_telemetry() -> None:
     (f,) = findings
     assert f.device_ids == ("GPU-3",)
     assert f.evidence.endswith("; the node agent reports GPU-3 Degraded (hw-slowdown)")
+
+
+def straggling_steps(stream: GangStream, policies: list[Policy], steps: int) -> list[int]:
+    """The steps after which the tracker reports the slow rank (rank 3) straggling."""
+    tracker = StragglerTracker()
+    return [
+        stream.step
+        for view in stream.views(steps)
+        if any(f.pod == "train/llm-3" for f in tracker.observe(view, policies, stream.now))
+    ]
+
+
+def test_a_fail_slow_episode_that_starts_mid_run_is_found_and_dropped_soon_after_it_ends() -> None:
+    stream = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=100, slow_until=160, noise=0.05, window=5, seed=3)
+    found = straggling_steps(stream, [straggler_policy()], 300)
+    assert found, "the episode was never found"
+    assert 100 < found[0] <= 110  # judged on its own medians within a few reports of the slowdown's start
+    assert found == list(range(found[0], found[-1] + 1))  # one unbroken stretch: no flapping
+    # Its window of 5 steps clears 3 steps after the end; then 3 reports within the bound drop it.
+    assert 160 <= found[-1] <= 160 + 5 + 3
+
+
+def test_a_straggler_back_within_the_bound_for_fewer_than_sustained_reports_stays_one() -> None:
+    tracker = StragglerTracker()
+    gang = GangStream(ranks=4, noise=0.0)
+    base = next(iter(gang.views(1)))
+
+    def at(count: int, slow_p50: float) -> list[str]:
+        pods = {}
+        for key, p in base.pods.items():
+            p50 = slow_p50 if p.name == "llm-0" else 1.0
+            pods[key] = replace(p, steps=StepReport(count, 10, p50, EPOCH + count, EPOCH))
+        return [f.pod for f in tracker.observe(replace(base, pods=pods), policies, EPOCH + count)]
+
+    policies = [straggler_policy(sustainedReports=3)]
+    assert [at(c, 2.0) for c in (10, 11, 12)] == [[], [], ["train/llm-0"]]
+    # Hovering at the limit: within, within, outlier again: found all along (old code dropped it at once).
+    assert [at(c, p) for c, p in ((13, 1.0), (14, 1.0), (15, 2.0))] == [["train/llm-0"]] * 3
+    assert tracker.replaceable() == {"uid-llm-0"}
+    # Three within in a row: dropped, and ReplaceAtRestart no longer replaces it.
+    assert [at(c, 1.0) for c in (16, 17, 18)] == [["train/llm-0"], ["train/llm-0"], []]
+    assert tracker.replaceable() == frozenset()

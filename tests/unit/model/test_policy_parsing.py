@@ -41,6 +41,7 @@ def test_the_recommended_policy_is_the_defaults_with_gangs_restarted_in_place() 
             "actions": {"gang": "RestartGang"},
             "budgets": {"gangRestartsPerHour": 10},
             "stragglers": {"action": "ReplaceNow"},
+            "node": {"lemonAfter": 1},
         }
     )
     assert dataclasses.replace(parsed, name=RECOMMENDED_POLICY.name) == RECOMMENDED_POLICY
@@ -59,6 +60,7 @@ def test_the_built_in_policy_without_a_cluster_policy_only_observes() -> None:
         actions=RECOMMENDED_POLICY.actions,
         budgets=RECOMMENDED_POLICY.budgets,
         stragglers=RECOMMENDED_POLICY.stragglers,
+        node=RECOMMENDED_POLICY.node,
     )
     assert acting == RECOMMENDED_POLICY
 

@@ -1,0 +1,49 @@
+"""A second fault that lands while a gang restarts in place is not lost: a rank cut off from its peers during the
+restart is named at that restart's rendezvous and replaced within the same outage."""
+
+from __future__ import annotations
+
+import pytest
+
+from devheal.model.plan import FindingKind
+from devheal.model.policy import RECOMMENDED_POLICY, ActionKind
+from devheal.simulate.engine_strategy import EngineStrategy
+from devheal.simulate.failures import HOUR
+from devheal.simulate.simulation import Simulation
+from devheal.simulate.strategies import PodWatcher
+
+from .builders import fault, run, small_config, trace_of
+
+SETTLE = 2.0
+IN_PLACE = 20.0
+JOIN_AFTER = 120.0
+GANG_RESTART = 180.0
+
+
+def test_a_rank_cut_off_while_its_gang_restarts_is_named_at_that_restarts_rendezvous() -> None:
+    config = small_config()
+    crash_then_cut = [fault(2, node=1, cls="software-bug"), fault(2 + 10 / HOUR, node=2, cls="network")]
+    devheal = EngineStrategy(RECOMMENDED_POLICY)
+    sim = Simulation(config, trace_of(config, crash_then_cut), devheal)
+    result = sim.run()
+    # The crash's in-place restart is under way when rank 2's network goes: the restart goes on to its rendezvous,
+    # rank 2 never reaches it, and after joinAfter it is named and replaced: one outage, no person.
+    expected = SETTLE + IN_PLACE + JOIN_AFTER + IN_PLACE + GANG_RESTART
+    assert result.recoveries_s == [pytest.approx(expected, abs=0.1)]
+    restarts = [r for r in devheal.store.records.values() if r.action is ActionKind.RESTART_GANG]
+    assert [r.resume.finding.kind for r in restarts if r.resume] == [FindingKind.RANK_FAILED, FindingKind.GANG_STALLED]
+    named = restarts[1].resume
+    assert named is not None and named.finding.pod == "ml-training/train-2" and named.finding.pod_uid
+    assert 2 not in sim.units[0].members and "people:release" not in result.remediations
+    # Nothing reads the rendezvous for the pod watcher: its gang waits at it for a person.
+    watcher = run(config, crash_then_cut, PodWatcher())
+    assert watcher.recoveries_s[0] > 3600 * 0.5
+
+
+def test_a_cut_that_lands_after_the_rendezvous_is_left_as_before() -> None:
+    # 100 s into the restart every rank has met at the rendezvous: the gang hangs in its first step; no report
+    # names the rank (docs/simulator.md, what is not modelled), so a person does.
+    late = [fault(2, node=1, cls="software-bug"), fault(2 + 100 / HOUR, node=2, cls="network")]
+    result = run(small_config(), late, EngineStrategy(RECOMMENDED_POLICY))
+    assert result.recoveries_s[0] > 3600 * 0.5
+    assert result.engine["decisions"] == {"devheal:RestartGang": 1}
