@@ -380,7 +380,8 @@ class Controller:
             metrics.CACHE_OBJECTS.labels(kind=name).set(size)
         metrics.BREAKER_OPEN.set(1 if result.breaker.open else 0)
         self._publish_policy_status(result.breaker)
-        for key, work in self.report_audit.check(view, now):  # agents' claims the cluster contradicts, once each
+        # Agents' claims the cluster contradicts, once each (a quiet node's agent claims nothing: ``engine.scope``).
+        for key, work in self.report_audit.check(result.narrowed or view, now):
             self._submit(key, work)
         self._retain(now)
         self.vacancies[:] = result.vacancies

@@ -155,8 +155,13 @@ class RoundResult:
     dry-run)."""
     wakes: tuple[float, ...] = ()
     """When the round should run again though nothing changes (each later than the round's time, ascending)."""
-    looked_at: int | None = None
-    """How many nodes a narrowed round looked at (None: a full round, every node)."""
+    narrowed: ClusterView | None = None
+    """The view a round told what changed looked at (``devheal.engine.scope``); None: a full round (every node)."""
+
+    @property
+    def looked_at(self) -> int | None:
+        """How many nodes a narrowed round looked at (None: a full round, every node)."""
+        return len(self.narrowed.nodes) if self.narrowed is not None else None
 
     @property
     def next_wake(self) -> float | None:
@@ -410,8 +415,8 @@ class DecisionRound:
         releases, vacancies, changes = place(whole, policies, now, records, placement, settings)
         wakes = due_times(view, findings, policies, records, now) + self._blocked_retry(plan, now)
         when = tuple(sorted({w for w in wakes if w > now}))
-        looked_at = len(view.nodes) if narrowed is not None else None
-        return RoundResult(tuple(findings), plan, breaker, late, releases, vacancies, changes, when, looked_at)
+        looked = view if narrowed is not None else None
+        return RoundResult(tuple(findings), plan, breaker, late, releases, vacancies, changes, when, looked)
 
     def _blocked_retry(self, plan: Plan, now: float) -> list[float]:
         """While a rail stops a decision, a round after a wait that doubles each round in a row it does."""
