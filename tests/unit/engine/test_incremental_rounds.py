@@ -1,14 +1,14 @@
 """Rounds told what changed (``devheal.engine.scope``) decide exactly what full rounds decide.
 
-Two ``DecisionRound``s run side by side over one random cluster through a random sequence of changes: GPUs
-failing and healing (in the agent's report, the pod's status, the node's allocatable), containers exiting and
-crash-looping, pods ending, deleted, created and moved, gangs restarted, agents going silent and coming back,
-conditions and taints of other tools, pool labels, nodes added and removed, devheal's own marks and lifts (its
-own and an earlier leader's), records ending, time passing, the policies changing. One round looks at every node
-each time; the other is told which nodes changed, as the controller's watch handlers tell it, and now and then
-runs a full round (the safety net).
-After every round both must have found, decided, blocked, held and asked for the same, and their hosts must have
-been handed the same work.
+Two ``DecisionRound``s run side by side over one random cluster (gangs, inference, batch and bare pods,
+some on time-sliced replicas of a GPU) through a random sequence of changes: GPUs failing and healing (in the
+agent's report, the pod's status, the node's allocatable), containers exiting and crash-looping, pods ending,
+deleted, created and moved, gangs restarted, step reports, agents going silent and coming back, conditions and
+taints of other tools, pool labels, nodes added and removed, devheal's own marks and lifts (its own and an
+earlier leader's), records ending, time passing, the policies changing. One round looks at every node each
+time; the other is told which nodes changed, as the controller's watch handlers tell it, and now and then runs
+a full round (the safety net). After every round both must have found, decided, blocked, held and asked for the
+same, and their hosts must have been handed the same work.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from devheal.model.cluster import (
     Taint,
     WorkloadClass,
 )
+from devheal.model.dra import DraDevice, SliceDevice
 from devheal.model.plan import Action, Blocked, InFlight, Phase, Rail, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.steps import StepReport
@@ -198,9 +199,19 @@ def _pod(draw: st.DrawFn, w: World, node_name: str) -> Pod:
     namespace = owner.namespace if owner is not None else "default"
     gpus = w.nodes[node_name].gpu_capacity if node_name in w.nodes else 0
     held = draw(st.integers(0, gpus))
-    taken = {d.device_id for p in w.pods.values() if p.node == node_name and p.active for d in p.devices}
+    taken = {
+        d.device_id
+        for p in w.pods.values()
+        if p.node == node_name and p.active
+        for d in p.devices
+        if "::" not in d.device_id
+    }
     free = [gpu_id(node_name, i) for i in range(gpus) if gpu_id(node_name, i) not in taken][:held]
-    p = pod(f"{node_name}-p{w.serial}", node_name, namespace=namespace, owner=owner, devices=[device(d) for d in free])
+    # Some hold a time-sliced replica of a GPU (``<gpu>::<n>``): a failed GPU fails every pod sharing it.
+    shared = [f"{d}::{w.serial}" if draw(st.booleans()) else d for d in free]
+    p = pod(
+        f"{node_name}-p{w.serial}", node_name, namespace=namespace, owner=owner, devices=[device(d) for d in shared]
+    )
     generation = max((q.restart_generation for q in w.pods.values() if q.workload == p.workload), default=0)
     return replace(p, restart_generation=generation, acknowledged_generation=generation)
 
@@ -496,3 +507,13 @@ def test_a_quiet_node_whose_agent_falls_silent_is_judged_again_when_its_report_g
     assert back.looked_at == 0
     [recovered] = [f for f in found.findings if f.node == "n1"]
     assert recovered.since == NOW + 260  # clean since its agent came back, not since the first round
+
+
+def test_a_view_with_dra_devices_is_never_narrowed() -> None:
+    """A DRA device's failure is read from its ResourceSlice, not from its node: every round looks at every node."""
+    w = World({"n0": node("n0")}, {}, {})
+    device = SliceDevice(DraDevice("gpu.example.com", "n0", "gpu-0"), "n0")
+    view = replace(w.view(), dra_devices={device.device.id: device})
+    rounds, host = DecisionRound(), Host()
+    rounds.run(host, view, [policies_fixed()], NOW)
+    assert rounds.run(host, view, [policies_fixed()], NOW + 1, changed=frozenset()).looked_at is None
