@@ -47,13 +47,19 @@ STALE_EARLY = 1.0
 
 
 def _quiet_pod(pod: Pod) -> bool:
-    """Nothing about ``pod`` can give a finding, nor set its gang's restart generation apart."""
-    if pod.signalled or pod.troubled or pod.deleting or pod.gated or pod.claims:
-        return False
-    if pod.steps is not None or pod.run_failure is not None:
+    """Nothing about ``pod`` can give a finding, nor set its gang's restart generation apart (``Pod.signalled``,
+    ``Pod.troubled`` and more, cheapest first: every pod of the fleet is judged at a full round)."""
+    if pod.deleting or pod.gated or pod.claims or pod.steps is not None or pod.run_failure is not None:
         return False  # step times and held runs are judged with time passing
-    if any(d.health is not DeviceHealth.HEALTHY for d in pod.devices):
+    if pod.deletion_at is not None or pod.reason:
         return False
+    for d in pod.devices:
+        if d.health is not DeviceHealth.HEALTHY:
+            return False
+    if pod.node and pod.phase not in ("Succeeded", "Failed"):
+        for c in pod.containers:
+            if c.exit_code is not None or c.waiting_reason == "CrashLoopBackOff":
+                return False
     # A gang's members come into view together (``Scope.narrow``): its restart generation is read from them all.
     # Another pod's generation is read only from the pods in view, and an ended one is in no gang's index.
     generation = pod.restart_generation or pod.acknowledged_generation
@@ -79,7 +85,12 @@ def quiet(view: ClusterView, node: Node, policies: Sequence[Policy], now: float)
             return False
         if node.no_gpus_since is not None and report.devices:
             return False  # the device plugin may be down (``devheal.engine.infrastructure``)
-    return all(_quiet_pod(pod) for pod in view.pods_on(node.name))
+    pods = view.pods
+    for key in view.pods_by_node.get(node.name, ()):
+        pod = pods.get(key)
+        if pod is not None and not _quiet_pod(pod):
+            return False
+    return True
 
 
 def stale_at(view: ClusterView, name: str) -> float | None:
