@@ -370,9 +370,9 @@ class DecisionRound:
         prior = self.breaker if self.breaker is not None else Breaker.restored(policies)
         whole = view
         narrowed = None
-        if changed is None:
-            self.scope.rebuild(view, policies, now)
-        else:
+        if changed is None and view.rest is None:
+            self.scope.rebuild(view, policies, now)  # for the rounds told what changed after this one
+        elif changed is not None:
             records = host.in_flight(view)
             keep = {r.node for r in records if r.node} | {name for name, _ in prior.recent}
             narrowed = self.scope.narrow(view, policies, now, changed, keep, {r.workload for r in records})

@@ -14,7 +14,8 @@ nodes decides exactly what a round over every node decides, provided that
 
 ``Scope`` keeps the judgement between rounds. Where the host cannot say what changed (the first round, a
 relist, a new leader), or the policies changed, every node is judged again; a view with DRA devices is never
-narrowed (their failures are read from ResourceSlices, not from the nodes). The property tests in
+narrowed (their failures are read from ResourceSlices, not from the nodes), nor one its host narrowed already
+(the simulator's, ``ClusterView.rest``). The property tests in
 tests/unit/engine/test_incremental_rounds.py check that narrowed and full rounds decide the same.
 """
 
@@ -207,7 +208,8 @@ class Scope:
         """The view narrowed to the nodes that are not quiet, those of ``keep`` (the records' nodes, the breaker's
         recent faults) and the members of the gangs of ``gangs`` and of any pod in view. ``changed``: every node
         whose Node, agent report or pods changed since the last round (a pod's old and new node)."""
-        if view.dra_devices or view.quarantined or view.gangs is None or view.signalled is None:
+        indexed = view.gangs is not None and view.signalled is not None
+        if view.rest is not None or view.dra_devices or view.quarantined or not indexed:
             self.forget()
             return Narrowed(view)
         if self.policies != tuple(policies):
