@@ -43,6 +43,7 @@ from devheal.model.policy import ActionKind, Policy
 from devheal.model.steps import StepReport
 
 from .builders import NOW, POOL_LABEL, device, gpu_id, node, pod, reported, workload
+from .builders import policy as policy_of_spec
 from .strategies import policies
 
 EXAMPLES = settings(
@@ -438,7 +439,7 @@ def test_a_quiet_fleet_is_left_out_and_counted() -> None:
         p = pod(f"serve-{i}", n.name, owner=workload("serve"), devices=[device(gpu_id(n.name, 0))])
         w.pods[p.key] = p
     rounds, host = DecisionRound(), Host()
-    ps = [replace(policies_fixed(), name="p0")]
+    ps = [policies_fixed()]
     rounds.run(host, w.view(), ps, NOW)
     w.touched.clear()
     _fail_exactly(w, "n007")
@@ -449,9 +450,8 @@ def test_a_quiet_fleet_is_left_out_and_counted() -> None:
 
 
 def policies_fixed() -> Policy:
-    from .builders import policy
-
-    return policy(node={"taint": True}, budgets={"maxUnhealthyNodes": "1%"})
+    """Taints failed nodes, at most 1% of the GPU nodes out."""
+    return policy_of_spec("p0", node={"taint": True}, budgets={"maxUnhealthyNodes": "1%"})
 
 
 def _fail_exactly(w: World, name: str) -> None:
