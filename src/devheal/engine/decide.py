@@ -32,7 +32,7 @@ from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
-from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, takes_node
+from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, lifted_by, takes_node
 from devheal.model.node_lifecycle import describe, under_maintenance
 from devheal.model.plan import (
     POD_FINDINGS,
@@ -135,11 +135,6 @@ def _under_maintenance(action: Action, view: ClusterView) -> str:
     return f"node {action.node} is under maintenance: {describe(condition)}; devheal leaves it to whoever set it"
 
 
-def _lifted_by(kind: ActionKind) -> ActionKind:
-    """The action that removes the mark an action of ``kind`` leaves on its node."""
-    return ActionKind.LIFT_DEGRADED if kind is ActionKind.FENCE_DEGRADED else ActionKind.LIFT
-
-
 def nodes_out(view: ClusterView, in_flight: Sequence[InFlight], policy: PolicyOf) -> set[str]:
     """Nodes of the view out of service, by devheal: marked (``_marked_out``); under an active remediation that
     takes a node out; or marked by a remediation that succeeded, until a later lift of that mark succeeded.
@@ -164,7 +159,7 @@ def nodes_out(view: ClusterView, in_flight: Sequence[InFlight], policy: PolicyOf
         if r.active:
             out.add(r.node)
         elif r.phase is Phase.SUCCEEDED and not r.dry_run and Effect.STOPS_NODE_SCHEDULING in effects:
-            lifted = lifts.get((r.node, _lifted_by(r.action)))
+            lifted = lifts.get((r.node, lifted_by(r.action)))
             if lifted is None or lifted <= r.started:
                 out.add(r.node)
     return out

@@ -43,7 +43,7 @@ from devheal.engine.decide import Overdue, Settings, decide, lift_hold_down, ove
 from devheal.engine.degradation import DegradationTracker
 from devheal.engine.findings import FindingTracker, detect
 from devheal.engine.placement import Release, Vacancy, place_gated
-from devheal.engine.scope import Scope
+from devheal.engine.scope import Scope, record_nodes
 from devheal.engine.spares import SpareChange, plan_spares, spare_finder
 from devheal.engine.stragglers import StragglerTracker
 from devheal.model.cluster import ClusterView
@@ -374,8 +374,8 @@ class DecisionRound:
             self.scope.rebuild(view, policies, now)  # for the rounds told what changed after this one
         elif changed is not None:
             records = host.in_flight(view)
-            keep = {r.node for r in records if r.node} | {name for name, _ in prior.recent}
-            narrowed = self.scope.narrow(view, policies, now, changed, keep, {r.workload for r in records})
+            gangs = {r.workload for r in records if r.active}
+            narrowed = self.scope.narrow(view, policies, now, changed, record_nodes(records), gangs)
             view = narrowed.view
             if view is whole:
                 narrowed = None  # not narrowed after all (``Scope.narrow``)

@@ -7,8 +7,9 @@ nodes decides exactly what a round over every node decides, provided that
 
 - the quiet GPU nodes are counted where the fleet is counted: the budgets in percent and the circuit breaker
   (``ClusterView.rest``: counted by the labels the policies read, ``devheal.engine.breaker.gpu_fleet``);
-- the view also holds the nodes the round's memory names (the records in flight, the breaker's recent faults)
-  and every member of a gang with a member in view (a gang is restarted and judged whole);
+- the view also holds the nodes the records name where a decision reads the node (``record_nodes``: work in
+  progress, devheal's marks not lifted yet) and every member of a gang with a member in view (a gang is
+  restarted and judged whole); the breaker's recent faults on quiet nodes are counted once (``gpu_fleet``);
 - a node is judged again whenever it, its agent report or one of its pods changed (the host says which:
   ``Scope.narrow``'s ``changed``), and when its report's heartbeat runs out.
 
@@ -38,7 +39,9 @@ from devheal.model.cluster import (
     WorkloadClass,
 )
 from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
-from devheal.model.policy import Policy
+from devheal.model.effects import Effect, lifted_by
+from devheal.model.plan import InFlight, Phase, TargetKind
+from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import node_label_keys, policy_for_node
 
 DEVHEAL_TAINTS = frozenset({OWNED_TAINT_KEY, DEGRADED_TAINT_KEY, "devheal.io/spare"})
@@ -92,6 +95,30 @@ def quiet(view: ClusterView, node: Node, policies: Sequence[Policy], now: float)
         if pod is not None and not _quiet_pod(pod):
             return False
     return True
+
+
+def record_nodes(records: Iterable[InFlight]) -> set[str]:
+    """The nodes the records keep in view: those of remediations in progress, and those devheal marked (a taint,
+    cordon or fence that succeeded) and did not lift since, which the budgets count out even while the cache
+    does not show the mark yet (``devheal.engine.decide.nodes_out``). Any other record is read by name only."""
+    lifts: dict[tuple[str, ActionKind], float] = {}
+    for r in records:
+        if (
+            r.phase is Phase.SUCCEEDED
+            and r.target_kind is TargetKind.NODE
+            and Effect.REMOVES_OWN_MARK in r.effects(None)
+        ):
+            lifts[(r.node, r.action)] = max(lifts.get((r.node, r.action), r.started), r.started)
+    nodes = set()
+    for r in records:
+        if r.active:
+            nodes.add(r.node)
+        elif r.phase is Phase.SUCCEEDED and not r.dry_run and r.target_kind is TargetKind.NODE:
+            lifted = lifts.get((r.node, lifted_by(r.action)))
+            if Effect.STOPS_NODE_SCHEDULING in r.effects(None) and (lifted is None or lifted <= r.started):
+                nodes.add(r.node)
+    nodes.discard("")
+    return nodes
 
 
 def stale_at(view: ClusterView, name: str) -> float | None:
@@ -205,9 +232,9 @@ class Scope:
         keep: Iterable[str] = (),
         gangs: Iterable[str] = (),
     ) -> Narrowed:
-        """The view narrowed to the nodes that are not quiet, those of ``keep`` (the records' nodes, the breaker's
-        recent faults) and the members of the gangs of ``gangs`` and of any pod in view. ``changed``: every node
-        whose Node, agent report or pods changed since the last round (a pod's old and new node)."""
+        """The view narrowed to the nodes that are not quiet, those of ``keep`` (``record_nodes``) and the members
+        of the gangs of ``gangs`` and of any pod in view. ``changed``: every node whose Node, agent report or pods
+        changed since the last round (a pod's old and new node)."""
         indexed = view.gangs is not None and view.signalled is not None
         if view.rest is not None or view.dra_devices or view.quarantined or not indexed:
             self.forget()

@@ -4,11 +4,11 @@ Two ``DecisionRound``s run side by side over one random cluster (gangs, inferenc
 some on time-sliced replicas of a GPU) through a random sequence of changes: GPUs failing and healing (in the
 agent's report, the pod's status, the node's allocatable), containers exiting and crash-looping, pods ending,
 deleted, created and moved, gangs restarted, step reports, agents going silent and coming back, conditions and
-taints of other tools, pool labels, nodes added and removed, devheal's own marks and lifts (its own and an
-earlier leader's), records ending, time passing, the policies changing. One round looks at every node each
-time; the other is told which nodes changed, as the controller's watch handlers tell it, and now and then runs
-a full round (the safety net). After every round both must have found, decided, blocked, held and asked for the
-same, and their hosts must have been handed the same work.
+taints of other tools, pool labels, nodes added and removed, devheal's own marks and lifts (its own, an
+earlier leader's, marks removed by hand), records ending, time passing, the policies changing. One round looks
+at every node each time; the other is told which nodes changed, as the controller's watch handlers tell it, and
+now and then runs a full round (the safety net). After every round both must have found, decided, blocked, held
+and asked for the same, and their hosts must have been handed the same work.
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ OPS = (
     "taint",
     "relabel",
     "marked",
+    "unmarked",
+    "end_records",
     "add_node",
     "remove_node",
     "steps",
@@ -342,6 +344,10 @@ def _change(draw: st.DrawFn, w: World, hosts: tuple[Host, Host], state: dict[str
         w.put_node(
             replace(n, owned=n.owned | {"taint"}, taints=(*n.taints, Taint(OWNED_TAINT_KEY, "true", "NoSchedule")))
         )
+    elif op == "unmarked" and name:  # a person removes devheal's marks by hand: its records still say marked
+        n = w.nodes[name]
+        taints = tuple(t for t in n.taints if t.key != OWNED_TAINT_KEY)
+        w.put_node(replace(n, owned=frozenset(), taints=taints, unschedulable=False))
     elif op == "add_node":
         w.serial += 1
         n = _node(draw, f"m{w.serial}")
@@ -454,20 +460,25 @@ def policies_fixed() -> Policy:
     return policy_of_spec("p0", node={"taint": True}, budgets={"maxUnhealthyNodes": "1%"})
 
 
-def _fail_exactly(w: World, name: str) -> None:
+def _fail_exactly(w: World, name: str, pod: bool = True) -> None:
     r = w.reports[name]
-    bad = replace(r.devices[0], health=DeviceHealth.UNHEALTHY, reason="XID 79", since=NOW)
+    bad = replace(r.devices[0], health=DeviceHealth.UNHEALTHY, reason="XID 79", since=w.now)
     w.put_report(name, replace(r, devices=(bad, *r.devices[1:])))
-    p = next(p for p in w.pods.values() if p.node == name)
-    w.put_pod(replace(p, devices=(replace(p.devices[0], health=DeviceHealth.UNHEALTHY),)))
+    if pod:
+        p = next(p for p in w.pods.values() if p.node == name)
+        w.put_pod(replace(p, devices=(replace(p.devices[0], health=DeviceHealth.UNHEALTHY),)))
 
 
 def _side_by_side(w: World, ps: list[Policy], steps: list[Any]) -> list[RoundResult]:
-    """Run a full and a told round after each of ``steps`` (a change to ``w``), checking they agree."""
+    """Run a full and a told round after each of ``steps`` (a change to ``w``, or to ``w`` and both hosts),
+    checking they agree."""
     full, narrowed, full_host, narrowed_host = DecisionRound(), DecisionRound(), Host(), Host()
     results = []
     for i, step in enumerate(steps):
-        step(w)
+        if step.__code__.co_argcount == 2:
+            step(w, (full_host, narrowed_host))
+        else:
+            step(w)
         changed = None if i == 0 else frozenset(w.touched)
         w.touched.clear()
         expected = full.run(full_host, w.view(), ps, w.now)
@@ -517,3 +528,30 @@ def test_a_view_with_dra_devices_is_never_narrowed() -> None:
     rounds, host = DecisionRound(), Host()
     rounds.run(host, view, [policies_fixed()], NOW)
     assert rounds.run(host, view, [policies_fixed()], NOW + 1, changed=frozenset()).looked_at is None
+
+
+def test_a_node_whose_mark_is_gone_but_not_lifted_still_counts_out() -> None:
+    """devheal's taint succeeded, then someone removed it by hand: the node looks quiet, but the budgets count it
+    out until a lift (``nodes_out``), so the told round keeps it in view and stops the next node's taint too."""
+    w = World({}, {}, {})
+    for i in range(10):  # the breaker (30% by default) stays closed with two nodes faulted
+        name = f"n{i}"
+        w.nodes[name] = node(name, gpus=2)
+        w.reports[name] = _report(name, 2, NOW)
+    ps = [policy_of_spec("p0", node={"taint": True}, budgets={"maxUnhealthyNodes": "1"})]
+
+    def fail(name: str) -> Any:
+        def step(w: World) -> None:
+            w.now += 1
+            _fail_exactly(w, name, pod=False)
+
+        return step
+
+    def taint_succeeded_then_healed(w: World, hosts: tuple[Host, Host]) -> None:
+        w.now += 1
+        for host in hosts:
+            host.records = {n: replace(r, phase=Phase.SUCCEEDED, finished=w.now) for n, r in host.records.items()}
+        w.put_report("n0", _report("n0", 2, w.now))  # healthy again; the mark never shows (removed by hand)
+
+    *_, last = _side_by_side(w, ps, [lambda w: None, fail("n0"), taint_succeeded_then_healed, fail("n1")])
+    assert [(b.action.target, b.rail) for b in last.plan.blocked] == [("n1", Rail.MAX_UNHEALTHY_NODES)]
