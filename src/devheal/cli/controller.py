@@ -42,6 +42,13 @@ def controller(
             "nvidia.com/mig-<profile> resources always count."
         ),
     ] = None,
+    full_round_every: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between two full decision rounds (every node looked at); the rounds between look only at "
+            "the nodes that changed and those that can matter. 0: every round is full."
+        ),
+    ] = 60.0,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
     log_level: logs.LogLevel = "INFO",
     log_format: logs.LogFormatOption = logs.LogFormat.AUTO,
@@ -51,6 +58,8 @@ def controller(
     Exits 2 when the kubeconfig cannot be used, 1 when the API server cannot be reached or
     does not serve devheal's resources (install them with `devheal crds apply`).
     """
+    if full_round_every < 0:
+        raise typer.BadParameter(f"must be >= 0, got {full_round_every}", param_hint="--full-round-every")
     if gang_restart_timeout <= 0:
         raise typer.BadParameter(f"must be > 0, got {gang_restart_timeout}", param_hint="--gang-restart-timeout")
     from devheal.model.gpu_resources import DEFAULT_GPU_RESOURCES, GpuResources
@@ -72,6 +81,7 @@ def controller(
         gang_restart_timeout=gang_restart_timeout,
         dra=dra,
         gpu_resources=gpus,
+        full_round_every=full_round_every,
         renew_deadline=lease_duration * 2 / 3,
         retry_period=max(0.5, lease_duration / 7.5),
     )

@@ -48,7 +48,7 @@ from devheal.kube.client import KubeClient
 from devheal.kube.probes import FailureStreak, Heartbeat, ProbeServer, loops_check
 from devheal.kube.supervision import LoopFailed, Supervisor
 from devheal.kube.workqueue import WorkQueue, run_workers
-from devheal.model.cluster import ClusterView
+from devheal.model.cluster import ClusterView, Node, NodeDevicesReport, Pod
 from devheal.model.gpu_resources import GpuResources
 from devheal.model.plan import Action, Blocked, FindingKind, InFlight, InFlightRecords, Phase, Rail
 from devheal.model.policy import DEFAULT_POLICY, Policy
@@ -104,6 +104,54 @@ class ControllerOptions:
     """Watch ResourceSlices and devheal's DeviceTaintRules: quarantine failed DRA devices (``engine.dra``)."""
     gpu_resources: GpuResources = field(default_factory=GpuResources)
     """The extended resources that are GPUs (``nvidia.com/gpu`` and MIG profiles by default)."""
+    full_round_every: float = 60.0
+    """Seconds between two full rounds (every node looked at); the rounds between look only at the nodes that
+    changed and those that can matter (``devheal.engine.scope``). 0: every round is full."""
+
+
+class ChangedNodes:
+    """The nodes the watch changed since the last round, kept by the reflectors' event handlers: a Node or its
+    NodeDevices by name, a pod by its old and its new node. ``take`` hands them to a round, or None when the
+    round must look at every node: the first, one after a relist or a round that failed, a new leader's, and one
+    every ``full_round_every`` seconds (a safety net: a change the handlers missed is seen then)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.full_due = True
+        self.next_full = 0.0
+        self.relists = -1
+
+    def node(self, key: str, old: Node | None, new: Node | None) -> None:
+        self.names.add(key)
+
+    def pod(self, key: str, old: Pod | None, new: Pod | None) -> None:
+        for pod in (old, new):
+            if pod is not None and pod.node:
+                self.names.add(pod.node)
+
+    def report(self, key: str, old: NodeDevicesReport | None, new: NodeDevicesReport | None) -> None:
+        self.names.add(key)
+        for report in (old, new):
+            if report is not None:
+                self.names.add(report.node)
+
+    def forget(self) -> None:
+        """What changed is no longer known: the next round looks at every node."""
+        self.full_due = True
+
+    def take(self, now: float, full_every: float, relists: int) -> frozenset[str] | None:
+        """The changed nodes for this round (None: a full round); they are forgotten once it is done."""
+        full = self.full_due or full_every <= 0 or now >= self.next_full or relists != self.relists
+        self.relists = relists
+        if full:
+            self.next_full = now + full_every
+        changed = None if full else frozenset(self.names)
+        self.names.clear()
+        self.full_due = True  # until the round is done: a round that raises leaves the next one full
+        return changed
+
+    def round_done(self) -> None:
+        self.full_due = False
 
 
 class CurrentRecords:
@@ -185,6 +233,11 @@ class Controller:
         self._next_retention = 0.0
         self._current = CurrentRecords(clock)
         self.cache.remediations.handlers.append(self._current.changed)
+        self._changed = ChangedNodes()
+        """Nodes whose Node, NodeDevices or pods the watch changed since the last round (``engine.scope``)."""
+        self.cache.nodes.handlers.append(self._changed.node)
+        self.cache.pods.handlers.append(self._changed.pod)
+        self.cache.reports.handlers.append(self._changed.report)
         self.loops = Supervisor("controller")
         """The cache and the leader election, supervised: one that crashes starts again; /readyz says so."""
         self.heartbeat = Heartbeat("decision loop", max(DECISION_LOOP_STUCK_AFTER, 10 * options.tick))
@@ -196,6 +249,7 @@ class Controller:
         self.leading = leading
         if leading:
             self.rounds.forget_breaker()  # another leader may have opened, closed or reset it meanwhile
+            self._changed.forget()  # nor did this one's rounds follow the changes meanwhile: a full round
         metrics.LEADER.set(1 if leading else 0)
         if not leading:
             self._stop_workers()
@@ -304,6 +358,8 @@ class Controller:
         for key, work in self.bad_objects.check(self.cache):  # objects left out as unreadable, once per error
             self._submit(key, work)
         view = self.cache.view()
+        relists = sum(r.relists for r in self.cache.reflectors)
+        changed = self._changed.take(now, self.options.full_round_every, relists)
         result = self.rounds.run(
             self,
             view,
@@ -312,6 +368,11 @@ class Controller:
             Settings(dry_run=self.options.dry_run, paused=self.options.paused),
             ignore_pods=self.actuators.gangs.recently_replaced(now),
             placement=Placement(self.vacancies, release_orphans=not self.cache.policy_errors),
+            changed=changed,
+        )
+        self._changed.round_done()
+        metrics.ROUND_NODES.labels(round="full" if result.looked_at is None else "narrowed").set(
+            len(view.nodes) if result.looked_at is None else result.looked_at
         )
         for kind in FindingKind:
             metrics.FINDINGS.labels(kind=kind.value).set(sum(1 for f in result.findings if f.kind is kind))
@@ -319,7 +380,8 @@ class Controller:
             metrics.CACHE_OBJECTS.labels(kind=name).set(size)
         metrics.BREAKER_OPEN.set(1 if result.breaker.open else 0)
         self._publish_policy_status(result.breaker)
-        for key, work in self.report_audit.check(view, now):  # agents' claims the cluster contradicts, once each
+        # Agents' claims the cluster contradicts, once each (a quiet node's agent claims nothing: ``engine.scope``).
+        for key, work in self.report_audit.check(result.narrowed or view, now):
             self._submit(key, work)
         self._retain(now)
         self.vacancies[:] = result.vacancies

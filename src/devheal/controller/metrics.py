@@ -14,6 +14,9 @@ LATENCY = Histogram(
 CACHE_OBJECTS = Gauge("devheal_cache_objects", "Objects in the controller's cache", ["kind"])
 BREAKER_OPEN = Gauge("devheal_circuit_breaker_open", "1 while the fault-storm circuit breaker is open")
 RECONCILES = Counter("devheal_reconciles_total", "Decision rounds run")
+ROUND_NODES = Gauge(
+    "devheal_round_nodes", "Nodes the last decision round of each kind looked at (full: every node)", ["round"]
+)
 LEADER = Gauge("devheal_leader", "1 while this replica holds the leader lease")
 EVENTS_DROPPED = Counter(
     "devheal_events_dropped_total", "Event writes dropped: over the involved object's rate limit", ["reason"]

@@ -11,13 +11,13 @@ widen it. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
-from devheal.model.cluster import ClusterView, Node
+from devheal.model.cluster import ClusterView, Labels, Node
 from devheal.model.plan import POD_FINDINGS, Finding, FindingKind
 from devheal.model.policy import RESET_BREAKER_ANNOTATION, Policy
-from devheal.model.policy_set import policy_for_node
+from devheal.model.policy_set import node_label_keys, policy_for_labels, policy_for_node
 
 DEVICE_FAULTS = POD_FINDINGS | {
     FindingKind.NODE_DEVICES_FAILED,
@@ -59,6 +59,53 @@ def gpu_nodes(view: ClusterView, policies: Sequence[Policy]) -> list[Node]:
         for n in view.nodes.values()
         if (n.gpu_capacity > 0 or n.name in view.reports) and policy_for_node(policies, n) is not None
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFleet:
+    """The selected GPU nodes the percent budgets and the breaker count: the view's own (``gpu_nodes``), and the
+    quiet ones a narrowed view leaves out (``ClusterView.rest``), counted by their labels."""
+
+    nodes: list[Node]
+    rest: Mapping[Labels, int] = field(default_factory=dict)
+    """Selected left-out GPU nodes by their labels."""
+    rest_labels: Mapping[str, Labels] = field(default_factory=dict)
+    """A left-out GPU node's name -> its labels (selected or not)."""
+
+    @property
+    def rest_count(self) -> int:
+        return sum(self.rest.values())
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes) + self.rest_count
+
+    def counted_in_rest(self, name: str) -> bool:
+        """Whether ``name`` is a selected left-out GPU node (counted in ``rest``)."""
+        labels = self.rest_labels.get(name)
+        return labels is not None and labels in self.rest
+
+    def rest_in_pool(self, label: str, value: str) -> int:
+        """Selected left-out GPU nodes whose ``label`` is ``value`` ("": without the label)."""
+        return sum(count for labels, count in self.rest.items() if dict(labels).get(label, "") == value)
+
+
+def gpu_fleet(view: ClusterView, policies: Sequence[Policy]) -> GpuFleet:
+    """The view's selected GPU nodes, and those its ``rest`` counts. Raises ``ValueError`` when the rest was
+    counted by fewer labels than the policies read (it was narrowed under other policies)."""
+    nodes = gpu_nodes(view, policies)
+    rest = view.rest
+    if rest is None:
+        return GpuFleet(nodes)
+    if rest.keys is not None and not node_label_keys(policies) <= rest.keys:
+        missing = ", ".join(sorted(node_label_keys(policies) - rest.keys))
+        raise ValueError(f"the view's left-out nodes are counted without the labels the policies read ({missing})")
+    selected = {
+        labels: count
+        for labels, count in rest.groups.items()
+        if count > 0 and policy_for_labels(policies, dict(labels)) is not None
+    }
+    return GpuFleet(nodes, selected, rest.labels_of)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +195,10 @@ def step_breaker(
     # Faults that began within the window, and faults still current however long ago they began: a storm that
     # persists keeps the breaker open (a reset forgets the faults seen before it, current or not).
     faulty = set(recent) | current
-    population = len({n.name for n in gpu_nodes(view, policies)} | faulty)
+    fleet = gpu_fleet(view, policies)
+    # A faulty node a narrowed view leaves out is counted once: in the rest.
+    twice = sum(1 for name in faulty if name not in view.nodes and fleet.counted_in_rest(name))
+    population = len({n.name for n in fleet.nodes} | faulty) + fleet.rest_count - twice
     close = min(budgets.breaker_close_percent, limit)
     if not state.open:
         if len(faulty) > 1 and len(faulty) * 100 > limit * population:

@@ -12,8 +12,9 @@ decisions, and tests check its invariants directly:
   service; the concurrency budget and the per-workload interval count whatever stops
   running work (evicts, restarts).
 
-Budgets in percent and the breaker count GPU nodes only (``gpu_nodes``): CPU-only nodes
-a policy selects do not widen them. The circuit breaker's state comes in from the round
+Budgets in percent and the breaker count GPU nodes only (``gpu_fleet``): CPU-only nodes
+a policy selects do not widen them; the quiet nodes a narrowed view leaves out
+(``ClusterView.rest``) do. The circuit breaker's state comes in from the round
 (``devheal.engine.breaker``). A remediation active
 for longer than its action's step timeout (``overdue``) no longer holds the concurrency
 budget.
@@ -26,12 +27,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from devheal.engine import dra, infrastructure, maintenance, node_signals, pod_groups, recovery, validation
-from devheal.engine.breaker import Breaker, gpu_nodes, step_breaker
+from devheal.engine.breaker import Breaker, gpu_fleet, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
 from devheal.model.cluster import ClusterView, Node
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
-from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, takes_node
+from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, lifted_by, takes_node
 from devheal.model.node_lifecycle import describe, under_maintenance
 from devheal.model.plan import (
     POD_FINDINGS,
@@ -136,11 +137,6 @@ def _under_maintenance(action: Action, view: ClusterView) -> str:
     return f"node {action.node} is under maintenance: {describe(condition)}; devheal leaves it to whoever set it"
 
 
-def _lifted_by(kind: ActionKind) -> ActionKind:
-    """The action that removes the mark an action of ``kind`` leaves on its node."""
-    return ActionKind.LIFT_DEGRADED if kind is ActionKind.FENCE_DEGRADED else ActionKind.LIFT
-
-
 def nodes_out(view: ClusterView, in_flight: Sequence[InFlight], policy: PolicyOf) -> set[str]:
     """Nodes of the view out of service, by devheal: marked (``_marked_out``); under an active remediation that
     takes a node out; or marked by a remediation that succeeded, until a later lift of that mark succeeded.
@@ -165,7 +161,7 @@ def nodes_out(view: ClusterView, in_flight: Sequence[InFlight], policy: PolicyOf
         if r.active:
             out.add(r.node)
         elif r.phase is Phase.SUCCEEDED and not r.dry_run and Effect.STOPS_NODE_SCHEDULING in effects:
-            lifted = lifts.get((r.node, _lifted_by(r.action)))
+            lifted = lifts.get((r.node, lifted_by(r.action)))
             if lifted is None or lifted <= r.started:
                 out.add(r.node)
     return out
@@ -546,7 +542,8 @@ def decide(
     # already out (a GPU node whose device plugin is gone shows no GPU capacity).
     record_policy = policy_of(policies)
     out_nodes = nodes_out(view, in_flight, record_policy)
-    selected_nodes = gpu_nodes(view, policies)
+    fleet = gpu_fleet(view, policies)  # a narrowed view's left-out nodes too (never out: nothing marks them)
+    selected_nodes = list(fleet.nodes)
     counted = {n.name for n in selected_nodes}
     selected_nodes += [
         view.nodes[name]
@@ -599,13 +596,14 @@ def decide(
             continue
         budgets = own.budgets
         if action.takes_node and action.node not in out_nodes:
-            limit = budgets.max_unhealthy_nodes.of(len(selected_nodes))
+            selected = len(selected_nodes) + fleet.rest_count
+            limit = budgets.max_unhealthy_nodes.of(selected)
             if len(out_nodes) + 1 > limit:
                 blocked.append(
                     Blocked(
                         action,
                         f"max unhealthy nodes {budgets.max_unhealthy_nodes} reached: {len(out_nodes)} of "
-                        f"{len(selected_nodes)} GPU nodes already out ({', '.join(sorted(out_nodes))})",
+                        f"{selected} GPU nodes already out ({', '.join(sorted(out_nodes))})",
                         Rail.MAX_UNHEALTHY_NODES,
                     )
                 )
@@ -614,13 +612,14 @@ def decide(
             pool = node.labels.get(budgets.pool_label, "") if node is not None else ""
             pool_nodes = [n for n in selected_nodes if n.labels.get(budgets.pool_label, "") == pool]
             pool_out = sum(1 for n in pool_nodes if n.name in out_nodes)
-            pool_limit = budgets.max_unhealthy_nodes_per_pool.of(len(pool_nodes))
+            pool_size = len(pool_nodes) + fleet.rest_in_pool(budgets.pool_label, pool)
+            pool_limit = budgets.max_unhealthy_nodes_per_pool.of(pool_size)
             if pool_out + 1 > pool_limit:
                 blocked.append(
                     Blocked(
                         action,
                         f"max unhealthy nodes per pool {budgets.max_unhealthy_nodes_per_pool} reached in pool "
-                        f"{pool or '(none)'}: {pool_out} of {len(pool_nodes)} out",
+                        f"{pool or '(none)'}: {pool_out} of {pool_size} out",
                         Rail.MAX_UNHEALTHY_NODES_PER_POOL,
                     )
                 )

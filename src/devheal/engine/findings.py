@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from devheal.engine import dra, infrastructure, maintenance, node_signals, recovery, sharing
+from devheal.engine.scope import Narrowed
 from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
 from devheal.model.cluster import ClusterView, DeviceHealth, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARKS
@@ -312,8 +313,16 @@ class FindingTracker:
     of theirs ends and no mark is lifted on the word of a silent agent."""
 
     def observe(
-        self, findings: Iterable[Finding], view: ClusterView, policies: Sequence[Policy], now: float
+        self,
+        findings: Iterable[Finding],
+        view: ClusterView,
+        policies: Sequence[Policy],
+        now: float,
+        narrowed: Narrowed | None = None,
     ) -> list[Finding]:
+        """The findings with since-when they hold, and ``NodeRecovered`` for clean nodes devheal marked.
+        ``narrowed``: ``view`` is narrowed (``devheal.engine.scope``); the quiet nodes it leaves out are clean, and
+        are forgotten only once gone from the cluster."""
         current = list(findings)
         keys = {f.key for f in current} | {f.key + "/all" for f in current if f.all_devices_failed}
         for key in [k for k in self.first_seen if k not in keys]:
@@ -354,6 +363,13 @@ class FindingTracker:
                         since=clean_since,
                     )
                 )
-        for name in [n for n in self.node_clean_since if n not in view.nodes]:
-            del self.node_clean_since[name]
+        if narrowed is not None:
+            for name in narrowed.quiet_now:
+                if name not in view.nodes:  # (one in view was just seen)
+                    self.node_clean_since.setdefault(name, now)
+            for name in narrowed.removed:
+                self.node_clean_since.pop(name, None)
+        else:
+            for name in [n for n in self.node_clean_since if n not in view.nodes]:
+                del self.node_clean_since[name]
         return sorted(out, key=lambda f: f.key)

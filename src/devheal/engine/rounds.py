@@ -44,6 +44,7 @@ from devheal.engine.decide import Overdue, Settings, decide, lift_hold_down, ove
 from devheal.engine.degradation import DegradationTracker
 from devheal.engine.findings import FindingTracker, detect
 from devheal.engine.placement import Release, Vacancy, place_gated
+from devheal.engine.scope import Scope, record_nodes
 from devheal.engine.spares import SpareChange, plan_spares, spare_finder
 from devheal.engine.stragglers import StragglerTracker
 from devheal.model.cluster import ClusterView
@@ -155,6 +156,13 @@ class RoundResult:
     dry-run)."""
     wakes: tuple[float, ...] = ()
     """When the round should run again though nothing changes (each later than the round's time, ascending)."""
+    narrowed: ClusterView | None = None
+    """The view a round told what changed looked at (``devheal.engine.scope``); None: a full round (every node)."""
+
+    @property
+    def looked_at(self) -> int | None:
+        """How many nodes a narrowed round looked at (None: a full round, every node)."""
+        return len(self.narrowed.nodes) if self.narrowed is not None else None
 
     @property
     def next_wake(self) -> float | None:
@@ -327,6 +335,8 @@ class DecisionRound:
     """The circuit breaker as of the last round; None: not known, rebuilt from the policies' status."""
     blocked_retry: float | None = None
     """How long after this round a rail's stopped decision is tried again (None: none was stopped last round)."""
+    scope: Scope = field(default_factory=Scope)
+    """Which nodes are quiet, for rounds told what changed (``devheal.engine.scope``)."""
 
     def _pace(self, kind: ActionKind) -> float:
         return self.pacing.gang_restart if kind is ActionKind.RESTART_GANG else self.pacing.retry
@@ -351,20 +361,35 @@ class DecisionRound:
         settings: Settings | None = None,
         ignore_pods: Collection[str] = frozenset(),
         placement: Placement | None = None,
+        changed: Collection[str] | None = None,
     ) -> RoundResult:
         """One round. ``ignore_pods``: pod UIDs whose findings are already handled (ranks a gang
         restart just replaced, whose old pods linger until they are gone). ``placement``: the host places
-        replaced ranks and keeps spare pools (the result says what to release and which spares change)."""
+        replaced ranks and keeps spare pools (the result says what to release and which spares change).
+        ``changed``: the nodes whose Node, agent report or pods changed since the last round (a pod's old and
+        new node): the round looks only at the nodes that can matter (``devheal.engine.scope``); None: the host
+        cannot say, the round looks at every node (a full round)."""
         settings = settings or Settings()
+        prior = self.breaker if self.breaker is not None else Breaker.restored(policies)
+        whole = view
+        narrowed = None
+        if changed is None and view.rest is None:
+            self.scope.rebuild(view, policies, now)  # for the rounds told what changed after this one
+        elif changed is not None:
+            records = host.in_flight(view)
+            gangs = {r.workload for r in records if r.active}
+            narrowed = self.scope.narrow(view, policies, now, changed, record_nodes(records), gangs)
+            view = narrowed.view
+            if view is whole:
+                narrowed = None  # not narrowed after all (``Scope.narrow``)
         detected = detect(view, policies, now) + self.stragglers.observe(view, policies, now)
         detected += self.degradation.observe(view, policies, now)
         detected = [f for f in detected if not (f.pod_uid and f.pod_uid in ignore_pods)]
-        findings = self.tracker.observe(detected, view, policies, now)
+        findings = self.tracker.observe(detected, view, policies, now, narrowed)
         busy = host.busy()
         # The breaker is stepped over the view the plan is decided over: a narrower view is stricter, and
         # only the final (widest needed) view's state is kept. An open one is stepped over wider views first,
         # so work in progress is never held by a breaker that only a partial view opened.
-        prior = self.breaker if self.breaker is not None else Breaker.restored(policies)
         wider_views = iter(host.wider_views())
         decided_over = view
         breaker = step_breaker(prior, view, findings, policies, now)
@@ -389,10 +414,12 @@ class DecisionRound:
         late = tuple(overdue(in_flight, policies, now))
         self._report_overdue(host, late)
         records = host.in_flight(view)  # with this round's decisions
-        releases, vacancies, changes = place(view, policies, now, records, placement, settings)
+        # Spare pools are kept from every idle node: placement looks at the whole view.
+        releases, vacancies, changes = place(whole, policies, now, records, placement, settings)
         wakes = due_times(view, findings, policies, records, now) + self._blocked_retry(plan, now)
         when = tuple(sorted({w for w in wakes if w > now}))
-        return RoundResult(tuple(findings), plan, breaker, late, releases, vacancies, changes, when)
+        looked = view if narrowed is not None else None
+        return RoundResult(tuple(findings), plan, breaker, late, releases, vacancies, changes, when, looked)
 
     def _blocked_retry(self, plan: Plan, now: float) -> list[float]:
         """While a rail stops a decision, a round after a wait that doubles each round in a row it does."""

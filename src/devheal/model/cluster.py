@@ -293,6 +293,28 @@ class NodeDevicesReport:
         return self.updated is not None and now - self.updated > max_age
 
 
+Labels = frozenset[tuple[str, str]]
+"""A node's labels as a hashable set of (key, value) pairs."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuietNodes:
+    """The GPU nodes a narrowed view leaves out (``devheal.engine.scope``): nothing about them can give a finding,
+    so no decision reads them, but the rails that count the fleet (budgets in percent, the circuit breaker) count
+    them. Counted by their labels, as far as the policies read labels (node selectors, pool labels)."""
+
+    groups: Mapping[Labels, int]
+    """Labels (those of ``keys``, or all) -> how many left-out GPU nodes have them."""
+    labels_of: Mapping[str, Labels]
+    """A left-out GPU node's name -> its group."""
+    keys: frozenset[str] | None = None
+    """The label keys the groups keep (None: every label): the view's policies must read no other."""
+
+    @property
+    def count(self) -> int:
+        return sum(self.groups.values())
+
+
 @dataclass(frozen=True)
 class ClusterView:
     """A read-only view over the cache. Mappings are owned by the cache; never mutate them here."""
@@ -323,6 +345,9 @@ class ClusterView:
     pod_groups: Mapping[str, PodGroup] = field(default_factory=dict)
     """Kubernetes' PodGroups by ``namespace/name`` (``devheal.model.pod_groups``); empty where the API server
     does not serve them."""
+    rest: QuietNodes | None = None
+    """The cluster's other GPU nodes, when this view is narrowed to the nodes that can matter to a decision
+    (``devheal.engine.scope``); None: the view holds every node."""
 
     def pods_in_trouble(self) -> Iterable[Pod]:
         """The pods that may give an infrastructure finding: those in ``troubled``, or every pod without it."""

@@ -104,3 +104,8 @@ def takes_node(effects: frozenset[Effect]) -> bool:
 
 def disrupts(effects: frozenset[Effect]) -> bool:
     return bool(effects & DISRUPTION_EFFECTS)
+
+
+def lifted_by(kind: ActionKind) -> ActionKind:
+    """The action that removes the mark an action of ``kind`` leaves on its node."""
+    return ActionKind.LIFT_DEGRADED if kind is ActionKind.FENCE_DEGRADED else ActionKind.LIFT

@@ -7,7 +7,7 @@ rule has one definition.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from devheal.model.cluster import Node, Pod
 from devheal.model.policy import Policy
@@ -15,7 +15,23 @@ from devheal.model.policy import Policy
 
 def policy_for_node(policies: Sequence[Policy], node: Node) -> Policy | None:
     """The first policy (by name) whose node selector matches; None: devheal must not touch the node."""
-    return next((p for p in policies if p.selects_node(node.labels)), None)
+    return policy_for_labels(policies, node.labels)
+
+
+def policy_for_labels(policies: Sequence[Policy], labels: Mapping[str, str]) -> Policy | None:
+    """``policy_for_node`` for a node with these labels."""
+    return next((p for p in policies if p.selects_node(labels)), None)
+
+
+def node_label_keys(policies: Sequence[Policy]) -> frozenset[str]:
+    """Every node label key the policies read to choose a node's policy or to count its pool (node selectors,
+    ``budgets.poolLabel``): nodes alike in these labels are alike to the budgets."""
+    keys: set[str] = set()
+    for p in policies:
+        keys.update(k for k, _ in p.node_selector.match_labels)
+        keys.update(r.key for r in p.node_selector.requirements)
+        keys.add(p.budgets.pool_label)
+    return frozenset(keys)
 
 
 def policy_for_pod(policies: Sequence[Policy], pod: Pod, node: Node | None) -> Policy | None:

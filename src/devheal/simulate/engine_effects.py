@@ -120,12 +120,10 @@ class FleetEffects:
             sim.take_from_pool(n)
         elif action.kind is ActionKind.LIFT_DEGRADED:
             state.marks -= DEGRADED_MARKS
-            self.cache.plain.pop(n, None)
             sim.node_available(n)
         elif action.kind is ActionKind.LIFT:
             state.marks -= {"taint", "cordon"}  # a degraded mark outlives the failure's lift
             self.cache.lifts[n] = self.cache.lifts.get(n, 0) + 1  # the node's next fault is a new episode
-            self.cache.plain.pop(n, None)
             sim.node_available(n)
         elif action.kind is ActionKind.DRAIN:
             sim.release(n, recreate=True, why=None)

@@ -16,9 +16,11 @@ its pod, ``Pod.run_failure``, and the engine's ``RankFailed`` restarts the gang 
 
 A small view gives the same findings as the whole fleet would (healthy, unmarked nodes
 produce none), but budgets counted in percent of the fleet and the circuit breaker do
-depend on the fleet size. A smaller view only makes those rails stricter, so a plan that
-none of them stopped is exact; a round whose plan they stopped is decided again over a
-wider view (enough healthy nodes for the percentages), and then over every node.
+depend on the fleet size: the view counts the unwatched nodes as its ``rest``
+(``ClusterView.rest``, as the controller's rounds narrowed by ``devheal.engine.scope`` do),
+none of them out of service (a node leaves the watch only once devheal's marks are lifted
+and no remediation of it is in flight), so every round is the whole fleet's round over the
+watched nodes alone.
 """
 
 from __future__ import annotations
@@ -88,7 +90,6 @@ class EngineStrategy(Strategy):
         self.step_until: dict[int, float] = {}
         """Gangs whose ranks' step reports the rounds judge, until when (stall limits, straggler windows)."""
         self.rounds = 0
-        self.wider_rounds = 0
         self.blocked: Counter[str] = Counter()
 
     # ---- hooks -----------------------------------------------------------------------------------
@@ -209,7 +210,6 @@ class EngineStrategy(Strategy):
         return {
             "policy": self.policy.name,
             "rounds": self.rounds,
-            "wider_rounds": self.wider_rounds,
             "decisions": dict(sorted(self.effects.decisions.items())),
             "blocked": dict(sorted(self.blocked.items())),
         }
@@ -260,15 +260,8 @@ class EngineStrategy(Strategy):
         self.sim.remediations["devheal:overdue"] += 1
 
     def wider_views(self) -> Iterator[ClusterView]:
-        """Percent budgets and the breaker count nodes, and a view of fewer nodes is stricter, never
-        laxer. So a plan that no such rail stopped is the whole fleet's plan; otherwise the round decides
-        again over enough nodes for the percentages, and finally over every node."""
-        fleet = len(self.sim.nodes)
-        for target in (self._enough_nodes(), fleet):
-            more = min(target, fleet) - len(self.watched)
-            if more > 0:
-                self.wider_rounds += 1
-                yield self.cache.view(self.watched, more)
+        """None: the view counts every unwatched node (``CacheView.view``)."""
+        return iter(())
 
     # ---- one round ----------------------------------------------------------------------------
 
@@ -291,17 +284,6 @@ class EngineStrategy(Strategy):
             self._schedule(when)
         self._prune_watch()
         return result.plan
-
-    def _enough_nodes(self) -> int:
-        """A node count at which the policy's percent rails allow every watched node to be out (and more)."""
-        budgets = self.policy.budgets
-        percents = [q.value for q in (budgets.max_unhealthy_nodes, budgets.max_unhealthy_nodes_per_pool) if q.percent]
-        if budgets.breaker_max_faulty_nodes_percent < 100:
-            percents.append(budgets.breaker_max_faulty_nodes_percent)
-        percents = [p for p in percents if p > 0]
-        if not percents:
-            return len(self.watch)
-        return math.ceil(100 * (len(self.watch) + 2) / min(percents))
 
     def _prune_watch(self) -> None:
         busy = self.store.busy_nodes()

@@ -8,6 +8,7 @@ marks) lives here, written by the effects (``engine_effects``) and read back as 
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from devheal.model.cluster import (
@@ -17,9 +18,11 @@ from devheal.model.cluster import (
     ContainerState,
     DeviceHealth,
     DeviceStatus,
+    Labels,
     Node,
     NodeDevicesReport,
     Pod,
+    QuietNodes,
     Taint,
     Workload,
 )
@@ -37,8 +40,6 @@ class CacheView:
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
-        self.plain: dict[int, Node] = {}
-        """Nodes without faults, marks, repair or outage, as built once."""
         self.settled: dict[int, tuple[tuple[Any, ...], tuple[Node, Pod | None, NodeDevicesReport | None]]] = {}
         """Per node, what it was built from and what was built, while nothing can change it."""
         self.workloads: dict[int, tuple[Workload, dict[str, str]]] = {}
@@ -50,6 +51,8 @@ class CacheView:
         """Per node devheal marked degraded, the effect of its taint."""
         self.lifts: dict[int, int] = {}
         """Per node, how many times devheal lifted its marks (the controller keeps it on the node)."""
+        self.index = {state.name: n for n, state in enumerate(sim.nodes)}
+        """Node name -> its index in the fleet."""
         self.stepping: frozenset[int] = frozenset()
         """Gangs whose ranks' step reports this round judges (the others' ranks show none)."""
 
@@ -88,16 +91,6 @@ class CacheView:
         if DEGRADED_MARK in state.marks:
             taints.append(Taint(DEGRADED_TAINT_KEY, "true", self.degraded_effect.get(n, "PreferNoSchedule")))
         return tuple(taints)
-
-    def _plain_node(self, n: int) -> Node:
-        """A node without faults, marks, repair or outage always looks the same: build it once."""
-        state = self.sim.nodes[n]
-        if state.faults or state.marks or state.repairing or state.down:
-            return self._node(n)
-        node = self.plain.get(n)
-        if node is None:
-            node = self.plain[n] = self._node(n)
-        return node
 
     def _steps(self, n: int, unit: Unit | None) -> StepReport | None:
         """The rank's step report when its gang's step times are judged this round (else none: see ``stepping``)."""
@@ -189,17 +182,17 @@ class CacheView:
             self.settled[n] = (key, records)
         return records
 
-    def view(self, watched: list[int], more_nodes: int = 0) -> ClusterView:
-        """The watched nodes with their pods and agent reports; plus ``more_nodes`` other nodes, for the
-        budget arithmetic only (unwatched nodes show no GPU fault, so their pods and reports add nothing)."""
+    def view(self, watched: list[int], whole: bool = False) -> ClusterView:
+        """The watched nodes with their pods and agent reports; every other node is counted as the view's ``rest``
+        (``ClusterView.rest``), for the rails that count the fleet: unwatched nodes show no GPU fault and carry
+        no mark, so their pods and reports add nothing, and none is out of service. ``whole``: the other nodes
+        are in the view itself (what a narrowed view stands for, to check it against)."""
         nodes: dict[str, Node] = {}
-        if more_nodes:
-            taken = set(watched)
+        if whole:
+            watching = set(watched)
             for n in range(len(self.sim.nodes)):
-                if len(nodes) >= more_nodes:
-                    break
-                if n not in taken:
-                    node = self._plain_node(n)
+                if n not in watching:
+                    node = self._node(n)
                     nodes[node.name] = node
         pods: dict[str, Pod] = {}
         reports: dict[str, NodeDevicesReport] = {}
@@ -215,6 +208,38 @@ class CacheView:
                     by_device[(node.name, d.device_id)] = pod.key
             if report is not None:
                 reports[node.name] = report
-        return ClusterView(nodes=nodes, pods=pods, reports=reports, pods_by_node=by_node, pod_by_device=by_device)
+        taken = frozenset(watched)
+        # Every unwatched node looks alike to the rails: a GPU node without labels.
+        left_out = QuietNodes({NO_LABELS: len(self.sim.nodes) - len(taken)}, _Unwatched(self.index, taken))
+        return ClusterView(
+            nodes=nodes,
+            pods=pods,
+            reports=reports,
+            pods_by_node=by_node,
+            pod_by_device=by_device,
+            rest=None if whole else left_out,
+        )
+
+
+NO_LABELS: Labels = frozenset()
+
+
+class _Unwatched(Mapping[str, Labels]):
+    """The unwatched nodes' labels (none), by name."""
+
+    def __init__(self, index: Mapping[str, int], watched: frozenset[int]) -> None:
+        self.index, self.watched = index, watched
+
+    def __getitem__(self, name: str) -> Labels:
+        n = self.index.get(name)
+        if n is None or n in self.watched:
+            raise KeyError(name)
+        return NO_LABELS
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, n in self.index.items() if n not in self.watched)
+
+    def __len__(self) -> int:
+        return len(self.index) - len(self.watched)
 
     # ---- the round's host: the engine's DecisionRound, as the controller runs it ---------------

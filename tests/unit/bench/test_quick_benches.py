@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[3]
 QUICK = {
     # benchmark: (tiny arguments, the key its figures are under)
     "decide_records": (["--records", "100", "--nodes", "20", "--runs", "1"], "results"),
+    "decide_round": (["--nodes", "40", "--runs", "1"], "rows"),
     "stragglers": (
         ["--seeds", "1", "--steps", "60", "--healthy-steps", "60", "--slowdowns", "1.5", "--noise", "0.1"],
         "detection",

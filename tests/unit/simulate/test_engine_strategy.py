@@ -211,7 +211,7 @@ class CheckedEngine(EngineStrategy):
     def in_flight(self, view: ClusterView) -> list[InFlight]:
         # The round asks for the records three times: to carry work on, to decide with, and with its decisions
         # (for the next wake-up); the second is what it decides with.
-        self.asked.append((self.cache.view(self.watched, len(self.sim.nodes)), list(self.store.records.values())))
+        self.asked.append((self.cache.view(self.watched, whole=True), list(self.store.records.values())))
         if len(self.asked) == 2:
             self.everything = self.asked[1]
         return super().in_flight(view)

@@ -1,0 +1,190 @@
+"""Benchmark: one decision round over a whole fleet against one told what changed (``devheal.engine.scope``).
+
+    python -m bench.decide_round                            # 1,000, 5,000 and 20,000 nodes
+    python -m bench.decide_round --nodes 5000 50000 --runs 5
+
+A fleet of ``--nodes`` GPU nodes, 8 GPUs and 8 one-GPU gang ranks each (gangs of 16 nodes), every
+node with a current agent report, one policy that taints failed nodes. One node has a failed GPU
+(in its agent report and its rank's status). Times, as the median of ``--runs``:
+
+- ``full``: a round that looks at every node (what every round cost before; now the controller's
+  safety net every ``--full-round-every`` seconds, which also judges every node for the next rounds);
+- ``told``: a round told that the failed node changed (the controller's rounds between full ones):
+  it looks at that node and its gang;
+- ``quiet``: a round told that one healthy node changed (an agent's heartbeat), the failed node still
+  in view.
+
+Both rounds decide the same (checked). Prints a table and writes bench/results/decide_round.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.report import write_results
+from devheal.engine.decide import Overdue
+from devheal.engine.rounds import DecisionRound, RoundResult
+from devheal.model.cluster import (
+    GPU_RESOURCE,
+    ClusterView,
+    ContainerState,
+    DeviceHealth,
+    DeviceStatus,
+    Node,
+    NodeDevicesReport,
+    Pod,
+    ReportedDevice,
+    Workload,
+    WorkloadClass,
+)
+from devheal.model.plan import Action, Blocked, InFlight, Rail
+from devheal.model.policy import Policy, parse_policy
+
+RESULTS = Path(__file__).parent / "results"
+NOW = 1_900_000_000.0
+GPUS = 8
+GANG_NODES = 16
+BROKEN = "gpu-00007"
+
+
+def fleet(nodes: int) -> ClusterView:
+    """The fleet as the controller's cache shows it (with its indexes), one GPU failed on ``BROKEN``."""
+    node_map: dict[str, Node] = {}
+    pods: dict[str, Pod] = {}
+    reports: dict[str, NodeDevicesReport] = {}
+    by_node: dict[str, frozenset[str]] = {}
+    by_device: dict[tuple[str, str], str] = {}
+    gangs: dict[str, set[str]] = {}
+    for i in range(nodes):
+        name = f"gpu-{i:05d}"
+        broken = name == BROKEN
+        labels = {"devheal.io/pool": f"pool-{i % 10}"}
+        node_map[name] = Node(name, f"uid-{name}", labels, True, False, (), GPUS, GPUS)
+        owner = Workload("ml", "JobSet", f"train-{i // GANG_NODES}", WorkloadClass.GANG)
+        keys = set()
+        for g in range(GPUS):
+            device = f"{name}-gpu{g}"
+            health = DeviceHealth.UNHEALTHY if broken and g == 0 else DeviceHealth.HEALTHY
+            pod = Pod(
+                "ml",
+                f"{owner.name}-{i}-{g}",
+                f"uid-{i}-{g}",
+                name,
+                "Running",
+                {},
+                "Never",
+                owner,
+                devices=(DeviceStatus("main", GPU_RESOURCE, device, health),),
+                containers=(ContainerState("main"),),
+                gpu_request=1,
+            )
+            pods[pod.key] = pod
+            keys.add(pod.key)
+            by_device[(name, device)] = pod.key
+            gangs.setdefault(owner.key, set()).add(pod.key)
+        by_node[name] = frozenset(keys)
+        devices = tuple(
+            ReportedDevice(f"{name}-gpu{g}", g, DeviceHealth.UNHEALTHY if broken and g == 0 else DeviceHealth.HEALTHY)
+            for g in range(GPUS)
+        )
+        reports[name] = NodeDevicesReport(name, devices, updated=NOW)
+    return ClusterView(
+        node_map,
+        pods,
+        reports,
+        by_node,
+        by_device,
+        signalled=frozenset(k for k, p in pods.items() if p.signalled),
+        gangs=gangs,
+        troubled=frozenset(),
+    )
+
+
+class Host:
+    """Takes the round's work and keeps nothing: every round decides again from the same records (none)."""
+
+    def in_flight(self, view: ClusterView) -> list[InFlight]:
+        return []
+
+    def busy(self) -> frozenset[str]:
+        return frozenset()
+
+    def start(self, action: Action, resumed: bool) -> None:
+        pass
+
+    def finish(self, record: InFlight) -> None:
+        pass
+
+    def record_blocked(self, item: Blocked) -> None:
+        pass
+
+    def hold(self, record: InFlight, why: str, rail: Rail = Rail.PAUSED) -> None:
+        pass
+
+    def decline(self, record: InFlight, why: str) -> None:
+        pass
+
+    def report_overdue(self, item: Overdue) -> None:
+        pass
+
+    def wider_views(self) -> Iterator[ClusterView]:
+        return iter(())
+
+
+def timed(fn: Callable[[], RoundResult], runs: int) -> tuple[float, RoundResult]:
+    samples, result = [], None
+    for _ in range(runs):
+        started = time.perf_counter()
+        result = fn()
+        samples.append(time.perf_counter() - started)
+    assert result is not None
+    return statistics.median(samples), result
+
+
+def measure(nodes: int, runs: int, policy: Policy) -> dict[str, Any]:
+    view = fleet(nodes)
+    host, rounds = Host(), DecisionRound()
+    full_s, full = timed(lambda: rounds.run(host, view, [policy], NOW), runs)
+    told_s, told = timed(lambda: rounds.run(host, view, [policy], NOW, changed=frozenset({BROKEN})), runs)
+    quiet_s, _ = timed(lambda: rounds.run(host, view, [policy], NOW, changed=frozenset({"gpu-00001"})), runs)
+    assert (told.findings, told.plan) == (full.findings, full.plan), "the told round decided otherwise"
+    assert full.plan.actions, "the fleet's failed GPU decided nothing"
+    return {
+        "nodes": nodes,
+        "pods": len(view.pods),
+        "full_ms": round(full_s * 1000, 2),
+        "told_ms": round(told_s * 1000, 3),
+        "quiet_ms": round(quiet_s * 1000, 3),
+        "told_looked_at": told.looked_at,
+        "speedup": round(full_s / told_s, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000, 20000])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS / "decide_round.json")
+    args = parser.parse_args()
+    policy = parse_policy(
+        {"metadata": {"name": "p"}, "spec": {"selector": {"podSelector": {}}, "node": {"taint": True}}}
+    )
+    rows = []
+    print(f"{'nodes':>7} {'pods':>8} {'full ms':>9} {'told ms':>9} {'quiet ms':>9} {'looked at':>9} {'speedup':>8}")
+    for n in args.nodes:
+        row = measure(n, args.runs, policy)
+        rows.append(row)
+        print(
+            f"{row['nodes']:>7} {row['pods']:>8} {row['full_ms']:>9} {row['told_ms']:>9} {row['quiet_ms']:>9} "
+            f"{row['told_looked_at']:>9} {row['speedup']:>7}x"
+        )
+    write_results(args.out, "decide_round", {"runs": args.runs, "gpus_per_node": GPUS, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
