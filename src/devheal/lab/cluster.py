@@ -328,7 +328,10 @@ class Lab:
 
     def _start_kueue(self, state: LabState, deadline: float, say: ProgressFn) -> None:
         say("installing Kueue's CRDs")
-        config = kueue.prepare(self.dir, self.pki, state.ports)
+        try:
+            config = kueue.prepare(self.dir, self.pki, state.ports)
+        except kueue.KueueSetupError as exc:
+            raise LabError(str(exc)) from exc
         crds = str(kueue.crd_dir())
         self._kubectl("kueue", "apply", "--server-side", "--force-conflicts", "-f", crds)
         wait = max(1, int(deadline - time.monotonic()))

@@ -52,6 +52,15 @@ _EXEMPT_NAMESPACES = ["kube-system", NAMESPACE]
 """Namespaces whose pods and Deployments Kueue's webhooks skip (as its release's kustomization patches)."""
 
 
+METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+"""Where Kueue 0.17's manager reads its metrics server's certificate when its internal certificate management
+is off: a fixed path (cmd/kueue/main.go), not a setting, and it exits when the files are missing."""
+
+
+class KueueSetupError(RuntimeError):
+    """Kueue cannot run here; the message says what is missing and what to do."""
+
+
 def directory(lab_dir: Path) -> Path:
     return lab_dir / "kueue"
 
@@ -87,6 +96,7 @@ def prepare(lab_dir: Path, pki: LabPki, ports: dict[str, int]) -> Path:
     shutil.copyfile(pki.loopback_cert("kueue-webhook"), certs / "tls.crt")
     shutil.copyfile(pki.loopback_key("kueue-webhook"), certs / "tls.key")
     (certs / "tls.key").chmod(0o600)
+    _ensure_metrics_cert(certs)
     config = directory(lab_dir) / "config.yaml"
     config.write_text(yaml.safe_dump(configuration(lab_dir, ports), sort_keys=False))
     namespace = directory(lab_dir) / "namespace.yaml"
@@ -101,6 +111,24 @@ def prepare(lab_dir: Path, pki: LabPki, ports: dict[str, int]) -> Path:
     )
     webhooks.write_text(yaml.safe_dump_all(docs, sort_keys=False))
     return config
+
+
+def _ensure_metrics_cert(certs: Path) -> None:
+    """Put a certificate where Kueue's manager insists on reading one (``METRICS_CERT_DIR``), unless one is there.
+
+    Any lab's loopback certificate will do: the lab scrapes no metrics over TLS and verifies none."""
+    if all((METRICS_CERT_DIR / name).exists() for name in ("tls.crt", "tls.key")):
+        return
+    try:
+        METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+        for name in ("tls.crt", "tls.key"):
+            shutil.copyfile(certs / name, METRICS_CERT_DIR / name)
+        (METRICS_CERT_DIR / "tls.key").chmod(0o600)
+    except OSError as exc:
+        raise KueueSetupError(
+            f"Kueue's manager reads its metrics certificate from {METRICS_CERT_DIR} (a fixed path) and could not "
+            f"be given one ({exc}): run the lab as root, or create that directory writable by this user"
+        ) from exc
 
 
 def command(lab_dir: Path, kubeconfig: Path) -> list[str]:

@@ -19,7 +19,7 @@ from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.kueue import QUEUE_NAME_LABEL
-from devheal.lab.workloads import get_path
+from devheal.lab.workloads import get_path, wait_until
 
 from ..controller.conftest import harness as harness  # the controller tests' fixture, used here too
 from ..sessions import running_lab
@@ -148,3 +148,13 @@ async def gpu_usage(kube: KubeClient, cluster_queue: str) -> int:
             if res.get("name") == "nvidia.com/gpu":
                 total += int(str(res.get("total", "0")))
     return total
+
+
+async def wait_gpu_usage(kube: KubeClient, cluster_queue: str, gpus: int) -> None:
+    """Until the ClusterQueue's status shows ``gpus`` reserved (Kueue writes it a moment after admitting)."""
+    await wait_until(
+        lambda: gpu_usage(kube, cluster_queue),
+        lambda used: used == gpus,
+        timeout=30,
+        what=f"{gpus} GPUs reserved in ClusterQueue {cluster_queue}",
+    )

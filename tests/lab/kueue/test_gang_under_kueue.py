@@ -17,7 +17,7 @@ from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_
 
 from ..conftest import RecordingFaults
 from ..controller.conftest import ControllerHarness
-from .conftest import admitted, condition, gpu_usage, is_true, kueue_queues, workloads
+from .conftest import admitted, condition, is_true, kueue_queues, wait_gpu_usage, workloads
 
 GENERATION = "devheal.io/restart-generation"
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -59,7 +59,7 @@ async def test_gang_admitted_by_kueue_restarts_in_place_and_stays_admitted(
         before = await wait_until(
             lambda: running_ranks(kube, namespace), lambda r: len(r) == RANKS, timeout=30, what="4 running ranks"
         )
-        assert await gpu_usage(kube, queues.cluster) == RANKS
+        await wait_gpu_usage(kube, queues.cluster, RANKS)
         harness.start()
 
         victim = before["2"]
@@ -94,7 +94,7 @@ async def test_gang_admitted_by_kueue_restarts_in_place_and_stays_admitted(
         assert not is_true(now, "Preempted"), condition(now, "Preempted")
         assert not get_path(now, "status", "requeueState"), now["status"]
         assert get_path(now, "status", "admission") == get_path(workload, "status", "admission")
-        assert await gpu_usage(kube, queues.cluster) == RANKS
+        await wait_gpu_usage(kube, queues.cluster, RANKS)
         job_now = await kube.get(api_path("batch/v1", "jobs", namespace=namespace, name="train"))
         assert job_now["spec"]["suspend"] is False
         assert not job_now["status"].get("failed")

@@ -16,7 +16,7 @@ from devheal.lab.workloads import get_path, gpu_deployment, pod_devices, pods_of
 
 from ..conftest import RecordingFaults
 from ..controller.conftest import ControllerHarness
-from .conftest import admitted, gpu_usage, kueue_queues, workloads
+from .conftest import admitted, kueue_queues, wait_gpu_usage, workloads
 
 REPLICAS = 3
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
@@ -46,7 +46,7 @@ async def test_inference_pod_under_kueue_is_descheduled_and_its_replacement_read
         )
         admitted_before = [w for w in await workloads(kube, namespace) if admitted(w)]
         assert {owner_pod(w) for w in admitted_before} == {p["metadata"]["uid"] for p in before}
-        assert await gpu_usage(kube, queues.cluster) == REPLICAS, "the quota is full: a replacement needs the freed GPU"
+        await wait_gpu_usage(kube, queues.cluster, REPLICAS)
         harness.start()
 
         victim, *others = before
@@ -80,4 +80,4 @@ async def test_inference_pod_under_kueue_is_descheduled_and_its_replacement_read
             timeout=30,
             what="an admitted Workload per running pod, the replacement's among them",
         )
-        assert await gpu_usage(kube, queues.cluster) == REPLICAS
+        await wait_gpu_usage(kube, queues.cluster, REPLICAS)

@@ -20,7 +20,7 @@ from devheal.model.cluster import OWNED_TAINT_KEY
 
 from ..conftest import RecordingFaults
 from ..controller.conftest import ControllerHarness
-from .conftest import HOSTNAME, admitted, condition, gpu_usage, is_true, kueue_queues, workloads
+from .conftest import HOSTNAME, admitted, condition, is_true, kueue_queues, wait_gpu_usage, workloads
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
@@ -103,6 +103,6 @@ async def test_quarantine_taint_and_kueue_node_replacement_do_not_both_evict(
         assert admitted(now)
         assert not is_true(now, "Evicted"), condition(now, "Evicted")
         assert not get_path(now, "status", "requeueState"), now["status"]
-        assert await gpu_usage(kube, queues.cluster) == RANKS
+        await wait_gpu_usage(kube, queues.cluster, RANKS)
         job_now = await kube.get(api_path("batch/v1", "jobs", namespace=namespace, name="train"))
         assert job_now["spec"]["suspend"] is False
