@@ -25,6 +25,10 @@ from .conftest import HOSTNAME, admitted, condition, is_true, kueue_queues, wait
 INDEX = "batch.kubernetes.io/job-completion-index"
 PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 RANKS = 2
+GPUS_PER_RANK = 8
+"""A whole node per rank: the ranks sit on different nodes, and the broken rank cannot go back to its node."""
+TERMINATED_BY_KUEUE = "TerminatedByKueue"
+"""The pod condition Kueue's TAS node controller sets on a pod it fails because its assigned node is tainted."""
 
 
 async def running_ranks(kube: KubeClient, namespace: str) -> dict[str, dict[str, Any]]:
@@ -41,14 +45,25 @@ async def tainted(kube: KubeClient, node: str) -> bool:
     return any(t.get("key") == OWNED_TAINT_KEY for t in obj["spec"].get("taints") or [])
 
 
-def unhealthy_nodes(workload: dict[str, Any]) -> list[str]:
-    return [n["name"] for n in get_path(workload, "status", "unhealthyNodes", default=[]) or []]
+def assigned_nodes(workload: dict[str, Any]) -> set[str]:
+    """The nodes of the Workload's topology assignment (one level, the node; each slice's values either one
+    ``universal`` name or ``individual`` ``prefix`` + root + ``suffix``)."""
+    nodes: set[str] = set()
+    for assignment in get_path(workload, "status", "admission", "podSetAssignments", default=[]) or []:
+        for piece in get_path(assignment, "topologyAssignment", "slices", default=[]) or []:
+            for level in piece.get("valuesPerLevel") or []:
+                if "universal" in level:
+                    nodes.add(level["universal"])
+                individual = level.get("individual") or {}
+                prefix, suffix = individual.get("prefix") or "", individual.get("suffix") or ""
+                nodes.update(f"{prefix}{root}{suffix}" for root in individual.get("roots") or [])
+    return nodes
 
 
 async def test_quarantine_taint_and_kueue_node_replacement_do_not_both_evict(
     harness: ControllerHarness, kube: KubeClient, namespace: str, faults: RecordingFaults
 ) -> None:
-    async with kueue_queues(kube, namespace, gpus=RANKS, topology=True) as queues:
+    async with kueue_queues(kube, namespace, gpus=RANKS * GPUS_PER_RANK, topology=True) as queues:
         await harness.policy(
             {
                 "selector": {"namespaces": [namespace]},
@@ -57,8 +72,14 @@ async def test_quarantine_taint_and_kueue_node_replacement_do_not_both_evict(
                 "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
             }
         )
-        job = gpu_job("train", ranks=RANKS, indexed=True)
+        job = gpu_job("train", ranks=RANKS, gpus=GPUS_PER_RANK, indexed=True)
         job["metadata"]["labels"] = queues.label()
+        # A rank recreated before Kueue moved it off the tainted node is pending there; Kueue fails it with this
+        # condition, and the Job must not count that against its backoffLimit (or the gang fails and its
+        # Workload finishes: quota lost).
+        job["spec"]["podFailurePolicy"]["rules"].append(
+            {"action": "Ignore", "onPodConditions": [{"type": TERMINATED_BY_KUEUE}]}
+        )
         job["spec"]["template"]["metadata"]["annotations"] = {PREFERRED_TOPOLOGY: HOSTNAME}
         await kube.create(api_path("batch/v1", "jobs", namespace=namespace), job)
         (workload,) = await wait_until(
@@ -73,6 +94,7 @@ async def test_quarantine_taint_and_kueue_node_replacement_do_not_both_evict(
         before = await wait_until(
             lambda: running_ranks(kube, namespace), lambda r: len(r) == RANKS, timeout=30, what="running ranks"
         )
+        assert len({p["spec"]["nodeName"] for p in before.values()}) == RANKS
         await harness.label_nodes(*{p["spec"]["nodeName"] for p in before.values()})
         harness.start()
 
@@ -86,7 +108,7 @@ async def test_quarantine_taint_and_kueue_node_replacement_do_not_both_evict(
                 r["spec"]["action"] == "RestartGang" and get_path(r, "status", "phase") == "Succeeded" for r in rs
             ),
             "the gang restart",
-            timeout=30,
+            timeout=60,
         )
         assert await tainted(kube, node), "devheal quarantined the node"
         # Kueue replaced the tainted node in the topology assignment; the recreated rank runs elsewhere.
@@ -97,12 +119,16 @@ async def test_quarantine_taint_and_kueue_node_replacement_do_not_both_evict(
             what="the broken rank running again",
         )
         assert after["0"]["spec"]["nodeName"] != node
+        assert after["1"]["metadata"]["uid"] == before["1"]["metadata"]["uid"], "the healthy rank stayed"
 
         (now,) = await workloads(kube, namespace)
         assert now["metadata"]["uid"] == workload["metadata"]["uid"]
         assert admitted(now)
         assert not is_true(now, "Evicted"), condition(now, "Evicted")
         assert not get_path(now, "status", "requeueState"), now["status"]
-        await wait_gpu_usage(kube, queues.cluster, RANKS)
+        # Kueue, not devheal, moved the rank: its topology assignment names the new node instead of the tainted one.
+        assigned = assigned_nodes(now)
+        assert node not in assigned and after["0"]["spec"]["nodeName"] in assigned, assigned
+        await wait_gpu_usage(kube, queues.cluster, RANKS * GPUS_PER_RANK)
         job_now = await kube.get(api_path("batch/v1", "jobs", namespace=namespace, name="train"))
         assert job_now["spec"]["suspend"] is False
