@@ -148,7 +148,8 @@ def up(
             raise _fail(exc) from exc
     err().print(
         f"[green]lab ready[/green] in {state.ready_seconds:.1f}s: {nodes} nodes x {gpus_per_node} GPUs "
-        f"({versions.KUBERNETES=}, {versions.ETCD=}, {versions.KWOK=})".replace("versions.", "")
+        f"({versions.KUBERNETES=}, {versions.ETCD=}, {versions.KWOK=}".replace("versions.", "")
+        + (f", KUEUE='{versions.KUEUE}')" if kueue else ")")
     )
     err().print(f"  export KUBECONFIG={lab.kubeconfig}")
     err().print(f"  {toolchain.CONTROL_PLANE.binary('kubectl')} get nodes")
