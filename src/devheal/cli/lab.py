@@ -76,6 +76,9 @@ def build(
             help="Also build the real nodes' binaries: kubelet, kube-proxy, containerd, runc, CNI plugins.",
         ),
     ] = False,
+    kueue: Annotated[
+        bool, typer.Option("--kueue", help="Also build Kueue's controller manager (for `lab up --kueue`).")
+    ] = False,
 ) -> None:
     """Build (or find cached) the pinned control-plane binaries: etcd, kube-*, kubectl, kwok."""
     from devheal.lab import toolchain
@@ -90,6 +93,9 @@ def build(
             if real_nodes:
                 out().print(str(path))
                 path = toolchain.ensure_node_binaries(show)
+            if kueue:
+                out().print(str(path))
+                path = toolchain.ensure_kueue(show)
         except toolchain.ToolchainError as exc:
             raise _fail(exc) from exc
     out().print(str(path))
@@ -111,16 +117,29 @@ def up(
             "namespaces (root; built on first use, minutes)."
         ),
     ] = 0,
+    kueue: Annotated[
+        bool,
+        typer.Option(
+            "--kueue",
+            help="Also run Kueue's controller manager against the lab, its webhooks on loopback "
+            "(built on first use, minutes).",
+        ),
+    ] = False,
     directory: LabDir = None,
 ) -> None:
     """Start etcd, kube-apiserver, controller manager, scheduler, kwok and the node simulator, detached
-    (and, with --real-nodes, a containerd and a kubelet per real node)."""
+    (and, with --real-nodes, a containerd and a kubelet per real node; with --kueue, Kueue)."""
     from devheal.lab import images, realnode, toolchain, versions
     from devheal.lab.cluster import Lab, LabError, LabSpec
 
     lab = Lab(directory)
     spec = LabSpec(
-        nodes=nodes, gpus_per_node=gpus_per_node, gpu_model=gpu_model, dra_nodes=dra_nodes, real_nodes=real_nodes
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        gpu_model=gpu_model,
+        dra_nodes=dra_nodes,
+        real_nodes=real_nodes,
+        kueue=kueue,
     )
     with err().status("starting lab") as status:
         try:
@@ -129,7 +148,8 @@ def up(
             raise _fail(exc) from exc
     err().print(
         f"[green]lab ready[/green] in {state.ready_seconds:.1f}s: {nodes} nodes x {gpus_per_node} GPUs "
-        f"({versions.KUBERNETES=}, {versions.ETCD=}, {versions.KWOK=})".replace("versions.", "")
+        f"({versions.KUBERNETES=}, {versions.ETCD=}, {versions.KWOK=}".replace("versions.", "")
+        + (f", KUEUE='{versions.KUEUE}')" if kueue else ")")
     )
     err().print(f"  export KUBECONFIG={lab.kubeconfig}")
     err().print(f"  {toolchain.CONTROL_PLANE.binary('kubectl')} get nodes")

@@ -13,6 +13,9 @@ previous one is gone, so kube-apiserver never drains its requests against a dead
 
 Real nodes (``LabSpec.real_nodes``, devheal.lab.realnode) start after the simulated ones
 are Ready, each a containerd and a kubelet; ``down`` tears them down first, pods and all.
+
+Kueue (``LabSpec.kueue``, devheal.lab.kueue) starts last, once every node is Ready: its CRDs,
+its controller manager, then its webhook configurations; ``down`` stops it before the control plane.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devheal.lab import commands, images, realnode, toolchain, versions
+from devheal.lab import commands, images, kueue, realnode, toolchain, versions
 from devheal.lab.commands import FEATURE_GATES as FEATURE_GATES
 from devheal.lab.pki import LabPki
 from devheal.lab.realnode import RealNode
@@ -72,6 +75,8 @@ class LabSpec:
     """The last this many simulated nodes expose their GPUs through the simulated DRA driver, not the device plugin."""
     real_nodes: int = 0
     """The last this many of the ``nodes`` are real (kubelet, containerd, runc); the others are kwok nodes."""
+    kueue: bool = False
+    """Run Kueue's controller manager (devheal.lab.kueue) against the lab."""
 
     @property
     def simulated_nodes(self) -> int:
@@ -243,6 +248,9 @@ class Lab:
                 lambda step, done, total: say(f"building {step} {done}/{total}" if total else step)
             )
             node_images = [images.pause_image(), images.busybox_image()]
+        if spec.kueue:
+            say("checking Kueue's binary")
+            toolchain.ensure_kueue(lambda step, done, total: say(f"building {step} {done}/{total}" if total else step))
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         # Every `up` is a fresh cluster: no objects or device faults from an earlier run.
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
@@ -260,6 +268,8 @@ class Lab:
                 "nodesim",
             )
         }
+        if spec.kueue:
+            ports.update({name: free_port() for name in kueue.PORTS})
         state = LabState(spec=spec, ports=ports, started_at=time.time())
         if spec.real_nodes:
             state.pod_network = str(realnode.pick_pod_network(self.dir))
@@ -288,6 +298,8 @@ class Lab:
             for node in state.real_nodes(self.dir):
                 self._start_real_node(state, node, node_images, deadline, say)
             self._wait_real_nodes_ready(state, deadline, say)
+            if spec.kueue:
+                self._start_kueue(state, deadline, say)
         except BaseException:
             self._teardown_real_nodes(state)
             self._stop(state.pids)
@@ -297,8 +309,39 @@ class Lab:
         self.state_path.write_text(state.to_json())
         dra = f" ({spec.dra_nodes} through DRA)" if spec.dra_nodes else ""
         real = f", {spec.real_nodes} real" if spec.real_nodes else ""
-        say(f"lab ready in {state.ready_seconds:.1f}s: {spec.nodes} nodes x {spec.gpus_per_node} GPUs{dra}{real}")
+        with_kueue = f", Kueue {versions.KUEUE}" if spec.kueue else ""
+        say(
+            f"lab ready in {state.ready_seconds:.1f}s: "
+            f"{spec.nodes} nodes x {spec.gpus_per_node} GPUs{dra}{real}{with_kueue}"
+        )
         return state
+
+    def _kubectl(self, component: str, *args: str) -> None:
+        """Run the lab's kubectl against the lab, appending to ``component``'s log; fail ``up`` with its tail."""
+        cmd = [str(toolchain.CONTROL_PLANE.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", *args]
+        with self.log_path(component).open("ab") as handle:
+            handle.write(f"\n==== {' '.join(cmd)}\n".encode())
+            handle.flush()
+            rc = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, check=False).returncode
+        if rc != 0:
+            raise self._failure(component, f"could not run `kubectl {' '.join(args[:2])}` (exit {rc})")
+
+    def _start_kueue(self, state: LabState, deadline: float, say: ProgressFn) -> None:
+        say("installing Kueue's CRDs")
+        try:
+            config = kueue.prepare(self.dir, self.pki, state.ports)
+        except kueue.KueueSetupError as exc:
+            raise LabError(str(exc)) from exc
+        crds = str(kueue.crd_dir())
+        self._kubectl("kueue", "apply", "--server-side", "--force-conflicts", "-f", crds)
+        wait = max(1, int(deadline - time.monotonic()))
+        self._kubectl("kueue", "wait", "--for=condition=Established", f"--timeout={wait}s", "-f", crds)
+        self._kubectl("kueue", "apply", "--server-side", "-f", str(config.parent / "namespace.yaml"))
+        self._start(state, "kueue", kueue.command(self.dir, self.kubeconfig))
+        self._wait(state, "kueue", deadline, say)
+        self._kubectl(
+            "kueue", "apply", "--server-side", "--force-conflicts", "-f", str(config.parent / "webhooks.yaml")
+        )
 
     def _start(self, state: LabState, component: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
         log = self.log_path(component)
@@ -530,6 +573,9 @@ class Lab:
             return f"https://127.0.0.1:{port}/healthz", insecure
         if component == "kwok":
             return f"http://127.0.0.1:{port}/healthz", None
+        if component == "kueue":
+            # Ready once its webhook server serves: the lab registers the webhooks only then.
+            return f"http://127.0.0.1:{port}/readyz", None
         return f"http://127.0.0.1:{port}/healthz", None
 
     def healthy(self, state: LabState, component: str) -> tuple[bool, str]:
@@ -608,7 +654,8 @@ class Lab:
         components = {}
         real = state.real_nodes(self.dir)
         node_components = [c for c in state.pids if c.startswith(("containerd/", "kubelet/", "deviceplugin/"))]
-        for component in (*COMPONENTS, *node_components):
+        extra = ["kueue"] if "kueue" in state.pids else []
+        for component in (*COMPONENTS, *extra, *node_components):
             pid = state.pids.get(component)
             alive = pid is not None and self._running(pid)
             ok, detail = self.healthy(state, component) if alive else (False, "not running")
@@ -647,6 +694,7 @@ class Lab:
                     if real
                     else {}
                 ),
+                **({"kueue": versions.KUEUE} if state.spec.kueue else {}),
             },
         }
 

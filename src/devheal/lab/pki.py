@@ -131,6 +131,28 @@ class LabPki:
         _write_key(self.node_key(node), key)
         self.node_cert(node).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
+    def loopback_cert(self, name: str) -> Path:
+        return self.directory / f"{name}-serving.crt"
+
+    def loopback_key(self, name: str) -> Path:
+        return self.directory / f"{name}-serving.key"
+
+    def ensure_loopback_serving(self, name: str) -> None:
+        """A serving certificate for 127.0.0.1 and localhost, signed by the lab's CA: a webhook server on
+        loopback (Kueue's) that the lab's API server calls with ``url: https://127.0.0.1:<port>/...``."""
+        if self.loopback_cert(name).exists() and self.loopback_key(name).exists():
+            return
+        self.ensure()
+        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
+        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{self.ca_key} is not the EC key this lab's CA is made with; remove {self.directory}")
+        ca_name = x509.load_pem_x509_certificate(self.ca_cert.read_bytes()).subject
+        now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+        sans: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        key, cert = _leaf(ca_key, ca_name, now, name, [], ExtendedKeyUsageOID.SERVER_AUTH, sans)
+        _write_key(self.loopback_key(name), key)
+        self.loopback_cert(name).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
     def kubeconfig(
         self, server: str, user: str = "devheal-lab-admin", cert: Path | None = None, key: Path | None = None
     ) -> str:

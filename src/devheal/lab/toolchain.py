@@ -8,9 +8,11 @@ commands we need. Binaries land in a per-version directory under the user's
 cache; a build goes to a temporary directory first and is moved into place, so
 an interrupted build never leaves a half-written binary behind.
 
-Two sets, each in its own cache directory: the control plane (``ensure_binaries``,
-every lab) and the real nodes (``ensure_node_binaries``: kubelet, kube-proxy,
-containerd, runc, the CNI plugins), built only when a lab asks for real nodes.
+Three sets, each in its own cache directory: the control plane (``ensure_binaries``,
+every lab), the real nodes (``ensure_node_binaries``: kubelet, kube-proxy,
+containerd, runc, the CNI plugins), built only when a lab asks for real nodes, and
+Kueue (``ensure_kueue``: its controller manager plus a copy of the release's CRDs
+and webhook manifests), built only when a lab asks for Kueue.
 runc is the one cgo build: it needs a C compiler and libseccomp's headers, and
 ``node_prerequisites`` names the Debian packages when they are missing.
 """
@@ -104,6 +106,13 @@ CONTROL_PLANE = BinaryCache(versions.cache_key, BINARIES)
 """The binaries every lab runs."""
 NODE = BinaryCache(versions.node_cache_key, NODE_BINARIES)
 """The binaries real nodes run, built only when a lab asks for real nodes."""
+KUEUE = BinaryCache(versions.kueue_cache_key, ("kueue",))
+"""Kueue's controller manager, built only when a lab asks for Kueue."""
+
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+KUEUE_MANIFESTS = ("config/components/crd/bases", "config/components/webhook/manifests.yaml")
+"""What ``ensure_kueue`` copies from the Kueue module into its cache (``manifests/``): the CRDs and the
+webhook configurations of the very release the binary is built from."""
 
 
 @dataclass(frozen=True)
@@ -451,6 +460,62 @@ def ensure_node_binaries(progress: ProgressFn | None = None) -> Path:
     return bins
 
 
+def _kueue_target() -> _Target:
+    return _Target(
+        name="kueue",
+        module=KUEUE_MODULE,
+        version=f"v{versions.KUEUE}",
+        packages=(f"{KUEUE_MODULE}/cmd/kueue",),
+        outputs=("kueue",),
+        ldflags=f"-s -w -X {KUEUE_MODULE}/pkg/version.GitVersion=v{versions.KUEUE}",
+    )
+
+
+def kueue_manifests() -> Path:
+    """Where ``ensure_kueue`` put the release's manifests: ``crd/`` (one YAML per CRD) and ``webhooks.yaml``."""
+    return KUEUE.root / "manifests"
+
+
+def ensure_kueue(progress: ProgressFn | None = None) -> Path:
+    """Build Kueue's controller manager and copy its release's manifests, when missing; return the bin directory.
+
+    Minutes the first time (controller-runtime and client-go are shared with nothing else we build), seconds after."""
+    manifests = kueue_manifests()
+    if not KUEUE.missing() and (manifests / "webhooks.yaml").exists():
+        return KUEUE.bin_dir
+    root = KUEUE.root
+    bins = _ensure(root, (_kueue_target(),), progress)
+    with build_lock(root):
+        if not (manifests / "webhooks.yaml").exists():
+            _copy_kueue_manifests(root, manifests)
+    return bins
+
+
+def _copy_kueue_manifests(root: Path, manifests: Path) -> None:
+    work = root / "tmp"
+    work.mkdir(parents=True, exist_ok=True)
+    log = root / "logs" / "build-kueue.log"
+    target = _kueue_target()
+    out = _run(
+        [_go(), "mod", "download", "-json", f"{target.module}@{target.version}"],
+        root / "src" / target.name,
+        _go_env(work),
+        log,
+        f"downloading {target.module}@{target.version}",
+    )
+    module_dir = Path(json.loads(out)["Dir"])
+    crds, webhooks = (module_dir / rel for rel in KUEUE_MANIFESTS)
+    staging = root / "manifests.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(crds, staging / "crd")
+    shutil.copyfile(webhooks, staging / "webhooks.yaml")
+    for path in staging.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)  # the module cache is read-only
+    shutil.rmtree(manifests, ignore_errors=True)
+    staging.replace(manifests)
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point for scripts: build with plain-text progress on stderr; ``--real-nodes`` builds the
     real nodes' binaries instead of the control plane's."""
@@ -459,6 +524,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m devheal.lab.toolchain", description=main.__doc__)
     parser.add_argument("--real-nodes", action="store_true", help="build kubelet, containerd, runc, CNI plugins")
+    parser.add_argument("--kueue", action="store_true", help=f"build Kueue {versions.KUEUE}'s controller manager")
     args = parser.parse_args(argv)
 
     last_time = [0.0]
@@ -473,7 +539,12 @@ def main(argv: list[str] | None = None) -> None:
 
     started = time.monotonic()
     try:
-        path = ensure_node_binaries(show) if args.real_nodes else ensure_binaries(show)
+        if args.kueue:
+            path = ensure_kueue(show)
+        elif args.real_nodes:
+            path = ensure_node_binaries(show)
+        else:
+            path = ensure_binaries(show)
     except ToolchainError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc

@@ -26,6 +26,9 @@ RUNC = "1.4.4"
 CNI_PLUGINS = "1.10.0"
 """github.com/containernetworking/plugins: bridge, host-local, loopback, portmap (real nodes)."""
 
+KUEUE = "0.17.0"
+"""sigs.k8s.io/kueue: the Kueue controller manager, built only for ``devheal lab up --kueue``."""
+
 GO_MINIMUM = (1, 26)
 """The oldest Go toolchain whose go command can build them all."""
 
@@ -38,3 +41,8 @@ def cache_key() -> str:
 def node_cache_key() -> str:
     """Name of the real nodes' per-version cache directory."""
     return f"node_k8s-{KUBERNETES}_containerd-{CONTAINERD}_runc-{RUNC}_cni-{CNI_PLUGINS}"
+
+
+def kueue_cache_key() -> str:
+    """Name of Kueue's cache directory: its binary and the CRDs and webhook manifests of the same release."""
+    return f"kueue-{KUEUE}"
