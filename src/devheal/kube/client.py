@@ -225,7 +225,7 @@ class KubeClient:
     async def list_pages(
         self, path: str, params: Mapping[str, str | int] | None = None, *, page_size: int = 500
     ) -> AsyncIterator[Page]:
-        """A collection page by page, following ``continue`` tokens, so a caller holds one page at a time.
+        """A collection page by page, following ``continue`` tokens, so a caller never holds all of it at once.
 
         The next page is asked for before a page is handed over: the server prepares it while the
         caller reads this one (a caller that awaits now and then lets the request go out), so at
@@ -249,7 +249,7 @@ class KubeClient:
         finally:
             # A page the caller no longer wants: its request ends with the caller, its error is not news.
             pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, errors.KubeError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await pending
 
     async def _list_page(self, path: str, query: Mapping[str, str | int]) -> Obj:
