@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
@@ -224,7 +224,7 @@ class KubeClient:
 
     async def list_pages(
         self, path: str, params: Mapping[str, str | int] | None = None, *, page_size: int = 500
-    ) -> AsyncIterator[Page]:
+    ) -> AsyncGenerator[Page, None]:
         """A collection page by page, following ``continue`` tokens, so a caller never holds all of it at once.
 
         The next page is asked for before a page is handed over: the server prepares it while the
