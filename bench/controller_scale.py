@@ -11,8 +11,17 @@ nodes; once the controller watches, the server marks GPUs of random pods Unhealt
 pod status (KEP-4680), ``--rate`` per second for ``--seconds``. Latency per fault: from the
 server storing the Unhealthy status to the server storing the controller's Remediation for
 that pod (one clock, the server's). What is not here: the kubelet's and the API server's own
-delays (see bench.controller_latency for the lab). Prints a table, writes
-bench/results/controller_scale.json.
+delays (see bench.controller_latency for the lab).
+
+With ``--storm``, ``--storm-percent`` of the nodes (5 %) fail within ``--storm-seconds`` (60 s)
+instead: every GPU of every pod on a failing node turns Unhealthy at once (XID 79, a GPU off the
+bus), under the default rails (at most 10 % of the nodes unhealthy, the breaker at 30 %); the
+report says whether the decisions stayed within them (nodes acted on, the breaker) and how long
+the longest decision round took (``devheal_round_seconds_max``).
+
+Also reported: how long the controller took to sync its cache (from its start to its watches
+all open: the lists are done), its CPU and memory, and the machine's load. Prints a table,
+writes bench/results/controller_scale.json.
 """
 
 from __future__ import annotations
@@ -22,11 +31,13 @@ import asyncio
 import json
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +50,9 @@ RESULTS = Path(__file__).parent / "results"
 NAMESPACE = "ml"
 GPU = "nvidia.com/gpu"
 GOAL_P99_MS = 250.0
+GOAL_STORM_ROUND_S = 1.0
+STORM_MAX_UNHEALTHY_PERCENT = 10
+STORM_BREAKER_PERCENT = 30
 DEVHEAL = (sys.executable, "-m", "devheal")
 WATCHED = ("/api/v1/nodes", "/api/v1/pods", "/apis/devheal.io/v1alpha1/remediations")
 
@@ -88,7 +102,10 @@ def inference_pod(i: int, nodes: int) -> dict[str, Any]:
     }
 
 
-def policy() -> dict[str, Any]:
+def policy(storm: bool = False) -> dict[str, Any]:
+    """Rails wide open for the latency runs; the default rails for a storm."""
+    unhealthy = f"{STORM_MAX_UNHEALTHY_PERCENT}%" if storm else "100%"
+    breaker = STORM_BREAKER_PERCENT if storm else 100
     return {
         "apiVersion": "devheal.io/v1alpha1",
         "kind": "RemediationPolicy",
@@ -99,8 +116,8 @@ def policy() -> dict[str, Any]:
             "budgets": {
                 "maxConcurrentRemediations": 100000,
                 "workloadDisruptionInterval": "0s",
-                "maxUnhealthyNodes": "100%",
-                "circuitBreaker": {"maxFaultyNodesPercent": 100},
+                "maxUnhealthyNodes": unhealthy,
+                "circuitBreaker": {"maxFaultyNodesPercent": breaker},
             },
         },
     }
@@ -116,27 +133,23 @@ async def serve(args: argparse.Namespace, kubeconfig: Path) -> None:
             api.create("/api/v1/nodes", node(i))
         for i in range(args.pods):
             api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", inference_pod(i, args.nodes))
-        api.create("/apis/devheal.io/v1alpha1/remediationpolicies", policy())
+        api.create("/apis/devheal.io/v1alpha1/remediationpolicies", policy(args.storm))
         api.serve_discovery("devheal.io/v1alpha1", "remediationpolicies", "remediations", "nodedevices")
         api.kubeconfig(kubeconfig)
         loop = asyncio.get_running_loop()
         faulted: dict[str, float] = {}
+        fault_nodes: dict[str, str] = {}
         acted: dict[str, float] = {}
+        remediations = 0
 
         def on_event(event: Event) -> None:
+            nonlocal remediations
             if event.type == "ADDED" and event.key[1] == "remediations":
+                remediations += 1
                 target = event.obj["spec"]["target"]
                 acted.setdefault(f"{target.get('namespace')}/{target['name']}", loop.time())
 
-        api.store.listeners.append(on_event)
-        print("ready", flush=True)
-        while not all(api.watching(path) for path in WATCHED):  # noqa: ASYNC110 (polling another process's state)
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(2.0)  # the cache synced; its first round has run
-        names = random.Random(args.seed).sample(range(args.pods), args.rate * args.seconds)
-        started = loop.time()
-        for n, i in enumerate(names):
-            await asyncio.sleep(max(0.0, started + n / args.rate - loop.time()))
+        def fault(i: int) -> None:
             pod = inference_pod(i, args.nodes)
             name = pod["metadata"]["name"]
             status = pod["status"]
@@ -145,11 +158,62 @@ async def serve(args: argparse.Namespace, kubeconfig: Path) -> None:
             )
             api.patch(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status", {"status": status})
             faulted[f"{NAMESPACE}/{name}"] = loop.time()
+            fault_nodes[f"{NAMESPACE}/{name}"] = pod["spec"]["nodeName"]
+
+        api.store.listeners.append(on_event)
+        print("ready", flush=True)
+        while not all(api.watching(path) for path in WATCHED):  # noqa: ASYNC110 (polling another process's state)
+            await asyncio.sleep(0.1)
+        synced_at = time.monotonic()  # the lists are done (one clock with the bench's: CLOCK_MONOTONIC)
+        await asyncio.sleep(2.0)  # the cache synced; its first round has run
+        started = loop.time()
+        if args.storm:
+            # Whole nodes fail, evenly over the storm: every pod on each (8 per node, pod i on node i // 8).
+            failing = random.Random(args.seed).sample(range(args.nodes), args.nodes * args.storm_percent // 100)
+            for n, node_index in enumerate(failing):
+                await asyncio.sleep(max(0.0, started + n * args.storm_seconds / len(failing) - loop.time()))
+                for i in range(node_index * 8, min(node_index * 8 + 8, args.pods)):
+                    fault(i)
+        else:
+            names = random.Random(args.seed).sample(range(args.pods), args.rate * args.seconds)
+            for n, i in enumerate(names):
+                await asyncio.sleep(max(0.0, started + n / args.rate - loop.time()))
+                fault(i)
         deadline = loop.time() + args.settle
         while len(acted) < len(faulted) and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         latencies = [acted[k] - t for k, t in faulted.items() if k in acted]
-        print(json.dumps({"faults": len(faulted), "acted": len(latencies), "latencies": latencies}), flush=True)
+        nodes_acted = {fault_nodes[k] for k in acted if k in fault_nodes}
+        report = {
+            "faults": len(faulted),
+            "acted": len(latencies),
+            "latencies": latencies,
+            "synced_at": synced_at,
+            "remediations": remediations,
+            "nodes_acted_on": len(nodes_acted),
+        }
+        print(json.dumps(report), flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The controller's unlabelled metrics (``name value`` lines of /metrics); {} if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {}
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if line and not line.startswith("#") and "{" not in name:
+            values[name] = float(value)
+    return values
 
 
 def main() -> None:
@@ -160,6 +224,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=20, help="seconds of faults")
     parser.add_argument("--settle", type=float, default=60.0, help="seconds to wait for the last actions")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--storm", action="store_true", help="whole nodes fail instead (see --storm-percent)")
+    parser.add_argument("--storm-percent", type=int, default=5, help="with --storm: percent of the nodes failing")
+    parser.add_argument("--storm-seconds", type=int, default=60, help="with --storm: seconds they fail within")
     parser.add_argument("--out", type=Path, default=RESULTS / "controller_scale.json")
     parser.add_argument("--role", choices=["main", "serve"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
@@ -173,7 +240,8 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
-        own = [f"--{k}={getattr(args, k)}" for k in ("nodes", "pods", "rate", "seconds", "settle", "seed")]
+        keys = ("nodes", "pods", "rate", "seconds", "settle", "seed", "storm_percent", "storm_seconds")
+        own = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keys] + (["--storm"] if args.storm else [])
         print(f"filling the in-memory API with {args.nodes} nodes and {args.pods} pods ...", flush=True)
         server = subprocess.Popen(
             [sys.executable, "-m", "bench.controller_scale", "--role=serve", f"--kubeconfig={kubeconfig}", *own],
@@ -188,9 +256,18 @@ def main() -> None:
             if server.stdout.readline().strip() != "ready":
                 raise SystemExit("the in-memory API server did not start")
             print("starting the controller; faults begin once it watches ...", flush=True)
+            load_before = os.getloadavg()[0]
+            port = free_port()
             started = time.monotonic()
             controller = subprocess.Popen(
-                [*DEVHEAL, "controller", f"--kubeconfig={kubeconfig}", "--no-leader-elect", "--log-level=WARNING"],
+                [
+                    *DEVHEAL,
+                    "controller",
+                    f"--kubeconfig={kubeconfig}",
+                    "--no-leader-elect",
+                    "--log-level=WARNING",
+                    f"--metrics-port={port}",
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
                 text=True,
@@ -205,6 +282,7 @@ def main() -> None:
                 err = (Path(tmp) / "controller.err").read_text()
                 raise SystemExit(f"the controller exited ({controller.returncode}):\n{err[-3000:]}")
             line = server.stdout.read()
+            scraped = scrape(port)
             cpu = proc.cpu_times()
             rss = proc.memory_info().rss
             wall = time.monotonic() - started
@@ -218,22 +296,43 @@ def main() -> None:
     latencies = sorted(1000 * x for x in report["latencies"])
     if not latencies:
         raise SystemExit("the controller acted on none of the faults")
-    figures = {
+    rounds = scraped.get("devheal_round_seconds_count", 0.0)
+    figures: dict[str, Any] = {
+        "mode": "storm" if args.storm else "faults",
         "nodes": args.nodes,
         "gpus": args.nodes * 8,
         "pods": args.pods,
-        "faults_per_second": args.rate,
+        "faults_per_second": round(report["faults"] / args.storm_seconds) if args.storm else args.rate,
         "faults": report["faults"],
         "acted": report["acted"],
         "p50_ms": round(statistics.median(latencies), 1),
         "p99_ms": round(percentile(latencies, 99), 1),
         "max_ms": round(latencies[-1], 1),
+        "cache_sync_seconds": round(report["synced_at"] - started, 1),
+        "longest_round_ms": round(1000 * scraped.get("devheal_round_seconds_max", 0.0), 1),
+        "rounds": int(rounds),
+        "mean_round_ms": round(1000 * scraped.get("devheal_round_seconds_sum", 0.0) / max(1.0, rounds), 1),
         "controller_cpu_seconds": round(cpu.user + cpu.system, 1),
         "controller_wall_seconds": round(wall, 1),
         "controller_rss_mb": round(rss / 2**20, 1),
         "controller_peak_rss_mb": round(max(peak, rss) / 2**20, 1),
-        "goal_p99_ms": GOAL_P99_MS,
+        "load_average_before": round(load_before, 2),
+        "load_average_after": round(os.getloadavg()[0], 2),
     }
+    if args.storm:
+        budget = args.nodes * STORM_MAX_UNHEALTHY_PERCENT // 100
+        figures.update(
+            failing_nodes=args.nodes * args.storm_percent // 100,
+            storm_seconds=args.storm_seconds,
+            remediations=report["remediations"],
+            nodes_acted_on=report["nodes_acted_on"],
+            max_unhealthy_nodes=budget,
+            breaker_opened=scraped.get("devheal_circuit_breaker_open", 0.0) > 0,
+            within_rails=report["nodes_acted_on"] <= budget and not scraped.get("devheal_circuit_breaker_open", 0.0),
+            goal_longest_round_ms=1000 * GOAL_STORM_ROUND_S,
+        )
+    else:
+        figures["goal_p99_ms"] = GOAL_P99_MS
     for key, value in figures.items():
         print(f"{key:>24}  {value}")
     write_results(args.out, "controller_scale", figures)

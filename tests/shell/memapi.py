@@ -426,7 +426,9 @@ class MemApi:
     ) -> tuple[Obj, int]:
         s = self.store
         if verb == "list":
-            return s.list(ref, match, limit=int(params.get("limit") or 0), token=params.get("continue", "")), 200
+            limit = int(params.get("limit") or 0)
+            counted = not params.get("labelSelector") and not params.get("fieldSelector")
+            return s.list(ref, match, limit=limit, token=params.get("continue", ""), counted=counted), 200
         if verb == "get":
             if ref.subresource not in ("", "status"):
                 raise ApiError(405, "MethodNotAllowed", f"GET is not allowed on {ref.subresource}")

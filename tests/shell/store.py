@@ -19,9 +19,10 @@ only the merge keys in ``tests.shell.patches``.
 from __future__ import annotations
 
 import base64
-import copy
+import bisect
 import datetime
 import json
+import pickle
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,6 +139,11 @@ class Event:
     prev: Obj | None
 
 
+def clone(obj: Any) -> Any:
+    """A deep copy of plain data (what ``copy.deepcopy`` gives, three times faster: a pickle round trip)."""
+    return pickle.loads(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
+
+
 def _utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
@@ -173,21 +179,27 @@ class Store:
         """Events with a resourceVersion above this are all in ``log``; older ones are forgotten."""
         self.listeners: list[Callable[[Event], None]] = []
         self._uids = 0
+        self._listed: dict[tuple[int, str, str, str], list[Key]] = {}
+        """A collection's keys at a version, sorted: each page of a paged list is a slice of them, not a sort."""
 
     # ---- the log ------------------------------------------------------------------------------
 
     def _record(self, kind: str, key: Key, obj: Obj | None, prev: Obj | None) -> Obj:
+        """Store ``obj`` (the caller's own copy, stored as is) at the next version; returns a copy for the answer.
+
+        Stored objects and the log's are never changed in place (a write stores a new one), so the log and
+        the lists share them instead of copying every object at every write and read.
+        """
         self.rv += 1
         if obj is None:  # a deletion: the last state, stamped with the deletion's version
             assert prev is not None
-            obj = prev
-        obj = copy.deepcopy(obj)
+            obj = {**prev, "metadata": {**prev["metadata"]}}
         obj["metadata"]["resourceVersion"] = str(self.rv)
         if kind == "DELETED":
             self.objects.pop(key, None)
         else:
             self.objects[key] = obj
-        event = Event(self.rv, kind, key, copy.deepcopy(obj), copy.deepcopy(prev) if prev is not None else None)
+        event = Event(self.rv, kind, key, obj, prev)
         self.log.append(event)
         if len(self.log) > self.window:
             dropped = self.log[: len(self.log) - self.window]
@@ -195,7 +207,7 @@ class Store:
             self.horizon = dropped[-1].rv
         for listener in list(self.listeners):
             listener(event)
-        return copy.deepcopy(obj)
+        return clone(obj)
 
     def compact(self) -> None:
         """Forget every event so far (an etcd compaction): older versions answer 410 Gone."""
@@ -210,12 +222,12 @@ class Store:
     def snapshot(self, rv: int) -> dict[Key, Obj]:
         """All objects as they were at ``rv`` (410 Gone where the log no longer reaches back)."""
         state = dict(self.objects)
-        for event in reversed(self.events_after(rv)):
-            if event.prev is None:
-                state.pop(event.key, None)
-            else:
-                state[event.key] = event.prev
-        return state
+        state.update(self._older(rv))
+        return {k: v for k, v in state.items() if v is not None}
+
+    def _older(self, rv: int) -> dict[Key, Obj | None]:
+        """What the objects changed since ``rv`` were at ``rv`` (None: not there yet)."""
+        return {event.key: event.prev for event in reversed(self.events_after(rv))}
 
     # ---- reads --------------------------------------------------------------------------------
 
@@ -223,9 +235,27 @@ class Store:
         obj = self.objects.get(ref.key)
         if obj is None:
             raise not_found(ref)
-        return copy.deepcopy(obj)
+        return clone(obj)
 
-    def list(self, ref: Ref, match: Matcher, *, limit: int = 0, token: str = "") -> Obj:
+    def _keys_at(self, rv: int, ref: Ref, older: dict[Key, Obj | None]) -> list[Key]:
+        """The keys of ``ref``'s collection at ``rv``, sorted (kept for the next pages of the same list)."""
+        at = (rv, ref.prefix, ref.plural, ref.namespace)
+        keys = self._listed.get(at)
+        if keys is None:
+            present = {k for k in self.objects if ref.in_collection(k)}
+            present.update(k for k in older if ref.in_collection(k))
+            keys = sorted(k for k in present if (older[k] if k in older else self.objects[k]) is not None)
+            if len(self._listed) >= 16:  # lists abandoned half-way: forget them
+                self._listed.clear()
+            self._listed[at] = keys
+        return keys
+
+    def list(self, ref: Ref, match: Matcher, *, limit: int = 0, token: str = "", counted: bool = True) -> Obj:
+        """A page of ``ref``'s collection (all of it without ``limit``), as of the version the list began at.
+
+        ``counted``: say how many items remain after the page (``remainingItemCount``); the API server says
+        it only for a list without selectors, so a selective list need not match the rest of the collection.
+        """
         if token:
             try:
                 position = json.loads(base64.urlsafe_b64decode(token.encode()))
@@ -233,28 +263,37 @@ class Store:
             except (ValueError, KeyError, TypeError) as exc:
                 raise ApiError(400, "BadRequest", f"continue key is not valid: {exc}") from exc
             try:
-                state = self.snapshot(rv)
+                older = self._older(rv)
             except ApiError as exc:
                 raise gone(
                     "The provided continue parameter is too old to display a consistent list result. "
                     "You can start a new list without the continue parameter."
                 ) from exc
         else:
-            rv, start, state = self.rv, (), self.objects
-        keys = sorted(k for k in state if ref.in_collection(k) and k[2:] > start and match(state[k]))
-        page = keys[:limit] if limit > 0 else keys
-        items = []
-        for key in page:
-            item = copy.deepcopy(state[key])
-            if ref.builtin:
-                item.pop("kind", None)
-                item.pop("apiVersion", None)
-            items.append(item)
+            rv, start, older = self.rv, (), {}
+        keys = self._keys_at(rv, ref, older)
+        # Keys compare by (prefix, plural, namespace, name): the page goes on after the last one served.
+        position = bisect.bisect_right(keys, (ref.prefix, ref.plural, *start)) if start else 0
+        items: list[Obj] = []
+        kind = _kind(ref.plural)
+        more = False
+        for index in range(position, len(keys)):
+            key = keys[index]
+            obj = older[key] if key in older else self.objects[key]
+            if obj is None or not match(obj):
+                continue
+            if 0 < limit <= len(items):
+                more = True
+                break
+            position = index
+            kind = str(obj.get("kind") or kind) if not items else kind
+            items.append({k: v for k, v in obj.items() if k not in ("kind", "apiVersion")} if ref.builtin else obj)
         meta: Obj = {"resourceVersion": str(rv)}
-        if len(page) < len(keys):
-            meta["continue"] = base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": page[-1][2:]}).encode()).decode()
-            meta["remainingItemCount"] = len(keys) - len(page)
-        kind = str(state[keys[0]].get("kind") or _kind(ref.plural)) if keys else _kind(ref.plural)
+        if more:
+            last = keys[position]
+            meta["continue"] = base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": last[2:]}).encode()).decode()
+            if counted:
+                meta["remainingItemCount"] = len(keys) - position - 1
         return {"kind": f"{kind}List", "apiVersion": ref.api_version, "metadata": meta, "items": items}
 
     # ---- writes -------------------------------------------------------------------------------
@@ -273,7 +312,7 @@ class Store:
     def create(self, ref: Ref, body: Any) -> Obj:
         if ref.name or not isinstance(body, dict):
             raise ApiError(405, "MethodNotAllowed", "create is on a collection, with an object")
-        obj = copy.deepcopy(body)
+        obj = clone(body)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             self._uids += 1
@@ -311,20 +350,20 @@ class Store:
         if not isinstance(wanted, dict) or not isinstance(wanted.get("metadata", {}), dict):
             raise ApiError(422, "Invalid", "the object must be a JSON object with object metadata")
         cur_meta = current["metadata"]
-        new = copy.deepcopy(wanted)
+        new = clone(wanted)
         meta = new.setdefault("metadata", {})
         if meta.get("name", cur_meta["name"]) != cur_meta["name"]:
             raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
         self._check_preconditions(ref, current, meta.get("uid"), meta.get("resourceVersion"))
         if ref.subresource == "status":
-            new = {**copy.deepcopy(current), "status": copy.deepcopy(new.get("status"))}
+            new = {**clone(current), "status": clone(new.get("status"))}
             if new["status"] is None:
                 del new["status"]
             meta = new["metadata"]
         elif ref.plural not in self.without_status:
             new.pop("status", None)
             if "status" in current:
-                new["status"] = copy.deepcopy(current["status"])
+                new["status"] = clone(current["status"])
         for field in ("uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds"):
             if field in cur_meta:
                 meta[field] = cur_meta[field]
@@ -340,7 +379,7 @@ class Store:
             return self._record("DELETED", ref.key, new, current)
         meta["resourceVersion"] = cur_meta["resourceVersion"]
         if new == current:
-            return copy.deepcopy(current)  # a no-op write takes no new version
+            return clone(current)  # a no-op write takes no new version
         return self._record("MODIFIED", ref.key, new, current)
 
     def _target(self, ref: Ref) -> tuple[Ref, Obj]:
@@ -359,7 +398,7 @@ class Store:
 
     def patch(self, ref: Ref, body: Any, content_type: str) -> Obj:
         ref, current = self._target(ref)
-        base = copy.deepcopy(current)
+        base = clone(current)
         try:
             if content_type == JSON_PATCH:
                 wanted = patches.json_patch(base, body)
@@ -390,8 +429,8 @@ class Store:
         self._check_preconditions(ref, current, preconditions.get("uid"), preconditions.get("resourceVersion"))
         if current["metadata"].get("finalizers"):
             if current["metadata"].get("deletionTimestamp"):
-                return copy.deepcopy(current)
-            new = copy.deepcopy(current)
+                return clone(current)
+            new = clone(current)
             new["metadata"]["deletionTimestamp"] = _stamp(self.now())
             new["metadata"]["deletionGracePeriodSeconds"] = 0
             return self._record("MODIFIED", ref.key, new, current)

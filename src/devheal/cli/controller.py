@@ -70,6 +70,7 @@ def controller(
         raise typer.BadParameter(str(exc), param_hint="--gpu-resource") from None
     logs.setup(log_level, log_format)
     preflight("controller", kubeconfig, context=context)
+    from devheal.controller.cache import collect_garbage_less_often
     from devheal.controller.loop import ControllerOptions, serve
 
     options = ControllerOptions(
@@ -85,4 +86,5 @@ def controller(
         renew_deadline=lease_duration * 2 / 3,
         retry_period=max(0.5, lease_duration / 7.5),
     )
+    collect_garbage_less_often()
     asyncio.run(serve(kubeconfig, options, metrics_port, context=context))

@@ -16,6 +16,8 @@ lifted, since nothing would ever say the device is healthy again.
 
 from __future__ import annotations
 
+import contextlib
+
 from devheal.controller.action_family import Outcome, Policies, StepFailed, Steps
 from devheal.controller.dra_projections import project_resource_slice
 from devheal.kube import errors
@@ -41,14 +43,16 @@ async def published_on(client: KubeClient, device: DraDevice, node: str) -> bool
     """Whether a ResourceSlice of the device's driver publishes it on ``node`` (read from the API server: a slice
     that cannot be read publishes nothing)."""
     selector = f"spec.driver={device.driver},spec.nodeName={node}"  # both served as field selectors
-    async for page in client.list_pages(SLICES, {"fieldSelector": selector}):
-        for item in page.items:
-            try:
-                devices = project_resource_slice(item)
-            except Exception:  # whatever is wrong with it, it vouches for no device
-                continue
-            if any(d.device == device and d.node == node for d in devices):
-                return True
+    # Closed at once when found: the next page, asked for meanwhile, is not wanted.
+    async with contextlib.aclosing(client.list_pages(SLICES, {"fieldSelector": selector})) as pages:
+        async for page in pages:
+            for item in page.items:
+                try:
+                    devices = project_resource_slice(item)
+                except Exception:  # whatever is wrong with it, it vouches for no device
+                    continue
+                if any(d.device == device and d.node == node for d in devices):
+                    return True
     return False
 
 

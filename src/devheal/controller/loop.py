@@ -524,6 +524,7 @@ class Controller:
 
     def _guarded_round(self) -> bool:
         """One decision round; False when it raised (logged with its traceback when the error is new, counted)."""
+        started = time.perf_counter()  # the round's own cost, on the real clock whatever ``clock`` is
         try:
             self.reconcile_once(self.clock())
         except Exception as exc:
@@ -539,6 +540,7 @@ class Controller:
                 )
             return False
         self.round_failures.succeeded()
+        metrics.observe_round(time.perf_counter() - started)
         return True
 
     async def _back_off(self, stop: asyncio.Event) -> None:

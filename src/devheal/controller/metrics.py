@@ -42,3 +42,21 @@ BADPUT = Counter(
     "the workload's namespace, counted as each Remediation on a pod or a gang ends (its status.badput)",
     ["cause", "namespace"],
 )
+ROUND_SECONDS = Histogram(
+    "devheal_round_seconds",
+    "How long each decision round took (those that did not raise)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+LONGEST_ROUND = Gauge("devheal_round_seconds_max", "The longest decision round since the controller started")
+
+
+_longest = [0.0]
+"""The longest round so far (a gauge is not read back through prometheus_client's API)."""
+
+
+def observe_round(seconds: float) -> None:
+    """Count one decision round's duration."""
+    ROUND_SECONDS.observe(seconds)
+    if seconds > _longest[0]:
+        _longest[0] = seconds
+        LONGEST_ROUND.set(seconds)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
@@ -224,24 +224,33 @@ class KubeClient:
 
     async def list_pages(
         self, path: str, params: Mapping[str, str | int] | None = None, *, page_size: int = 500
-    ) -> AsyncIterator[Page]:
-        """A collection page by page, following ``continue`` tokens, so a caller holds one page at a time.
+    ) -> AsyncGenerator[Page, None]:
+        """A collection page by page, following ``continue`` tokens, so a caller never holds all of it at once.
 
-        Raises ``Gone`` when a continuation has expired (list again from the start).
+        The next page is asked for before a page is handed over: the server prepares it while the
+        caller reads this one (a caller that awaits now and then lets the request go out), so at
+        most two pages are held at once. Raises ``Gone`` when a continuation has expired (list
+        again from the start).
         """
-        token = ""
-        while True:
-            query: dict[str, str | int] = {**(params or {}), "limit": page_size}
-            if token:
-                query["continue"] = token
-            answer = await self._list_page(path, query)
-            meta = answer.get("metadata") or {}
-            token = str(meta.get("continue") or "")
-            page = Page(answer.get("items") or [], str(meta.get("resourceVersion") or ""))
-            del answer
-            yield page
-            if not token:
-                return
+        query: dict[str, str | int] = {**(params or {}), "limit": page_size}
+        pending = asyncio.ensure_future(self._list_page(path, query))
+        try:
+            while True:
+                answer = await pending
+                meta = answer.get("metadata") or {}
+                token = str(meta.get("continue") or "")
+                page = Page(answer.get("items") or [], str(meta.get("resourceVersion") or ""))
+                del answer
+                if token:
+                    pending = asyncio.ensure_future(self._list_page(path, {**query, "continue": token}))
+                yield page
+                if not token:
+                    return
+        finally:
+            # A page the caller no longer wants: its request ends with the caller, its error is not news.
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pending
 
     async def _list_page(self, path: str, query: Mapping[str, str | int]) -> Obj:
         """One list request; sent again while the server's watch cache is behind (504, too large version)."""

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+YIELD_EVERY = 100
+"""Objects of a list page projected between two turns of the event loop."""
+
 Handler = Callable[[str, "T | None", "T | None"], None]
 """Called as ``handler(key, old, new)``: new is None on delete, old is None on add."""
 
@@ -161,24 +164,31 @@ class Reflector(Generic[T]):
         elif old is not None:
             self._notify(key, old, None)
 
-    def _take(self, items: list[Obj], seen: set[str]) -> None:
-        """Project and store one page of a list (an object that cannot be read leaves the store)."""
-        for item in items:
+    async def _take(self, items: list[Obj], seen: set[str]) -> None:
+        """Project and store one page of a list (an object that cannot be read leaves the store).
+
+        Every ``YIELD_EVERY`` objects the loop gets a turn: the next page's request goes out while
+        this one is projected, and the other watches and the leader's lease are served meanwhile.
+        """
+        for index, item in enumerate(items):
+            if index % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
             seen.add(object_key(item))
             self._apply("MODIFIED", item)
 
     async def _relist(self) -> None:
         """List page by page, storing each page as it arrives; then drop what the list no longer has.
 
-        Only one page of raw objects is held at a time (raw pods weigh about 45 KB each, their
-        projections a few hundred bytes); the keys seen are kept to find the deletions once the
-        list is complete. A list that fails half-way (a continuation answered 410) has stored
-        objects no older than the store's and deleted nothing; the next list starts over.
+        At most two pages of raw objects are held at a time, the one projected and the next one
+        arriving (raw pods weigh about 45 KB each, their projections a few hundred bytes); the
+        keys seen are kept to find the deletions once the list is complete. A list that fails
+        half-way (a continuation answered 410) has stored objects no older than the store's and
+        deleted nothing; the next list starts over.
         """
         seen: set[str] = set()
         version = ""
         async for page in self.client.list_pages(self.path, self.params, page_size=self.page_size):
-            self._take(page.items, seen)
+            await self._take(page.items, seen)
             version = page.resource_version
             page.items.clear()  # the raw objects go before the next page arrives
         for key in [k for k in self.store if k not in seen]:

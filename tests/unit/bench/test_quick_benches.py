@@ -19,6 +19,9 @@ QUICK = {
     # benchmark: (tiny arguments, the key its figures are under)
     "decide_records": (["--records", "100", "--nodes", "20", "--runs", "1"], "results"),
     "decide_round": (["--nodes", "40", "--runs", "1"], "rows"),
+    "controller_memory": (["--pods", "400", "--nodes", "20"], "sync_cpu_seconds"),
+    # A storm on 40 nodes (2 fail): the controller's rounds are timed and read from its /metrics.
+    "controller_scale": (["--nodes", "40", "--pods", "320", "--storm", "--storm-seconds", "2"], "longest_round_ms"),
     "stragglers": (
         ["--seeds", "1", "--steps", "60", "--healthy-steps", "60", "--slowdowns", "1.5", "--noise", "0.1"],
         "detection",

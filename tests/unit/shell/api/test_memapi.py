@@ -98,6 +98,37 @@ async def test_list_pages_through_one_snapshot(api: MemApi, kube: KubeClient) ->
     assert third["metadata"]["resourceVersion"] == str(listed_at)
 
 
+async def test_a_selective_list_pages_through_one_snapshot_without_counting(api: MemApi, kube: KubeClient) -> None:
+    for i in range(8):
+        await kube.create(PODS, pod(f"p{i}", app="x" if i % 2 else "y"))
+    first = await kube.request("GET", PODS, params={"limit": 2, "labelSelector": "app=x"})
+    assert [p["metadata"]["name"] for p in first["items"]] == ["p1", "p3"]
+    # As the API server does: with a selector, how many items remain is not said.
+    assert "remainingItemCount" not in first["metadata"]
+    # The last object served and one still to come change meanwhile; the list goes on from where it was.
+    await kube.delete(f"{PODS}/p3")
+    await kube.patch(f"{PODS}/p5", {"metadata": {"labels": {"app": "y"}}})
+    await kube.create(PODS, pod("p4a", app="x"))
+    token = first["metadata"]["continue"]
+    second = await kube.request("GET", PODS, params={"limit": 2, "labelSelector": "app=x", "continue": token})
+    assert [p["metadata"]["name"] for p in second["items"]] == ["p5", "p7"]
+    assert second["items"][0]["metadata"]["labels"] == {"app": "x"}, "as it was when the list began"
+    assert "continue" not in second["metadata"]
+
+
+async def test_a_list_across_namespaces_pages_in_namespace_then_name_order(kube: KubeClient) -> None:
+    for namespace in ("b", "a"):
+        for name in ("z", "y"):
+            await kube.create(api_path("v1", "pods", namespace=namespace), pod(name))
+    items, _ = await kube.list_all(api_path("v1", "pods"), page_size=1)
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in items] == [
+        ("a", "y"),
+        ("a", "z"),
+        ("b", "y"),
+        ("b", "z"),
+    ]
+
+
 async def test_list_all_follows_continue_tokens(api: MemApi, kube: KubeClient) -> None:
     for i in range(5):
         await kube.create(PODS, pod(f"p{i}"))

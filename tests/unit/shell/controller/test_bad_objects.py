@@ -153,6 +153,10 @@ def round_failures() -> float:
     return REGISTRY.get_sample_value("devheal_round_failures_total") or 0.0
 
 
+def timed_rounds() -> float:
+    return REGISTRY.get_sample_value("devheal_round_seconds_count") or 0.0
+
+
 def told_about(api: MemApi, name: str) -> list[Obj]:
     return [e for e in events(api, UNREADABLE_EVENT) if e["involvedObject"]["name"] == name]
 
@@ -278,7 +282,10 @@ async def test_a_round_that_raises_is_logged_counted_backed_off_and_tried_again(
 
         monkeypatch.setattr(controller.rounds, "run", engine)
         api.create(PODS, inference_pod("infer-0"))
+        await until(lambda: round_failures() > before, "the first round that raises")
+        timed = timed_rounds()
         await asyncio.sleep(60)
+        assert timed_rounds() == timed, "a round that raised is not timed"
         failed = round_failures() - before
         # Backed off (1, 2, 4, 8, 15, 15... seconds), not one failure per tick; the loop is alive and not ready.
         assert 5 <= failed <= 9
@@ -290,6 +297,8 @@ async def test_a_round_that_raises_is_logged_counted_backed_off_and_tried_again(
         api.delete(f"{REMEDIATIONS}/odd-record")
         await until(gone(api), "the faulty pod to be evicted once rounds succeed again")
         assert controller.round_failures.check() is None
+        assert timed_rounds() > timed
+        assert (REGISTRY.get_sample_value("devheal_round_seconds_max") or 0.0) > 0.0
     tracebacks = [r for r in caplog.records if r.getMessage().startswith("decision round failed") and r.exc_info]
     assert len(tracebacks) == 1  # the same error again is one line each, without its traceback
 

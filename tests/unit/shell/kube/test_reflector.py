@@ -371,7 +371,7 @@ class Raw(dict[str, Any]):
     __hash__ = object.__hash__  # by identity, to sit in a WeakSet
 
 
-async def test_a_relist_stores_page_by_page_and_never_holds_more_than_a_page_of_raw_objects(
+async def test_a_relist_stores_page_by_page_and_never_holds_more_than_two_pages_of_raw_objects(
     api: MemApi, kube: KubeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for i in range(450):
@@ -402,8 +402,10 @@ async def test_a_relist_stores_page_by_page_and_never_holds_more_than_a_page_of_
     async with running(reflector):
         await reflector.synced.wait()
     assert len(reflector.store) == 450
-    assert pages == [1] * 100 + [2] * 100 + [3] * 100 + [4] * 100 + [5] * 50  # stored as each page arrived
-    assert max(held) <= 100
+    # Stored as each page arrived: the next page is asked for meanwhile, never the one after it.
+    assert all(index // 100 + 1 <= asked <= index // 100 + 2 for index, asked in enumerate(pages))
+    assert pages[-1] == 5
+    assert max(held) <= 200  # the page projected and the next one
 
 
 async def test_a_relist_cut_by_410_lists_again_from_the_start_and_sees_the_deletions(
@@ -437,3 +439,25 @@ async def test_a_relist_cut_by_410_lists_again_from_the_start_and_sees_the_delet
         ("delete", "ns/a"),
         ("delete", "ns/d"),
     ]
+
+
+async def test_the_next_page_is_asked_for_while_the_caller_still_reads_this_one(api: MemApi, kube: KubeClient) -> None:
+    for i in range(5):
+        api.create(PODS, pod(f"p{i}"))
+    pages = kube.list_pages(PODS, page_size=2)
+    first = await anext(pages)
+    assert [p["metadata"]["name"] for p in first.items] == ["p0", "p1"]
+    await until(lambda: len(api.calls("list")) == 2, "the second page's request, before the caller asks for it")
+    assert [[p["metadata"]["name"] for p in page.items] async for page in pages] == [["p2", "p3"], ["p4"]]
+    assert len(api.calls("list")) == 3  # nothing asked for past the last page
+
+
+async def test_a_caller_that_stops_early_leaves_no_request_behind(api: MemApi, kube: KubeClient) -> None:
+    for i in range(5):
+        api.create(PODS, pod(f"p{i}"))
+    pages = kube.list_pages(PODS, page_size=2)
+    await anext(pages)
+    api.slow_next(30.0, verb="list")  # the second page does not come
+    await until(lambda: len(api.calls("list")) == 2, "the second page's request")
+    await pages.aclose()
+    assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and "_list_page" in repr(t)]
