@@ -737,6 +737,8 @@ class Lab:
         running = [c for c, pid in state.pids.items() if self._running(pid)]
         leftover = self._teardown_real_nodes(state)
         leftover += self._stop(state.pids, grace)
+        if state.spec.kueue:
+            kueue.release_metrics_cert(self.dir)
         if leftover:
             raise LabError(
                 f"could not stop {', '.join(leftover)}: still there {KILL_WAIT:.0f}s after SIGKILL; "

@@ -96,7 +96,7 @@ def prepare(lab_dir: Path, pki: LabPki, ports: dict[str, int]) -> Path:
     shutil.copyfile(pki.loopback_cert("kueue-webhook"), certs / "tls.crt")
     shutil.copyfile(pki.loopback_key("kueue-webhook"), certs / "tls.key")
     (certs / "tls.key").chmod(0o600)
-    _ensure_metrics_cert(certs)
+    _ensure_metrics_cert(lab_dir, certs)
     config = directory(lab_dir) / "config.yaml"
     config.write_text(yaml.safe_dump(configuration(lab_dir, ports), sort_keys=False))
     namespace = directory(lab_dir) / "namespace.yaml"
@@ -113,22 +113,59 @@ def prepare(lab_dir: Path, pki: LabPki, ports: dict[str, int]) -> Path:
     return config
 
 
-def _ensure_metrics_cert(certs: Path) -> None:
-    """Put a certificate where Kueue's manager insists on reading one (``METRICS_CERT_DIR``), unless one is there.
+METRICS_CERT_CLAIMS = METRICS_CERT_DIR / "devheal-labs"
+"""The labs using a certificate the lab put at ``METRICS_CERT_DIR``, one directory per line: the last one's
+``down`` takes it away again. Without this file the certificate there is someone else's and stays."""
+
+
+def _ensure_metrics_cert(lab_dir: Path, certs: Path) -> None:
+    """Put a certificate where Kueue's manager insists on reading one (``METRICS_CERT_DIR``), unless one is there
+    that is not the lab's; note that this lab uses it (``release_metrics_cert`` at ``down``).
 
     Any lab's loopback certificate will do: the lab scrapes no metrics over TLS and verifies none."""
-    if all((METRICS_CERT_DIR / name).exists() for name in ("tls.crt", "tls.key")):
+    present = all((METRICS_CERT_DIR / name).exists() for name in ("tls.crt", "tls.key"))
+    if present and not METRICS_CERT_CLAIMS.exists():
         return
     try:
         METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
-        for name in ("tls.crt", "tls.key"):
-            shutil.copyfile(certs / name, METRICS_CERT_DIR / name)
-        (METRICS_CERT_DIR / "tls.key").chmod(0o600)
+        if not present:
+            for name in ("tls.crt", "tls.key"):
+                shutil.copyfile(certs / name, METRICS_CERT_DIR / name)
+            (METRICS_CERT_DIR / "tls.key").chmod(0o600)
+        claims = _claims()
+        if str(lab_dir) not in claims:
+            METRICS_CERT_CLAIMS.write_text("".join(f"{c}\n" for c in [*claims, str(lab_dir)]))
     except OSError as exc:
         raise KueueSetupError(
             f"Kueue's manager reads its metrics certificate from {METRICS_CERT_DIR} (a fixed path) and could not "
             f"be given one ({exc}): run the lab as root, or create that directory writable by this user"
         ) from exc
+
+
+def _claims() -> list[str]:
+    try:
+        return [line for line in METRICS_CERT_CLAIMS.read_text().splitlines() if line]
+    except FileNotFoundError:
+        return []
+
+
+def release_metrics_cert(lab_dir: Path) -> None:
+    """This lab no longer uses the certificate it put at ``METRICS_CERT_DIR``; the last lab removes it, and the
+    directories it made. A certificate the lab did not put there is never touched."""
+    claims = _claims()
+    if str(lab_dir) not in claims:
+        return
+    rest = [c for c in claims if c != str(lab_dir)]
+    if rest:
+        METRICS_CERT_CLAIMS.write_text("".join(f"{c}\n" for c in rest))
+        return
+    for name in ("tls.crt", "tls.key", METRICS_CERT_CLAIMS.name):
+        (METRICS_CERT_DIR / name).unlink(missing_ok=True)
+    for directory in (METRICS_CERT_DIR, METRICS_CERT_DIR.parent, METRICS_CERT_DIR.parent.parent):
+        try:
+            directory.rmdir()
+        except OSError:
+            break  # not empty: someone else's files are there
 
 
 def command(lab_dir: Path, kubeconfig: Path) -> list[str]:

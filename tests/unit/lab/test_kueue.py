@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import pytest
+
 from devheal.lab import kueue, toolchain, versions
 
 
@@ -62,3 +64,48 @@ def test_webhooks_call_loopback_with_the_lab_ca_and_only_for_what_kueue_serves()
     (exempt,) = hooks["mpod.kb.io"]["namespaceSelector"]["matchExpressions"]
     assert exempt["operator"] == "NotIn" and set(exempt["values"]) == {"kube-system", "kueue-system"}
     assert "namespaceSelector" not in hooks["mjob.kb.io"]
+
+
+def _fixed_path(monkeypatch: pytest.MonkeyPatch, root: Path) -> Path:
+    """``METRICS_CERT_DIR`` under ``root`` (``etc/kueue/metrics/certs``), as the lab sees it."""
+    directory = root / "etc" / "kueue" / "metrics" / "certs"
+    monkeypatch.setattr(kueue, "METRICS_CERT_DIR", directory)
+    monkeypatch.setattr(kueue, "METRICS_CERT_CLAIMS", directory / "devheal-labs")
+    return directory
+
+
+def _certs(tmp_path: Path) -> Path:
+    certs = tmp_path / "lab-certs"
+    certs.mkdir()
+    (certs / "tls.crt").write_text("cert")
+    (certs / "tls.key").write_text("key")
+    return certs
+
+
+def test_the_metrics_certificate_at_kueues_fixed_path_goes_with_the_last_lab_that_put_it_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fixed = _fixed_path(monkeypatch, tmp_path)
+    (tmp_path / "etc").mkdir()
+    certs = _certs(tmp_path)
+    kueue._ensure_metrics_cert(Path("/lab-a"), certs)
+    kueue._ensure_metrics_cert(Path("/lab-b"), certs)
+    assert (fixed / "tls.crt").read_text() == "cert"
+    kueue.release_metrics_cert(Path("/lab-a"))
+    assert (fixed / "tls.crt").exists(), "lab-b still uses it"
+    kueue.release_metrics_cert(Path("/lab-b"))
+    assert not (tmp_path / "etc" / "kueue").exists(), "the last lab takes away what the labs made"
+    assert (tmp_path / "etc").exists()
+
+
+def test_a_metrics_certificate_the_lab_did_not_put_there_is_used_and_never_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fixed = _fixed_path(monkeypatch, tmp_path)
+    fixed.mkdir(parents=True)
+    (fixed / "tls.crt").write_text("theirs")
+    (fixed / "tls.key").write_text("theirs")
+    kueue._ensure_metrics_cert(Path("/lab-a"), _certs(tmp_path))
+    kueue.release_metrics_cert(Path("/lab-a"))
+    assert (fixed / "tls.crt").read_text() == "theirs"
+    assert not (fixed / "devheal-labs").exists()
