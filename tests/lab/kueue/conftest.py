@@ -8,6 +8,7 @@ and ``faults`` are the lab's (tests/lab/conftest.py), here against this package'
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import pytest
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab.cluster import Lab, LabSpec
-from devheal.lab.kueue import QUEUE_NAME_LABEL
+from devheal.lab.kueue import METRICS_CERT_DIR, QUEUE_NAME_LABEL
 from devheal.lab.workloads import get_path, wait_until
 
 from ..controller.conftest import harness as harness  # the controller tests' fixture, used here too
@@ -32,6 +33,8 @@ HOSTNAME = "kubernetes.io/hostname"
 
 @pytest.fixture(scope="package")
 def lab() -> Iterator[Lab]:
+    if os.geteuid() != 0 and not os.access(METRICS_CERT_DIR.parent.parent.parent, os.W_OK):
+        pytest.skip(f"Kueue's manager reads a certificate from {METRICS_CERT_DIR}: the lab needs root to put one there")
     with running_lab("devheal-kueue-", LabSpec(nodes=NODES, gpus_per_node=GPUS_PER_NODE, kueue=True)) as lab:
         yield lab
 
