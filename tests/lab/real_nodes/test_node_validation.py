@@ -125,4 +125,6 @@ async def test_a_real_validation_pod_fails_then_passes_and_the_node_rejoins(
             what="devheal's taint lifted",
         )
     finally:
+        for gpu in range(GPUS_PER_NODE):  # the tests after this one need the node's GPUs, whatever happened here
+            faults.recover(REAL_NODE, gpu)
         await harness.cleanup()
