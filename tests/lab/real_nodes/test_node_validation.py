@@ -20,8 +20,8 @@ from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import GPU_RESOURCE, OWNED_TAINT_KEY
 
 from ..controller.conftest import ControllerHarness
+from ..controller.ladder_remediators import KINDS, install_remediators
 from ..controller.test_node_remediation import GV
-from ..controller.test_node_validation import KINDS, install_remediators
 from .conftest import GPUS_PER_NODE, SIMULATED_NODES
 
 REAL_NODE = node_name(SIMULATED_NODES)
