@@ -217,7 +217,12 @@ async def _the_agents_own_token_writes_only_its_nodes_node_devices(lab: Lab, age
 
     try:
         assert await refusal_of_node_devices(client, REAL_NODE) == ""
-        refused = await refusal_of_node_devices(client, node_name(0))
+        # The API server loads the chart's new admission policy asynchronously: wait until it is enforced.
+        refused = await until(
+            "the chart's policy refuses another node's NodeDevices",
+            lambda: refusal_of_node_devices(client, node_name(0)),
+            timeout=15,
+        )
         assert OWN_NODE_ONLY in refused, refused
     finally:
         await client.close()
