@@ -119,17 +119,14 @@ class LabPki:
         """The client identity of a real node's kubelet: CN ``system:node:<node>``, O ``system:nodes``."""
         if self.node_cert(node).exists() and self.node_key(node).exists():
             return
-        self.ensure()
-        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
-        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-            raise ValueError(f"{self.ca_key} is not the EC key this lab's CA is made with; remove {self.directory}")
-        ca_name = x509.load_pem_x509_certificate(self.ca_cert.read_bytes()).subject
-        now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
-        key, cert = _leaf(
-            ca_key, ca_name, now, f"system:node:{node}", ["system:nodes"], ExtendedKeyUsageOID.CLIENT_AUTH, []
+        self._sign_leaf(
+            self.node_cert(node),
+            self.node_key(node),
+            f"system:node:{node}",
+            ["system:nodes"],
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+            [],
         )
-        _write_key(self.node_key(node), key)
-        self.node_cert(node).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
     def loopback_cert(self, name: str) -> Path:
         return self.directory / f"{name}-serving.crt"
@@ -142,16 +139,30 @@ class LabPki:
         loopback (Kueue's) that the lab's API server calls with ``url: https://127.0.0.1:<port>/...``."""
         if self.loopback_cert(name).exists() and self.loopback_key(name).exists():
             return
+        sans: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        self._sign_leaf(
+            self.loopback_cert(name), self.loopback_key(name), name, [], ExtendedKeyUsageOID.SERVER_AUTH, sans
+        )
+
+    def _sign_leaf(
+        self,
+        cert_path: Path,
+        key_path: Path,
+        common: str,
+        orgs: list[str],
+        usage: x509.ObjectIdentifier,
+        sans: list[x509.GeneralName],
+    ) -> None:
+        """A new key and certificate signed by the lab's CA (made first if need be), written to the two paths."""
         self.ensure()
         ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
         if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
             raise ValueError(f"{self.ca_key} is not the EC key this lab's CA is made with; remove {self.directory}")
         ca_name = x509.load_pem_x509_certificate(self.ca_cert.read_bytes()).subject
         now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
-        sans: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-        key, cert = _leaf(ca_key, ca_name, now, name, [], ExtendedKeyUsageOID.SERVER_AUTH, sans)
-        _write_key(self.loopback_key(name), key)
-        self.loopback_cert(name).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        key, cert = _leaf(ca_key, ca_name, now, common, orgs, usage, sans)
+        _write_key(key_path, key)
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
     def kubeconfig(
         self, server: str, user: str = "devheal-lab-admin", cert: Path | None = None, key: Path | None = None
