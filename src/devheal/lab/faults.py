@@ -14,6 +14,7 @@ import urllib.request
 from typing import Any
 
 from devheal.lab.cluster import Lab, LabError
+from devheal.lab.workloads import pod_devices
 
 PLUGIN_DOWN_SECONDS = 7 * 24 * 3600.0
 """How long ``plugin_down`` keeps the device plugin away: longer than any test (``plugin_up`` ends it)."""
@@ -52,6 +53,11 @@ class Faults:
 
     def _fault(self, node: str, **body: Any) -> dict[str, Any]:
         return self._call("POST", f"/v1/nodes/{node}/faults", body, node=node)
+
+    def gpu_of(self, pod: dict[str, Any]) -> tuple[str, int]:
+        """The node and index of the GPU a pod holds (its first, for a pod with several): where to fault it."""
+        node = str(pod["spec"]["nodeName"])
+        return node, self.gpu_index(node, pod_devices(pod)[0].device_id)
 
     def gpu_index(self, node: str, device_id: str) -> int:
         """The index of the GPU with UUID ``device_id`` on ``node`` (what the fault calls take)."""

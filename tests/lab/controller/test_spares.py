@@ -114,8 +114,7 @@ async def test_a_broken_rank_moves_to_the_warm_spare(
         assert spare not in {p["spec"]["nodeName"] for p in before.values()}, "the reserved spare is kept empty"
 
         broken = before["train-0"]
-        node = broken["spec"]["nodeName"]
-        index = await asyncio.to_thread(faults.gpu_index, node, pod_devices(broken)[0].device_id)
+        node, index = await asyncio.to_thread(faults.gpu_of, broken)
         await asyncio.to_thread(faults.xid, node, index, 79)  # its node keeps 7 healthy GPUs: no room for 8
 
         def restarted(r: dict[str, dict[str, Any]]) -> bool:

@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_job, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from ..controller.conftest import ControllerHarness
@@ -63,8 +63,7 @@ async def test_gang_admitted_by_kueue_restarts_in_place_and_stays_admitted(
         harness.start()
 
         victim = before["2"]
-        node = victim["spec"]["nodeName"]
-        index = await asyncio.to_thread(faults.gpu_index, node, pod_devices(victim)[0].device_id)
+        node, index = await asyncio.to_thread(faults.gpu_of, victim)
         await asyncio.to_thread(faults.xid, node, index, 79)
 
         await harness.wait_remediation(

@@ -15,7 +15,7 @@ import asyncio
 from typing import Any
 
 from devheal.kube.client import KubeClient, api_path
-from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_job, pods_of, wait_until
 from devheal.model.cluster import OWNED_TAINT_KEY
 
 from ..conftest import RecordingFaults
@@ -99,8 +99,7 @@ async def test_quarantine_taint_and_kueue_node_replacement_do_not_both_evict(
         harness.start()
 
         victim = before["0"]
-        node = victim["spec"]["nodeName"]
-        index = await asyncio.to_thread(faults.gpu_index, node, pod_devices(victim)[0].device_id)
+        node, index = await asyncio.to_thread(faults.gpu_of, victim)
         await asyncio.to_thread(faults.xid, node, index, 79)
 
         await harness.wait_remediation(

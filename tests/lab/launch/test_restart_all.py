@@ -19,7 +19,7 @@ from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.kube.features import detect_restart_all
 from devheal.lab.cluster import Lab
-from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_job, pods_of, wait_until
 
 from ..conftest import RecordingFaults
 from ..controller.conftest import ControllerHarness
@@ -116,9 +116,7 @@ async def start_job(lab: Lab, kube: KubeClient, namespace: str, *, ranks: int) -
 
 
 async def fail_gpu_of(faults: RecordingFaults, pod: dict[str, Any]) -> None:
-    device = pod_devices(pod)[0].device_id
-    node = pod["spec"]["nodeName"]
-    index = await asyncio.to_thread(faults.gpu_index, node, device)
+    node, index = await asyncio.to_thread(faults.gpu_of, pod)
     await asyncio.to_thread(faults.xid, node, index, 79)
 
 

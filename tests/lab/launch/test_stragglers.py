@@ -21,7 +21,7 @@ from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab.cluster import Lab
 from devheal.lab.slowdown import DEVICES_ENV, POD_ENV
-from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_until
+from devheal.lab.workloads import get_path, gpu_job, pods_of, wait_until
 from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
 from devheal.model.steps import STEPS_ANNOTATION, parse_step_report
 from tests.lab.conftest import RecordingFaults
@@ -84,8 +84,7 @@ async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
         assert [r for r in await harness.remediations() if r["spec"]["finding"]["kind"] == "Straggler"] == []
 
         slow = before["2"]
-        node = slow["spec"]["nodeName"]
-        index = await asyncio.to_thread(faults.gpu_index, node, pod_devices(slow)[0].device_id)
+        node, index = await asyncio.to_thread(faults.gpu_of, slow)
         await asyncio.to_thread(faults.degrade, node, index, 2.0)
 
         def restarts(rs: list[dict]) -> list[dict]:

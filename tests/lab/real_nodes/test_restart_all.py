@@ -192,9 +192,8 @@ async def test_the_controller_restarts_the_gang_in_place_on_the_real_kubelet_and
     controller.start()
 
     victim, survivor = sorted(before)
-    node = before[victim]["spec"]["nodeName"]
     faults = Faults(real_lab)
-    gpu = await asyncio.to_thread(faults.gpu_index, node, pod_devices(before[victim])[0].device_id)
+    node, gpu = await asyncio.to_thread(faults.gpu_of, before[victim])
     await asyncio.to_thread(faults.xid, node, gpu, 79)
     try:
         records = await controller.wait_remediation(
