@@ -38,6 +38,7 @@ from devheal.lab.workloads import (
     apply_launcher_rbac,
     get_path,
     restart_all_rank_spec,
+    running_since,
     wait_until,
 )
 from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION, RESTART_GENERATION_ANNOTATION
@@ -50,8 +51,7 @@ GANG = "bench"
 def _training(pod: dict[str, Any], generation: int, since: dict[str, str]) -> bool:
     """The rank trains with ``generation`` acknowledged, in a container started after the one in ``since``."""
     acknowledged = get_path(pod, "metadata", "annotations", LAUNCHER_GENERATION_ANNOTATION)
-    statuses = get_path(pod, "status", "containerStatuses") or []
-    started = next((get_path(s, "state", "running", "startedAt") for s in statuses if s["name"] == "train"), None)
+    started = running_since(pod, "train")
     return acknowledged == str(generation) and started is not None and started != since.get(pod["metadata"]["uid"])
 
 
@@ -78,12 +78,7 @@ class Gang:
             what=f"{self.ranks} ranks training with generation {generation}",
             interval=0.1,
         )
-        return {
-            p["metadata"]["uid"]: next(
-                s["state"]["running"]["startedAt"] for s in p["status"]["containerStatuses"] if s["name"] == "train"
-            )
-            for p in pods
-        }
+        return {p["metadata"]["uid"]: str(running_since(p, "train")) for p in pods}
 
     async def restart_in_place(self, generation: int, since: dict[str, str]) -> tuple[float, dict[str, str]]:
         started = time.monotonic()

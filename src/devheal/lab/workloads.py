@@ -160,6 +160,21 @@ def get_path(obj: Any, *keys: str | int, default: Any = None) -> Any:
     return cur
 
 
+def container_status(pod: Obj, name: str) -> Obj:
+    """The status of the pod's container (or init container) ``name``; {} while kubelet reports none."""
+    statuses = [
+        *(get_path(pod, "status", "initContainerStatuses") or []),
+        *(get_path(pod, "status", "containerStatuses") or []),
+    ]
+    return next((s for s in statuses if s["name"] == name), {})
+
+
+def running_since(pod: Obj, name: str) -> str | None:
+    """When the pod's container ``name`` last started, while it runs (kubelet's ``startedAt``)."""
+    started = get_path(container_status(pod, name), "state", "running", "startedAt")
+    return str(started) if started else None
+
+
 async def pods_of(kube: KubeClient, namespace: str, selector: str = "") -> list[Obj]:
     params = {"labelSelector": selector} if selector else None
     items, _ = await kube.list_all(api_path("v1", "pods", namespace=namespace), params)

@@ -24,7 +24,15 @@ from devheal.kube.crds import install_crds
 from devheal.lab import images, realnode
 from devheal.lab.cluster import Lab
 from devheal.lab.faults import Faults
-from devheal.lab.workloads import apply_launcher_rbac, get_path, gpu_job, pod_devices, restart_all_rank_spec
+from devheal.lab.workloads import (
+    apply_launcher_rbac,
+    container_status,
+    get_path,
+    gpu_job,
+    pod_devices,
+    restart_all_rank_spec,
+    running_since,
+)
 from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION, RESTART_GENERATION_ANNOTATION
 from tests.lab.controller.conftest import ControllerHarness
 
@@ -48,22 +56,8 @@ def _rank_spec(account: str, devheal_image: str) -> dict[str, Any]:
     return {**spec, **realnode.on_real_nodes()}
 
 
-def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
-    statuses = [
-        *(get_path(pod, "status", "initContainerStatuses") or []),
-        *(get_path(pod, "status", "containerStatuses") or []),
-    ]
-    return next((s for s in statuses if s["name"] == name), {})
-
-
 def _acknowledged(pod: dict[str, Any]) -> int:
     return int(get_path(pod, "metadata", "annotations", LAUNCHER_GENERATION_ANNOTATION, default="-1"))
-
-
-def _training_since(pod: dict[str, Any]) -> str | None:
-    """When the pod's training container last started, while it runs."""
-    started = get_path(_container(pod, "train"), "state", "running", "startedAt")
-    return str(started) if started else None
 
 
 class Gang:
@@ -94,9 +88,11 @@ class Gang:
 
         async def ready() -> dict[str, dict[str, Any]] | None:
             now = await self.ranks()
-            ok = len(now) == count and all(_acknowledged(p) == generation and _training_since(p) for p in now.values())
+            ok = len(now) == count and all(
+                _acknowledged(p) == generation and running_since(p, "train") for p in now.values()
+            )
             for name, old in (fresh_since or {}).items():
-                ok = ok and name in now and _training_since(now[name]) != _training_since(old)
+                ok = ok and name in now and running_since(now[name], "train") != running_since(old, "train")
             return now if ok else None
 
         return await until(what, ready, timeout)
@@ -126,8 +122,8 @@ def _assert_restarted_in_place(old: dict[str, Any], new: dict[str, Any]) -> None
     assert new["status"]["podIP"] == old["status"]["podIP"]
     assert new["spec"]["nodeName"] == old["spec"]["nodeName"]
     assert new["status"]["phase"] == "Running"
-    assert _container(new, "train")["restartCount"] >= 1, _container(new, "train")
-    assert _container(new, "barrier")["state"]["terminated"]["exitCode"] == 0
+    assert container_status(new, "train")["restartCount"] >= 1, container_status(new, "train")
+    assert container_status(new, "barrier")["state"]["terminated"]["exitCode"] == 0
 
 
 def _seconds(timestamp: str) -> float:
@@ -144,17 +140,17 @@ async def test_the_barrier_holds_a_restarted_rank_until_its_peer_stopped_too(
     async def waiting_in_barrier() -> dict[str, dict[str, Any]] | None:
         now = await gang.ranks()
         held = now[early]
-        waits = _acknowledged(held) == 1 and get_path(_container(held, "barrier"), "state", "running")
-        return now if waits and not _training_since(held) else None
+        waits = _acknowledged(held) == 1 and get_path(container_status(held, "barrier"), "state", "running")
+        return now if waits and not running_since(held, "train") else None
 
     held = await until(f"{early} restarts and waits in its barrier for {late}", waiting_in_barrier, 120)
-    assert _training_since(held[late]) == _training_since(before[late]), f"{late} trains on, untouched"
+    assert running_since(held[late], "train") == running_since(before[late], "train"), f"{late} trains on, untouched"
     late_bumped = time.time()
     await gang.bump(late, 1)
     after = await gang.training(1, len(RANKS), fresh_since=before, timeout=120)
     # Both ranks restarted in place (the same pods, sandboxes, addresses; every container started again).
     # Timestamps are whole seconds: the early rank trained again no sooner than the second its peer was told.
-    assert _seconds(_training_since(after[early]) or "") >= int(late_bumped), "the barrier let it go too early"
+    assert _seconds(running_since(after[early], "train") or "") >= int(late_bumped), "the barrier let it go too early"
     for name in RANKS:
         _assert_restarted_in_place(before[name], after[name])
 
