@@ -24,7 +24,9 @@ caught a CUDA/NCCL device error), SIGUSR2 makes it hang at the start of its next
 compute (``HangInCompute``).
 
 ``--events FILE`` appends one JSON line per event (``start``, ``joined``, ``resumed``,
-``step``, ``checkpoint``) with the wall time, for benchmarks that measure a recovery.
+``step``, ``checkpoint``) with the wall time and the process's ``run`` (a random name: in a
+container every run's pid is 1), for benchmarks that measure a recovery; ``start`` (once torch is
+imported) also says when the process itself started (``process_started``).
 """
 
 from __future__ import annotations
@@ -55,11 +57,15 @@ class Events:
     def __init__(self, path: str | None, rank: int) -> None:
         self.path = Path(path) if path else None
         self.rank = rank
+        # Names this process among every rank's runs: in a container the pid is the same (1) in every run.
+        self.run = os.urandom(6).hex()
 
     def __call__(self, event: str, **fields: Any) -> None:
         if self.path is None:
             return
-        line = json.dumps({"t": time.time(), "event": event, "rank": self.rank, "pid": os.getpid(), **fields})
+        line = json.dumps(
+            {"t": time.time(), "event": event, "rank": self.rank, "pid": os.getpid(), "run": self.run, **fields}
+        )
         with self.path.open("a") as f:
             f.write(line + "\n")
 
@@ -78,6 +84,17 @@ class HangInCompute:
         if self.armed:
             self.armed = False
             os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _process_started() -> float | None:
+    """When this process started (its exec, before the interpreter and torch loaded), wall time; None where
+    /proc cannot tell."""
+    try:
+        since_boot = int(Path("/proc/self/stat").read_text().rsplit(") ", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - since_boot)
 
 
 def _model(width: int, layers: int) -> nn.Sequential:
@@ -161,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     events = Events(args.events, rank)
-    events("start", restarts=int(os.environ.get("DEVHEAL_LAUNCHER_RESTARTS", "0")))
+    events("start", restarts=int(os.environ.get("DEVHEAL_LAUNCHER_RESTARTS", "0")), process_started=_process_started())
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # stop at once: the last checkpoint stands
     signal.signal(signal.SIGUSR1, lambda *_: os._exit(args.device_error_exit_code))
     hang = HangInCompute()

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from devheal.engine.workloads import JOB_INDEX_LABEL
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import GPU_RESOURCE
@@ -248,6 +251,123 @@ def restart_all_rank_spec(
             }
         ],
     }
+
+
+TORCH_SITE = "/opt/torch-site"
+"""Where a PyTorch rank's container finds this machine's site-packages (torch and its dependencies), read-only."""
+
+TRAINING_DIR = "/var/lib/training"
+"""Where a PyTorch rank's container finds the directory its gang shares on the node: checkpoints, events."""
+
+COLLECTIVE_FAILED_EXIT_CODE = 1
+"""How `devheal.lab.torch_training` exits when a peer went away in a collective (gloo raises, Python exits 1)."""
+
+_HOST_TORCH_PYTHON = "3.11"
+"""The devheal image's Python (devheal.lab.devheal_image.PYTHON): torch's extension modules are built for one."""
+
+# The image's own packages stay first on the path (its devheal is the one imported); torch and what it needs come
+# after them, from the mounted directory. A .pth in that directory (an editable install's) is not processed.
+_HOST_TORCH_ENTRY = (
+    "import runpy, sys; sys.path.append(sys.argv.pop(1)); "
+    "runpy.run_module('devheal.lab.torch_training', run_name='__main__', alter_sys=True)"
+)
+
+
+class HostTorchError(RuntimeError):
+    """This machine's Python has no torch the devheal image's Python can load; the message says why."""
+
+
+def host_torch_site_packages() -> Path:
+    """The site-packages directory holding this machine's torch (the ``train`` extra), found without importing it."""
+    if sys.version_info[:2] != (3, 11):
+        raise HostTorchError(
+            f"the lab's PyTorch pods load this Python's torch into the devheal image's Python "
+            f"{_HOST_TORCH_PYTHON}; this is {sys.version_info[0]}.{sys.version_info[1]}, whose extension modules "
+            f"it cannot load"
+        )
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        raise HostTorchError(f"torch is not installed in {sys.prefix} (pip install 'devheal[train]')")
+    return Path(spec.origin).resolve().parents[1]
+
+
+def torch_rank_spec(
+    *,
+    account: str,
+    devheal_image: str,
+    site_packages: Path,
+    shared_dir: Path,
+    world_size: int,
+    master_port: int,
+    apiserver_port: int,
+    rank: int | None = None,
+    training_args: Sequence[str] = (),
+    barrier_timeout: int = 120,
+) -> Obj:
+    """A PyTorch DDP/FSDP rank (`devheal.lab.torch_training`) as a pod on a real node, in the RestartAllContainers
+    layout of `restart_all_rank_spec`, the devheal image running the training too.
+
+    A lab arrangement, not a recipe: torch is not in the image but this machine's ``site_packages``, mounted
+    read-only (as a cluster may mount software from a shared file system). The ranks share the machine's network
+    (``hostNetwork``; the real nodes share its network namespace), rank 0's store on ``127.0.0.1:master_port``,
+    so the barrier and sidecar reach the API server on loopback (``apiserver_port``), not the ``kubernetes``
+    Service, whose rule takes pod-network traffic only. ``shared_dir`` (writable by the image's user) holds the
+    checkpoints and whatever ``training_args`` write there (``TRAINING_DIR``). ``rank`` None: the indexed Job's
+    completion index. A training process that exits because a peer went away (``COLLECTIVE_FAILED_EXIT_CODE``)
+    restarts every container of its pod, barrier first, instead of failing the pod: the rank waits there for the
+    gang's restart and rejoins it."""
+    command = [
+        "python",
+        "-c",
+        _HOST_TORCH_ENTRY,
+        TORCH_SITE,
+        "--checkpoint-dir",
+        f"{TRAINING_DIR}/checkpoints",
+        *training_args,
+    ]
+    spec = restart_all_rank_spec(
+        account=account,
+        devheal_image=devheal_image,
+        training_image=devheal_image,
+        command=command,
+        barrier_timeout=barrier_timeout,
+    )
+    loopback_api = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver_port)},
+    ]
+    for container in spec["initContainers"]:
+        container["env"] = [*container["env"], *loopback_api]
+    rank_env: Obj = (
+        {"name": "RANK", "value": str(rank)}
+        if rank is not None
+        else {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX_LABEL}']"}}}
+    )
+    (train,) = spec["containers"]
+    train["env"] = [
+        rank_env,
+        {"name": "WORLD_SIZE", "value": str(world_size)},
+        {"name": "MASTER_ADDR", "value": "127.0.0.1"},
+        {"name": "MASTER_PORT", "value": str(master_port)},
+        {"name": "GLOO_SOCKET_IFNAME", "value": "lo"},
+    ]
+    train["volumeMounts"] = [
+        {"name": "torch", "mountPath": TORCH_SITE, "readOnly": True},
+        {"name": "training", "mountPath": TRAINING_DIR},
+    ]
+    train["restartPolicy"] = "Never"
+    train["restartPolicyRules"] = [
+        {
+            "action": "RestartAllContainers",
+            "exitCodes": {"operator": "In", "values": [COLLECTIVE_FAILED_EXIT_CODE]},
+        }
+    ]
+    spec["hostNetwork"] = True
+    spec["volumes"] = [
+        {"name": "torch", "hostPath": {"path": str(site_packages), "type": "Directory"}},
+        {"name": "training", "hostPath": {"path": str(shared_dir), "type": "Directory"}},
+    ]
+    return spec
 
 
 LAUNCHER_RBAC = Path(__file__).resolve().parents[3] / "deploy" / "launcher-rbac.yaml"

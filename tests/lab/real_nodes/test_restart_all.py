@@ -2,17 +2,23 @@
 
 Each rank is the documented layout (docs/gangs.md, deploy/training-restart-all-job.yaml) as real pods on the
 real node: `devheal barrier` as an init container and `devheal sidecar` as a sidecar, both from the devheal image
-built here, with the launcher's service account and RBAC (deploy/launcher-rbac.yaml) reaching the API server
-through the `kubernetes` Service; the training container is plain busybox, no wrapper. When the restart
-generation rises (as the controller raises it), each sidecar exits 88, and kubelet itself stops and starts every
-container of the pod: the same pod, sandbox and address, the barrier run again and acknowledging the generation.
+built here, with the launcher's service account and RBAC (deploy/launcher-rbac.yaml). The barrier test's training
+container is plain busybox, no wrapper, its ranks reaching the API server through the `kubernetes` Service; the
+controller test's is a real PyTorch DDP rank (`devheal.lab.workloads.torch_rank_spec`: torch mounted read-only
+from this machine, host network). When the restart generation rises (as the controller raises it), each sidecar
+exits 88, and kubelet itself stops and starts every container of the pod: the same pod, sandbox and address, the
+barrier run again and acknowledging the generation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,16 +28,20 @@ import pytest
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
 from devheal.lab import images, realnode
-from devheal.lab.cluster import Lab
+from devheal.lab.cluster import Lab, free_port
 from devheal.lab.faults import Faults
 from devheal.lab.workloads import (
+    TRAINING_DIR,
+    HostTorchError,
     apply_launcher_rbac,
     container_status,
     get_path,
     gpu_job,
+    host_torch_site_packages,
     pod_devices,
     restart_all_rank_spec,
     running_since,
+    torch_rank_spec,
 )
 from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION, RESTART_GENERATION_ANNOTATION
 from tests.lab.controller.conftest import ControllerHarness
@@ -43,6 +53,7 @@ pytestmark = pytest.mark.timeout(1800)
 
 RANKS = ("rank-0", "rank-1")
 GANG = "g1"
+CHECKPOINT_EVERY = 20
 
 
 def _rank_spec(account: str, devheal_image: str) -> dict[str, Any]:
@@ -174,22 +185,93 @@ async def controller(
         await harness.cleanup()
 
 
-async def test_the_controller_restarts_the_gang_in_place_on_the_real_kubelet_and_replaces_the_broken_rank(
-    real_lab: Lab, gang: Gang, account: str, devheal_image_name: str, controller: ControllerHarness
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory on the machine for the gang's checkpoints and events, writable by the image's user (a test's
+    tmp_path is not: its parents are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="dhl-torch-", dir="/tmp"))
+    try:
+        path.chmod(0o777)
+        (path / "checkpoints").mkdir(mode=0o777)
+        (path / "checkpoints").chmod(0o777)
+        (path / "events.jsonl").touch(mode=0o666)
+        (path / "events.jsonl").chmod(0o666)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _events(shared: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in (shared / "events.jsonl").read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def _steps_since(shared: Path, since: float) -> tuple[dict[int, int], dict[int, int]]:
+    """Each rank's step its last run resumed at and its newest step, in training processes started after ``since``."""
+    events = _events(shared)
+    runs = {e["run"] for e in events if e["event"] == "start" and e["process_started"] > since}
+    resumed: dict[int, int] = {}
+    newest: dict[int, int] = {}
+    for e in events:
+        if e.get("run") not in runs:
+            continue
+        if e["event"] == "resumed":
+            resumed[e["rank"]] = e["step"]  # a rank's last run is the one that trains on
+        if e["event"] == "step":
+            newest[e["rank"]] = max(newest.get(e["rank"], -1), e["step"])
+    return resumed, newest
+
+
+async def test_the_controller_restarts_a_pytorch_gang_in_place_on_the_real_kubelet_and_replaces_the_broken_rank(
+    real_lab: Lab,
+    gang: Gang,
+    account: str,
+    devheal_image_name: str,
+    controller: ControllerHarness,
+    shared_dir: Path,
 ) -> None:
+    """Two PyTorch DDP ranks (gloo, CPU) as pods of an indexed Job on the real node; an XID 79 under one of them.
+    The controller's RestartGang replaces that rank, kubelet restarts the other in place, and the gang trains on
+    from its checkpoint: real process starts, torch imports, gloo rendezvous and checkpoint loads."""
+    try:
+        site_packages = host_torch_site_packages()
+    except HostTorchError as exc:
+        pytest.skip(f"{exc} (the train extra: scripts/bootstrap installs it)")
     await controller.policy({"selector": {"namespaces": [gang.namespace]}, **RESTART_GANG_POLICY})
-    job = gpu_job("train", ranks=len(RANKS))
+    state = real_lab.state()
+    assert state is not None
+    spec = torch_rank_spec(
+        account=account,
+        devheal_image=devheal_image_name,
+        site_packages=site_packages,
+        shared_dir=shared_dir,
+        world_size=len(RANKS),
+        master_port=free_port(),
+        apiserver_port=state.ports["kube-apiserver"],
+        training_args=["--checkpoint-every", str(CHECKPOINT_EVERY), "--events", f"{TRAINING_DIR}/events.jsonl"],
+    )
+    job = gpu_job("train", ranks=len(RANKS), indexed=True)
     job["spec"]["template"] = {
         "metadata": {"labels": {"devheal.io/gang": GANG, "app": "train"}},
-        "spec": _rank_spec(account, devheal_image_name),
+        "spec": {**spec, **realnode.on_real_nodes()},
     }
     await gang.kube.create(api_path("batch/v1", "jobs", namespace=gang.namespace), job)
     before = await gang.training(0, len(RANKS), timeout=180)
+
+    async def past_a_checkpoint() -> bool:
+        _, newest = _steps_since(shared_dir, 0.0)
+        return len(newest) == len(RANKS) and min(newest.values()) > CHECKPOINT_EVERY
+
+    await until("both ranks stepping past their first checkpoint", past_a_checkpoint, 180)
     controller.start()
 
     victim, survivor = sorted(before)
     faults = Faults(real_lab)
     node, gpu = await asyncio.to_thread(faults.gpu_of, before[victim])
+    fault_at = time.time()
     await asyncio.to_thread(faults.xid, node, gpu, 79)
     try:
         records = await controller.wait_remediation(
@@ -208,3 +290,13 @@ async def test_the_controller_restarts_the_gang_in_place_on_the_real_kubelet_and
     _assert_restarted_in_place(before[survivor], after[survivor])
     record = next(r for r in records if r["spec"]["action"] == "RestartGang")
     assert "RestartAllContainers" in record["status"]["message"], record["status"]["message"]
+
+    async def trains_on() -> tuple[dict[int, int], dict[int, int]] | None:
+        resumed, newest = _steps_since(shared_dir, fault_at)
+        done = len(newest) == len(RANKS) and all(newest[r] > resumed[r] for r in newest)
+        return (resumed, newest) if done else None
+
+    resumed, newest = await until("both ranks stepping again after the fault", trains_on, 120)
+    (step,) = set(resumed.values())
+    assert step > CHECKPOINT_EVERY, f"both ranks loaded the checkpoint taken before the fault: resumed at {resumed}"
+    assert min(newest.values()) > step, newest
