@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import signal
 import socket
@@ -105,21 +106,30 @@ class ControllerOptions:
     gpu_resources: GpuResources = field(default_factory=GpuResources)
     """The extended resources that are GPUs (``nvidia.com/gpu`` and MIG profiles by default)."""
     full_round_every: float = 60.0
-    """Seconds between two full rounds (every node looked at); the rounds between look only at the nodes that
-    changed and those that can matter (``devheal.engine.scope``). 0: every round is full."""
+    """Seconds within which every node is judged again, a slice of the fleet at each round (the safety net of the
+    rounds that look only at the nodes that changed and those that can matter: ``devheal.engine.scope``, and
+    ``ChangedNodes``). 0: every round is full."""
 
 
 class ChangedNodes:
     """The nodes the watch changed since the last round, kept by the reflectors' event handlers: a Node or its
     NodeDevices by name, a pod by its old and its new node. ``take`` hands them to a round, or None when the
-    round must look at every node: the first, one after a relist or a round that failed, a new leader's, and one
-    every ``full_round_every`` seconds (a safety net: a change the handlers missed is seen then)."""
+    round must look at every node: the first, one after a relist or a round that failed, and a new leader's.
+
+    The safety net (a change the handlers missed) is a sweep, not a full round: each round is also handed a
+    slice of the fleet, in proportion to the time since the last round, so that every node is judged again
+    once every ``full_every`` seconds and no single round judges the whole fleet."""
 
     def __init__(self) -> None:
         self.names: set[str] = set()
         self.full_due = True
-        self.next_full = 0.0
         self.relists = -1
+        self.sweep: list[str] = []
+        """The names this pass of the sweep has still to judge again (taken from the end)."""
+        self.pass_size = 0
+        """How many names the pass started with."""
+        self.swept_at = 0.0
+        """When the last slice was taken (or the last full round ran)."""
 
     def node(self, key: str, old: Node | None, new: Node | None) -> None:
         self.names.add(key)
@@ -139,16 +149,34 @@ class ChangedNodes:
         """What changed is no longer known: the next round looks at every node."""
         self.full_due = True
 
-    def take(self, now: float, full_every: float, relists: int) -> frozenset[str] | None:
-        """The changed nodes for this round (None: a full round); they are forgotten once it is done."""
-        full = self.full_due or full_every <= 0 or now >= self.next_full or relists != self.relists
+    def take(
+        self, now: float, full_every: float, relists: int, fleet: Callable[[], Iterable[str]] = tuple
+    ) -> frozenset[str] | None:
+        """The changed nodes for this round and the sweep's slice of ``fleet`` (every name a round may judge:
+        nodes, and names with an agent report or pods); None: a full round. Forgotten once the round is done."""
+        full = self.full_due or full_every <= 0 or relists != self.relists
         self.relists = relists
         if full:
-            self.next_full = now + full_every
-        changed = None if full else frozenset(self.names)
+            changed = None
+            self.sweep = []  # a full round judged every node: the next pass starts from now
+            self.swept_at = now
+        else:
+            changed = frozenset(self.names.union(self._slice(now, full_every, fleet)))
         self.names.clear()
         self.full_due = True  # until the round is done: a round that raises leaves the next one full
         return changed
+
+    def _slice(self, now: float, every: float, fleet: Callable[[], Iterable[str]]) -> list[str]:
+        """The next names of the sweep: the pass's share of the time since the last slice, at least one."""
+        if not self.sweep:
+            self.sweep = list(fleet())
+            self.pass_size = len(self.sweep)
+        elapsed = max(now - self.swept_at, 0.0)
+        self.swept_at = now
+        count = min(len(self.sweep), math.ceil(self.pass_size * elapsed / every))
+        taken = self.sweep[len(self.sweep) - count :]
+        del self.sweep[len(self.sweep) - count :]
+        return taken
 
     def round_done(self) -> None:
         self.full_due = False
@@ -359,7 +387,7 @@ class Controller:
             self._submit(key, work)
         view = self.cache.view()
         relists = sum(r.relists for r in self.cache.reflectors)
-        changed = self._changed.take(now, self.options.full_round_every, relists)
+        changed = self._changed.take(now, self.options.full_round_every, relists, functools.partial(_names, view))
         result = self.rounds.run(
             self,
             view,
@@ -548,6 +576,11 @@ class Controller:
         delay = min(self.options.tick * 2 ** min(self.round_failures.count - 1, 10), ROUND_BACKOFF_MAX)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=delay)
+
+
+def _names(view: ClusterView) -> set[str]:
+    """Every name a round may judge: the nodes, and the names with an agent report or pods (a deleted node's)."""
+    return {*view.nodes, *view.reports, *view.pods_by_node}
 
 
 def add_probes(probes: ProbeServer, controller: Controller) -> None:
