@@ -79,6 +79,8 @@ that keeps failing never has the process restarted in a crash loop."""
 ROUND_FAILURES_UNREADY = 3
 """Failed rounds in a row from which /readyz fails."""
 WAKE_FLOOR = 0.01
+COALESCE = 0.02
+"""Seconds the loop waits after a round before the next, at least: a burst of events makes one round."""
 """The shortest wait for a round's wake time: one that has just passed (the round ran a moment before it) never
 makes the loop spin."""
 
@@ -259,6 +261,8 @@ class Controller:
         self._next_wake: float | None = None
         """When the last round asked to run again though nothing changes (``RoundResult.next_wake``)."""
         self._next_retention = 0.0
+        self._last_round = 0.0
+        """Seconds the last round that did not raise took (``_pause``)."""
         self._current = CurrentRecords(clock)
         self.cache.remediations.handlers.append(self._current.changed)
         self._changed = ChangedNodes()
@@ -528,8 +532,7 @@ class Controller:
                         await self._back_off(stop)
                         continue
                 self.heartbeat.beat()
-                # Coalesce bursts of events into one round.
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(self._pause())
         finally:
             self._stop_workers()
             if self._workers is not None:
@@ -550,6 +553,13 @@ class Controller:
             return self.options.tick
         return min(max(self._next_wake - self.clock(), WAKE_FLOOR), self.options.tick)
 
+    def _pause(self) -> float:
+        """Seconds to wait after a round before the next: ``COALESCE``, or as long as the last round took when that
+        was longer. Rounds then take at most half of the loop, the other half serves the watches and the work
+        queue: under a backlog (many findings whose work waits in the queue, each round deciding them all again)
+        rounds back to back would starve the work that ends the backlog."""
+        return max(COALESCE, self._last_round)
+
     def _guarded_round(self) -> bool:
         """One decision round; False when it raised (logged with its traceback when the error is new, counted)."""
         started = time.perf_counter()  # the round's own cost, on the real clock whatever ``clock`` is
@@ -568,7 +578,8 @@ class Controller:
                 )
             return False
         self.round_failures.succeeded()
-        metrics.observe_round(time.perf_counter() - started)
+        self._last_round = time.perf_counter() - started
+        metrics.observe_round(self._last_round)
         return True
 
     async def _back_off(self, stop: asyncio.Event) -> None:
