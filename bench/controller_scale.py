@@ -206,7 +206,8 @@ async def serve(args: argparse.Namespace, kubeconfig: Path) -> None:
             "metrics_before_faults": before,
             "server_cpu_after_start": time.process_time() - cpu_at_start,
         }
-        print(json.dumps(report), flush=True)
+        # To a file: a storm's latencies (20,000 of them) would fill the stdout pipe nobody reads meanwhile.
+        args.report.write_text(json.dumps(report))
 
 
 def free_port() -> int:
@@ -249,6 +250,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "controller_scale.json")
     parser.add_argument("--role", choices=["main", "serve"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--report", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pods > args.nodes * 8:
@@ -264,7 +266,8 @@ def main() -> None:
         own = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keys] + (["--storm"] if args.storm else [])
         print(f"filling the in-memory API with {args.nodes} nodes and {args.pods} pods ...", flush=True)
         port = free_port()
-        serve_args = [f"--kubeconfig={kubeconfig}", f"--metrics-port={port}", *own]
+        report_file = Path(tmp) / "report.json"
+        serve_args = [f"--kubeconfig={kubeconfig}", f"--metrics-port={port}", f"--report={report_file}", *own]
         server = subprocess.Popen(
             [sys.executable, "-m", "bench.controller_scale", "--role=serve", *serve_args],
             stdin=subprocess.DEVNULL,
@@ -302,7 +305,8 @@ def main() -> None:
             if controller.poll() is not None:
                 err = (Path(tmp) / "controller.err").read_text()
                 raise SystemExit(f"the controller exited ({controller.returncode}):\n{err[-3000:]}")
-            line = server.stdout.read()
+            server.wait()
+            line = report_file.read_text() if report_file.exists() else ""
             scraped = scrape(port)
             cpu = proc.cpu_times()
             rss = proc.memory_info().rss
@@ -313,7 +317,9 @@ def main() -> None:
                 controller.wait(timeout=30)
             server.wait(timeout=60)
             errors.close()
-    report = json.loads(line.strip().splitlines()[-1])
+    if not line:
+        raise SystemExit("the in-memory API server wrote no report")
+    report = json.loads(line)
     latencies = sorted(1000 * x for x in report["latencies"])
     if not latencies:
         raise SystemExit("the controller acted on none of the faults")
