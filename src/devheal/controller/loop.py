@@ -81,6 +81,8 @@ ROUND_FAILURES_UNREADY = 3
 WAKE_FLOOR = 0.01
 COALESCE = 0.02
 """Seconds the loop waits after a round before the next, at least: a burst of events makes one round."""
+PAUSE_MAX = 2.0
+"""Seconds the loop waits after a round, at most (``Controller._pause``): far below the liveness limit."""
 """The shortest wait for a round's wake time: one that has just passed (the round ran a moment before it) never
 makes the loop spin."""
 
@@ -555,10 +557,10 @@ class Controller:
 
     def _pause(self) -> float:
         """Seconds to wait after a round before the next: ``COALESCE``, or as long as the last round took when that
-        was longer. Rounds then take at most half of the loop, the other half serves the watches and the work
-        queue: under a backlog (many findings whose work waits in the queue, each round deciding them all again)
-        rounds back to back would starve the work that ends the backlog."""
-        return max(COALESCE, self._last_round)
+        was longer (at most ``PAUSE_MAX``). Rounds then take at most half of the loop, the other half serves the
+        watches and the work queue: under a backlog (many findings whose work waits in the queue, each round
+        deciding them all again) rounds back to back would starve the work that ends the backlog."""
+        return min(max(COALESCE, self._last_round), PAUSE_MAX)
 
     def _guarded_round(self) -> bool:
         """One decision round; False when it raised (logged with its traceback when the error is new, counted)."""

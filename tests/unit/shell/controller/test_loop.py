@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from devheal.controller.loop import COALESCE, LOCAL_RECORD_TTL, Controller, ControllerOptions
+from devheal.controller.loop import COALESCE, LOCAL_RECORD_TTL, PAUSE_MAX, Controller, ControllerOptions
 from devheal.kube.client import KubeClient, api_path
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, GPU_RESOURCE
@@ -479,6 +479,8 @@ async def test_after_a_long_round_the_loop_serves_the_rest_as_long(
     monkeypatch.setattr(controller, "reconcile_once", lambda now: time.sleep(0.1))
     assert controller._guarded_round()
     assert controller._pause() >= 0.1
+    controller._last_round = 60.0  # as a round of a minute would leave it
+    assert controller._pause() == PAUSE_MAX, "never near the liveness limit"
     monkeypatch.setattr(controller, "reconcile_once", lambda now: None)
     assert controller._guarded_round()
     assert controller._pause() == COALESCE
