@@ -414,8 +414,11 @@ class Controller:
             metrics.CACHE_OBJECTS.labels(kind=name).set(size)
         metrics.BREAKER_OPEN.set(1 if result.breaker.open else 0)
         self._publish_policy_status(result.breaker)
-        # Agents' claims the cluster contradicts, once each (a quiet node's agent claims nothing: ``engine.scope``).
-        for key, work in self.report_audit.check(result.narrowed or view, now):
+        # Agents' claims the cluster contradicts, once each. A quiet node's agent claims nothing (``engine.scope``):
+        # the narrowed view's reports are every claim, judged against the whole cluster (the pod a claim names
+        # may be on a quiet node, out of the narrowed view).
+        audited = view if result.narrowed is None else replace(view, reports=result.narrowed.reports)
+        for key, work in self.report_audit.check(audited, now):
             self._submit(key, work)
         self._retain(now)
         self.vacancies[:] = result.vacancies
