@@ -16,11 +16,16 @@ delays (see bench.controller_latency for the lab).
 With ``--storm``, ``--storm-percent`` of the nodes (5 %) fail within ``--storm-seconds`` (60 s)
 instead: every GPU of every pod on a failing node turns Unhealthy at once (XID 79, a GPU off the
 bus), under the default rails (at most 10 % of the nodes unhealthy, the breaker at 30 %); the
-report says whether the decisions stayed within them (nodes acted on, the breaker) and how long
-the longest decision round took (``devheal_round_seconds_max``).
+report says whether the decisions stayed within them (nodes acted on, the breaker).
+
+The faults begin once the controller's first round after its sync (a full one: every node judged) is
+done. Each run reports the longest decision round (``devheal_round_seconds_max``), the longest before
+the faults began, and how many rounds during the faults took over a second (the round histogram's
+buckets).
 
 Also reported: how long the controller took to sync its cache (from its start to its watches
-all open: the lists are done), its CPU and memory, and the machine's load. Prints a table,
+all open: the lists are done), its CPU and memory, the in-memory API server's CPU from the first
+fault to the report (the fixture's share of the machine), and the machine's load. Prints a table,
 writes bench/results/controller_scale.json.
 """
 
@@ -165,8 +170,15 @@ async def serve(args: argparse.Namespace, kubeconfig: Path) -> None:
         while not all(api.watching(path) for path in WATCHED):  # noqa: ASYNC110 (polling another process's state)
             await asyncio.sleep(0.1)
         synced_at = time.monotonic()  # the lists are done (one clock with the bench's: CLOCK_MONOTONIC)
-        await asyncio.sleep(2.0)  # the cache synced; its first round has run
+        await asyncio.sleep(2.0)  # the cache synced
+        # The first round after the sync is a full one (every node judged): the faults begin once it is done,
+        # and the report tells the rounds before them apart.
+        before = await asyncio.to_thread(scrape, args.metrics_port)
+        while before.get("devheal_round_seconds_count", 0.0) < 1:
+            await asyncio.sleep(0.5)
+            before = await asyncio.to_thread(scrape, args.metrics_port)
         started = loop.time()
+        cpu_at_start = time.process_time()
         if args.storm:
             # Whole nodes fail, evenly over the storm: every pod on each (8 per node, pod i on node i // 8).
             failing = random.Random(args.seed).sample(range(args.nodes), args.nodes * args.storm_percent // 100)
@@ -191,8 +203,11 @@ async def serve(args: argparse.Namespace, kubeconfig: Path) -> None:
             "synced_at": synced_at,
             "remediations": remediations,
             "nodes_acted_on": len(nodes_acted),
+            "metrics_before_faults": before,
+            "server_cpu_after_start": time.process_time() - cpu_at_start,
         }
-        print(json.dumps(report), flush=True)
+        # To a file: a storm's latencies (20,000 of them) would fill the stdout pipe nobody reads meanwhile.
+        args.report.write_text(json.dumps(report))
 
 
 def free_port() -> int:
@@ -201,8 +216,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+ROUNDS_UP_TO_1S = 'devheal_round_seconds_bucket{le="1.0"}'
+"""The histogram's count of rounds that took at most a second."""
+
+
 def scrape(port: int) -> dict[str, float]:
-    """The controller's unlabelled metrics (``name value`` lines of /metrics); {} if it does not answer."""
+    """The controller's unlabelled metrics (``name value`` lines of /metrics) and the round histogram's buckets
+    (``name{le="..."}``); {} if it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
             text = answer.read().decode()
@@ -211,7 +231,7 @@ def scrape(port: int) -> dict[str, float]:
     values: dict[str, float] = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if line and not line.startswith("#") and "{" not in name:
+        if line and not line.startswith("#") and ("{" not in name or name.startswith("devheal_round_seconds_bucket")):
             values[name] = float(value)
     return values
 
@@ -230,6 +250,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "controller_scale.json")
     parser.add_argument("--role", choices=["main", "serve"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--report", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pods > args.nodes * 8:
         parser.error(f"--pods {args.pods}: at most 8 per node ({args.nodes * 8})")
@@ -243,8 +265,11 @@ def main() -> None:
         keys = ("nodes", "pods", "rate", "seconds", "settle", "seed", "storm_percent", "storm_seconds")
         own = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keys] + (["--storm"] if args.storm else [])
         print(f"filling the in-memory API with {args.nodes} nodes and {args.pods} pods ...", flush=True)
+        port = free_port()
+        report_file = Path(tmp) / "report.json"
+        serve_args = [f"--kubeconfig={kubeconfig}", f"--metrics-port={port}", f"--report={report_file}", *own]
         server = subprocess.Popen(
-            [sys.executable, "-m", "bench.controller_scale", "--role=serve", f"--kubeconfig={kubeconfig}", *own],
+            [sys.executable, "-m", "bench.controller_scale", "--role=serve", *serve_args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             text=True,
@@ -257,7 +282,6 @@ def main() -> None:
                 raise SystemExit("the in-memory API server did not start")
             print("starting the controller; faults begin once it watches ...", flush=True)
             load_before = os.getloadavg()[0]
-            port = free_port()
             started = time.monotonic()
             controller = subprocess.Popen(
                 [
@@ -281,7 +305,8 @@ def main() -> None:
             if controller.poll() is not None:
                 err = (Path(tmp) / "controller.err").read_text()
                 raise SystemExit(f"the controller exited ({controller.returncode}):\n{err[-3000:]}")
-            line = server.stdout.read()
+            server.wait()
+            line = report_file.read_text() if report_file.exists() else ""
             scraped = scrape(port)
             cpu = proc.cpu_times()
             rss = proc.memory_info().rss
@@ -292,11 +317,16 @@ def main() -> None:
                 controller.wait(timeout=30)
             server.wait(timeout=60)
             errors.close()
-    report = json.loads(line.strip().splitlines()[-1])
+    if not line:
+        raise SystemExit("the in-memory API server wrote no report")
+    report = json.loads(line)
     latencies = sorted(1000 * x for x in report["latencies"])
     if not latencies:
         raise SystemExit("the controller acted on none of the faults")
     rounds = scraped.get("devheal_round_seconds_count", 0.0)
+    before = report["metrics_before_faults"]
+    over_1s = rounds - scraped.get(ROUNDS_UP_TO_1S, 0.0)
+    over_1s_before = before.get("devheal_round_seconds_count", 0.0) - before.get(ROUNDS_UP_TO_1S, 0.0)
     figures: dict[str, Any] = {
         "mode": "storm" if args.storm else "faults",
         "nodes": args.nodes,
@@ -310,9 +340,12 @@ def main() -> None:
         "max_ms": round(latencies[-1], 1),
         "cache_sync_seconds": round(report["synced_at"] - started, 1),
         "longest_round_ms": round(1000 * scraped.get("devheal_round_seconds_max", 0.0), 1),
+        "longest_round_before_faults_ms": round(1000 * before.get("devheal_round_seconds_max", 0.0), 1),
+        "rounds_over_1s_during_faults": int(over_1s - over_1s_before),
         "rounds": int(rounds),
         "mean_round_ms": round(1000 * scraped.get("devheal_round_seconds_sum", 0.0) / max(1.0, rounds), 1),
         "controller_cpu_seconds": round(cpu.user + cpu.system, 1),
+        "server_cpu_during_faults_seconds": round(report["server_cpu_after_start"], 1),
         "controller_wall_seconds": round(wall, 1),
         "controller_rss_mb": round(rss / 2**20, 1),
         "controller_peak_rss_mb": round(max(peak, rss) / 2**20, 1),
@@ -334,7 +367,7 @@ def main() -> None:
     else:
         figures["goal_p99_ms"] = GOAL_P99_MS
     for key, value in figures.items():
-        print(f"{key:>24}  {value}")
+        print(f"{key:>30}  {value}")
     write_results(args.out, "controller_scale", figures)
 
 

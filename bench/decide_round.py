@@ -8,7 +8,8 @@ node with a current agent report, one policy that taints failed nodes. One node 
 (in its agent report and its rank's status). Times, as the median of ``--runs``:
 
 - ``full``: a round that looks at every node (what every round cost before; now the controller's
-  safety net every ``--full-round-every`` seconds, which also judges every node for the next rounds);
+  first round, and its round after a relist or a new leader's, which also judges every node for the
+  next rounds; the safety net between is a sweep, a slice of the fleet per round);
 - ``told``: a round told that the failed node changed (the controller's rounds between full ones):
   it looks at that node and its gang;
 - ``quiet``: a round told that one healthy node changed (an agent's heartbeat), the failed node still

@@ -45,8 +45,9 @@ def controller(
     full_round_every: Annotated[
         float,
         typer.Option(
-            help="Seconds between two full decision rounds (every node looked at); the rounds between look only at "
-            "the nodes that changed and those that can matter. 0: every round is full."
+            help="Seconds within which every node is judged again, a slice of the fleet at each round: the safety "
+            "net of the rounds, which look only at the nodes that changed and those that can matter. 0: every "
+            "round is full (every node looked at)."
         ),
     ] = 60.0,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,

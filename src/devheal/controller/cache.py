@@ -1,6 +1,8 @@
 """The controller's cluster view: reflectors for every input, projected small, indexed.
 
-Indexes are kept on every change: node -> pods, (node, device id) -> pod. A node's
+Indexes are kept on every change: node -> pods, (node, device id) -> pod, the pods detection and placement look
+at (signalled, troubled, gated), gangs' members, and the nodes holding devheal's spare taint; so a round's
+``view()`` costs nothing per node or pod, and a round told what changed costs what changed. A node's
 ``gap_since`` (allocatable GPUs below capacity since when) is carried across updates
 here, because only the cache sees the transition. Any change sets ``changed``; the
 controller's loop waits on it and reads a consistent ``view()``. Each reflector runs
@@ -44,6 +46,7 @@ from devheal.controller.projections import (
     project_pod,
     project_remediation,
 )
+from devheal.engine import spares
 from devheal.engine.workloads import classify
 from devheal.kube.client import KubeClient, Obj, api_path
 from devheal.kube.informer import Reflector, Unreadable
@@ -158,7 +161,9 @@ class ClusterCache:
         self.client = client
         self.clock = clock
         self.changed = asyncio.Event()
-        self.pods_by_node: dict[str, set[str]] = {}
+        self.pods_by_node: dict[str, frozenset[str]] = {}
+        """Node -> the keys of its pods (never an empty set): a node's set is replaced, never changed, so a view
+        shares it."""
         self.pod_by_device: dict[tuple[str, str], str] = {}
         self.signalled: set[str] = set()
         """Keys of the pods detection has to look at (``Pod.signalled``): a round walks these, not every pod."""
@@ -166,6 +171,10 @@ class ClusterCache:
         """Per gang (workload key), its active members' keys: step-time judging walks these, not every pod."""
         self.troubled: set[str] = set()
         """Keys of the pods that may give an infrastructure finding (``Pod.troubled``)."""
+        self.gated: set[str] = set()
+        """Keys of the active pods waiting at devheal's placement gate (``Pod.gated``): placement walks these."""
+        self.spare_nodes: set[str] = set()
+        """Names of the nodes holding devheal's spare taint (``engine.spares.reserved``)."""
         self.policy_errors: dict[str, str] = {}
         self.unreadable: dict[tuple[str, str], Unreadable] = {}
         """(kind, key) -> an unreadable object whose error is not yet reported by Event (the leader takes them)."""
@@ -239,6 +248,10 @@ class ClusterCache:
         self.changed.set()
 
     def _on_node(self, key: str, old: Node | None, new: Node | None) -> None:
+        if new is not None and spares.reserved(new):
+            self.spare_nodes.add(key)
+        else:
+            self.spare_nodes.discard(key)
         if new is not None:
             gap_since: float | None = None
             if new.gpu_gap > 0:
@@ -269,21 +282,41 @@ class ClusterCache:
             self.troubled.add(key)
         else:
             self.troubled.discard(key)
+        if new is not None and new.gated and new.active:
+            self.gated.add(key)
+        else:
+            self.gated.discard(key)
+        old_node = old.node if old is not None else ""
+        new_node = new.node if new is not None else ""
+        if old_node != new_node:
+            self._leaves(old_node, key)
+            self._arrives(new_node, key)
         if old is not None:
-            self.pods_by_node.get(old.node, set()).discard(key)
             for dev in old.devices:
                 if self.pod_by_device.get((old.node, dev.device_id)) == key:
                     del self.pod_by_device[(old.node, dev.device_id)]
-        if new is not None and new.node:
-            self.pods_by_node.setdefault(new.node, set()).add(key)
-            if new.active:
-                for dev in new.devices:
-                    self.pod_by_device[(new.node, dev.device_id)] = key
+        if new is not None and new.node and new.active:
+            for dev in new.devices:
+                self.pod_by_device[(new.node, dev.device_id)] = key
         self.changed.set()
+
+    def _leaves(self, node: str, key: str) -> None:
+        keys = self.pods_by_node.get(node)
+        if keys is not None and key in keys:
+            if len(keys) == 1:
+                del self.pods_by_node[node]
+            else:
+                self.pods_by_node[node] = keys - {key}
+
+    def _arrives(self, node: str, key: str) -> None:
+        if node:
+            self.pods_by_node[node] = self.pods_by_node.get(node, frozenset()) | {key}
 
     # ---- reading -----------------------------------------------------------------------------
 
     def view(self) -> ClusterView:
+        """The cache as a round reads it: its stores and indexes themselves, not copies (a round runs between two
+        events, and reads only); the small pod indexes are copied."""
         reports: Mapping[str, NodeDevicesReport] = self.reports.store
         if self.nodes.invalid:
             # A node that cannot be read is unknown: neither failed nor clean (``report_unknown``).
@@ -293,11 +326,13 @@ class ClusterCache:
             nodes=self.nodes.store,
             pods=self.pods.store,
             reports=reports,
-            pods_by_node={n: frozenset(keys) for n, keys in self.pods_by_node.items() if keys},
+            pods_by_node=self.pods_by_node,
             pod_by_device=self.pod_by_device,
             signalled=frozenset(self.signalled),
             gangs=self.gangs,
             troubled=frozenset(self.troubled),
+            gated=frozenset(self.gated),
+            spare_nodes=frozenset(self.spare_nodes),
             dra_devices=self.dra.devices if self.dra is not None else {},
             quarantined=self.dra.quarantined if self.dra is not None else {},
             pod_groups=self.pod_groups.store,

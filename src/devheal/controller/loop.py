@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import signal
 import socket
@@ -78,6 +79,10 @@ that keeps failing never has the process restarted in a crash loop."""
 ROUND_FAILURES_UNREADY = 3
 """Failed rounds in a row from which /readyz fails."""
 WAKE_FLOOR = 0.01
+COALESCE = 0.02
+"""Seconds the loop waits after a round before the next, at least: a burst of events makes one round."""
+PAUSE_MAX = 2.0
+"""Seconds the loop waits after a round, at most (``Controller._pause``): far below the liveness limit."""
 """The shortest wait for a round's wake time: one that has just passed (the round ran a moment before it) never
 makes the loop spin."""
 
@@ -105,21 +110,30 @@ class ControllerOptions:
     gpu_resources: GpuResources = field(default_factory=GpuResources)
     """The extended resources that are GPUs (``nvidia.com/gpu`` and MIG profiles by default)."""
     full_round_every: float = 60.0
-    """Seconds between two full rounds (every node looked at); the rounds between look only at the nodes that
-    changed and those that can matter (``devheal.engine.scope``). 0: every round is full."""
+    """Seconds within which every node is judged again, a slice of the fleet at each round (the safety net of the
+    rounds that look only at the nodes that changed and those that can matter: ``devheal.engine.scope``, and
+    ``ChangedNodes``). 0: every round is full."""
 
 
 class ChangedNodes:
     """The nodes the watch changed since the last round, kept by the reflectors' event handlers: a Node or its
     NodeDevices by name, a pod by its old and its new node. ``take`` hands them to a round, or None when the
-    round must look at every node: the first, one after a relist or a round that failed, a new leader's, and one
-    every ``full_round_every`` seconds (a safety net: a change the handlers missed is seen then)."""
+    round must look at every node: the first, one after a relist or a round that failed, and a new leader's.
+
+    The safety net (a change the handlers missed) is a sweep, not a full round: each round is also handed a
+    slice of the fleet, in proportion to the time since the last round, so that every node is judged again
+    once every ``full_every`` seconds and no single round judges the whole fleet."""
 
     def __init__(self) -> None:
         self.names: set[str] = set()
         self.full_due = True
-        self.next_full = 0.0
         self.relists = -1
+        self.sweep: list[str] = []
+        """The names this pass of the sweep has still to judge again (taken from the end)."""
+        self.pass_size = 0
+        """How many names the pass started with."""
+        self.swept_at = 0.0
+        """When the last slice was taken (or the last full round ran)."""
 
     def node(self, key: str, old: Node | None, new: Node | None) -> None:
         self.names.add(key)
@@ -139,16 +153,34 @@ class ChangedNodes:
         """What changed is no longer known: the next round looks at every node."""
         self.full_due = True
 
-    def take(self, now: float, full_every: float, relists: int) -> frozenset[str] | None:
-        """The changed nodes for this round (None: a full round); they are forgotten once it is done."""
-        full = self.full_due or full_every <= 0 or now >= self.next_full or relists != self.relists
+    def take(
+        self, now: float, full_every: float, relists: int, fleet: Callable[[], Iterable[str]] = tuple
+    ) -> frozenset[str] | None:
+        """The changed nodes for this round and the sweep's slice of ``fleet`` (every name a round may judge:
+        nodes, and names with an agent report or pods); None: a full round. Forgotten once the round is done."""
+        full = self.full_due or full_every <= 0 or relists != self.relists
         self.relists = relists
         if full:
-            self.next_full = now + full_every
-        changed = None if full else frozenset(self.names)
+            changed = None
+            self.sweep = []  # a full round judged every node: the next pass starts from now
+            self.swept_at = now
+        else:
+            changed = frozenset(self.names.union(self._slice(now, full_every, fleet)))
         self.names.clear()
         self.full_due = True  # until the round is done: a round that raises leaves the next one full
         return changed
+
+    def _slice(self, now: float, every: float, fleet: Callable[[], Iterable[str]]) -> list[str]:
+        """The next names of the sweep: the pass's share of the time since the last slice, at least one."""
+        if not self.sweep:
+            self.sweep = list(fleet())
+            self.pass_size = len(self.sweep)
+        elapsed = max(now - self.swept_at, 0.0)
+        self.swept_at = now
+        count = min(len(self.sweep), math.ceil(self.pass_size * elapsed / every))
+        taken = self.sweep[len(self.sweep) - count :]
+        del self.sweep[len(self.sweep) - count :]
+        return taken
 
     def round_done(self) -> None:
         self.full_due = False
@@ -231,6 +263,8 @@ class Controller:
         self._next_wake: float | None = None
         """When the last round asked to run again though nothing changes (``RoundResult.next_wake``)."""
         self._next_retention = 0.0
+        self._last_round = 0.0
+        """Seconds the last round that did not raise took (``_pause``)."""
         self._current = CurrentRecords(clock)
         self.cache.remediations.handlers.append(self._current.changed)
         self._changed = ChangedNodes()
@@ -359,7 +393,7 @@ class Controller:
             self._submit(key, work)
         view = self.cache.view()
         relists = sum(r.relists for r in self.cache.reflectors)
-        changed = self._changed.take(now, self.options.full_round_every, relists)
+        changed = self._changed.take(now, self.options.full_round_every, relists, functools.partial(_names, view))
         result = self.rounds.run(
             self,
             view,
@@ -380,8 +414,11 @@ class Controller:
             metrics.CACHE_OBJECTS.labels(kind=name).set(size)
         metrics.BREAKER_OPEN.set(1 if result.breaker.open else 0)
         self._publish_policy_status(result.breaker)
-        # Agents' claims the cluster contradicts, once each (a quiet node's agent claims nothing: ``engine.scope``).
-        for key, work in self.report_audit.check(result.narrowed or view, now):
+        # Agents' claims the cluster contradicts, once each. A quiet node's agent claims nothing (``engine.scope``):
+        # the narrowed view's reports are every claim, judged against the whole cluster (the pod a claim names
+        # may be on a quiet node, out of the narrowed view).
+        audited = view if result.narrowed is None else replace(view, reports=result.narrowed.reports)
+        for key, work in self.report_audit.check(audited, now):
             self._submit(key, work)
         self._retain(now)
         self.vacancies[:] = result.vacancies
@@ -500,8 +537,7 @@ class Controller:
                         await self._back_off(stop)
                         continue
                 self.heartbeat.beat()
-                # Coalesce bursts of events into one round.
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(self._pause())
         finally:
             self._stop_workers()
             if self._workers is not None:
@@ -522,6 +558,13 @@ class Controller:
             return self.options.tick
         return min(max(self._next_wake - self.clock(), WAKE_FLOOR), self.options.tick)
 
+    def _pause(self) -> float:
+        """Seconds to wait after a round before the next: ``COALESCE``, or as long as the last round took when that
+        was longer (at most ``PAUSE_MAX``). Rounds then take at most half of the loop, the other half serves the
+        watches and the work queue: under a backlog (many findings whose work waits in the queue, each round
+        deciding them all again) rounds back to back would starve the work that ends the backlog."""
+        return min(max(COALESCE, self._last_round), PAUSE_MAX)
+
     def _guarded_round(self) -> bool:
         """One decision round; False when it raised (logged with its traceback when the error is new, counted)."""
         started = time.perf_counter()  # the round's own cost, on the real clock whatever ``clock`` is
@@ -540,7 +583,8 @@ class Controller:
                 )
             return False
         self.round_failures.succeeded()
-        metrics.observe_round(time.perf_counter() - started)
+        self._last_round = time.perf_counter() - started
+        metrics.observe_round(self._last_round)
         return True
 
     async def _back_off(self, stop: asyncio.Event) -> None:
@@ -548,6 +592,11 @@ class Controller:
         delay = min(self.options.tick * 2 ** min(self.round_failures.count - 1, 10), ROUND_BACKOFF_MAX)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=delay)
+
+
+def _names(view: ClusterView) -> set[str]:
+    """Every name a round may judge: the nodes, and the names with an agent report or pods (a deleted node's)."""
+    return {*view.nodes, *view.reports, *view.pods_by_node}
 
 
 def add_probes(probes: ProbeServer, controller: Controller) -> None:

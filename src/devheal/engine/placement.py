@@ -55,13 +55,25 @@ class Release:
     """``node`` is a reserved spare: add the toleration of devheal's spare taint before releasing."""
 
 
-def free_gpus(view: ClusterView) -> dict[str, int]:
-    """Allocatable GPUs minus those requested by the active pods bound to each node."""
-    free = {name: node.gpu_allocatable for name, node in view.nodes.items()}
-    for pod in view.pods.values():
-        if pod.node in free and pod.active:
-            free[pod.node] -= pod.gpu_request
-    return free
+def free_gpus(view: ClusterView, name: str) -> int:
+    """The node's allocatable GPUs minus those requested by the active pods bound to it (0: no such node)."""
+    node = view.nodes.get(name)
+    if node is None:
+        return 0
+    return node.gpu_allocatable - sum(p.gpu_request for p in view.pods_on(name) if p.active)
+
+
+class _Room(dict[str, int]):
+    """Free GPUs by node, counted on first use (``free_gpus``): placement reads the few nodes it may nominate,
+    never the whole fleet."""
+
+    def __init__(self, view: ClusterView) -> None:
+        super().__init__()
+        self.view = view
+
+    def __missing__(self, name: str) -> int:
+        self[name] = free = free_gpus(self.view, name)
+        return free
 
 
 def _settle_claims(view: ClusterView, vacancies: list[Vacancy]) -> list[Vacancy]:
@@ -92,10 +104,10 @@ def place_gated(
     ``spares``: where a replacement may go when its vacated node has no room (none: nowhere else)."""
     left = _settle_claims(view, [v for v in vacancies if now - v.since <= VACANCY_TTL])
     claimed = {v.claimant: v for v in left if v.claimant}
-    gated = sorted((p for p in view.pods.values() if p.gated and p.active), key=lambda p: p.key)
+    gated = sorted(view.pods_at_gate(), key=lambda p: p.key)
     if not gated:
         return [], left
-    free = free_gpus(view)
+    free = _Room(view)
     releases = []
     for pod in gated:
         held = claimed.get(pod.uid)
@@ -112,7 +124,7 @@ def place_gated(
                 and node.ready
                 and not node.unschedulable
                 and under_maintenance(node) is None  # the rank was moved off it, or it is about to go down
-                and free.get(vacancy.node, 0) >= pod.gpu_request
+                and free[vacancy.node] >= pod.gpu_request
             ):
                 chosen, spare = vacancy.node, vacancy.spare
                 free[chosen] -= pod.gpu_request
@@ -138,7 +150,7 @@ def _to_spare(view: ClusterView, left: list[Vacancy], free: dict[str, int], pod:
                 and node.ready
                 and not node.unschedulable
                 and under_maintenance(node) is None
-                and free.get(name, 0) >= pod.gpu_request
+                and free[name] >= pod.gpu_request
             ):
                 free[name] -= pod.gpu_request
                 left[index] = replace(vacancy, node=name, claimant=pod.uid, spare=True)

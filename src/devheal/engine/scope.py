@@ -291,5 +291,7 @@ class Scope:
             signalled=view.signalled,
             gangs=members,
             troubled=view.troubled,
+            gated=view.gated,
+            spare_nodes=view.spare_nodes,
             rest=QuietNodes(+groups, _LeftOut(self.quiet_labels, hot), self.keys),
         )

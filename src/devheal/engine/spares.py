@@ -155,7 +155,7 @@ def pools(
     records = list(records)
     returning, busy = returning_nodes(records, now), _busy_nodes(records)
     members: dict[str, list[Node]] = {p.name: [] for p in policies if p.spares is not None}
-    for node in sorted(view.nodes.values(), key=lambda n: n.name):
+    for node in sorted(view.nodes.values(), key=lambda n: n.name) if members else ():
         policy = pool_of(policies, node)
         if policy is not None:
             members[policy.name].append(node)
@@ -222,10 +222,19 @@ def plan_spares(
             changes.append(SpareChange(name, True, state.policy, f"{why}; pool {len(state.idle)}/{state.size}"))
         for name in sorted(state.idle, reverse=True)[: max(-short, 0)]:
             changes.append(SpareChange(name, False, state.policy, f"more than {state.size} idle spares"))
-    for node in sorted(view.nodes.values(), key=lambda n: n.name) if release_orphans else ():
-        if reserved(node) and node.name not in claimed and pool_of(policies, node) is None:
+    for node in reserved_nodes(view) if release_orphans else ():
+        if node.name not in claimed and pool_of(policies, node) is None:
             changes.append(SpareChange(node.name, False, "", "no policy's spare pool takes this node"))
     return changes
+
+
+def reserved_nodes(view: ClusterView) -> list[Node]:
+    """The nodes holding devheal's spare taint, by name: from the view's index where it keeps one."""
+    if view.spare_nodes is None:
+        found: Iterable[Node] = (n for n in view.nodes.values() if reserved(n))
+    else:
+        found = (n for name in view.spare_nodes if (n := view.nodes.get(name)) is not None and reserved(n))
+    return sorted(found, key=lambda n: n.name)
 
 
 def spare_finder(
@@ -233,9 +242,15 @@ def spare_finder(
 ) -> Callable[[Pod, str], tuple[str, ...]]:
     """For a gated replacement and the node its predecessor left: the idle spares of the pool of the policy that
     selects it there (none when that policy has no pool)."""
-    by_policy = {s.policy: s.idle for s in pools(view, policies, now, records)}
+    records = list(records)
+    by_policy: dict[str, tuple[str, ...]] = {}
+    counted = False
 
     def find(pod: Pod, vacated: str) -> tuple[str, ...]:
+        nonlocal counted
+        if not counted:  # the pools are counted when a replacement first needs a spare, not every round
+            by_policy.update((s.policy, s.idle) for s in pools(view, policies, now, records))
+            counted = True
         policy = policy_for_pod(policies, pod, view.nodes.get(vacated))
         return by_policy.get(policy.name, ()) if policy is not None else ()
 

@@ -337,6 +337,12 @@ class ClusterView:
     troubled: frozenset[str] | None = None
     """Keys of the pods that may give an infrastructure finding (``Pod.troubled``), kept by the cache;
     None: every pod is looked at."""
+    gated: frozenset[str] | None = None
+    """Keys of the active pods waiting at devheal's placement gate (``Pod.gated``), kept by the cache, so
+    placement need not walk every pod; None: every pod is looked at."""
+    spare_nodes: frozenset[str] | None = None
+    """Names of the nodes holding devheal's spare taint (``devheal.engine.spares.reserved``), kept by the cache, so
+    a spare no pool takes is found without walking every node; None: every node is looked at."""
     dra_devices: Mapping[str, SliceDevice] = field(default_factory=dict)
     """DRA devices as their drivers publish them in ResourceSlices, by ``driver/pool/device`` (``devheal.model.dra``);
     empty when the controller does not watch ResourceSlices."""
@@ -360,6 +366,12 @@ class ClusterView:
         if self.signalled is None:
             return [p for p in self.pods.values() if p.signalled]
         return [self.pods[k] for k in sorted(self.signalled) if k in self.pods]
+
+    def pods_at_gate(self) -> Iterable[Pod]:
+        """The active pods waiting at devheal's placement gate: those in ``gated``, or every pod without it."""
+        if self.gated is None:
+            return [p for p in self.pods.values() if p.gated and p.active]
+        return [p for k in self.gated if (p := self.pods.get(k)) is not None and p.gated and p.active]
 
     def report(self, node: str, now: float) -> NodeDevicesReport | None:
         """The node's agent report, None when there is none or it is stale."""

@@ -7,8 +7,9 @@ deleted, created and moved, gangs restarted, step reports, agents going silent a
 taints of other tools, pool labels, nodes added and removed, devheal's own marks and lifts (its own, an
 earlier leader's, marks removed by hand), records ending, time passing, the policies changing. One round looks
 at every node each time; the other is told which nodes changed, as the controller's watch handlers tell it, and
-now and then runs a full round (the safety net). After every round both must have found, decided, blocked, held
-and asked for the same, and their hosts must have been handed the same work.
+now and then runs a full round, or is told of nodes that did not change (the sweep, the controller's safety net).
+After every round both must have found, decided, blocked, held and asked for the same, and their hosts must have
+been handed the same work.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ OPS = (
     "tick",
     "policies",
     "full_round",
+    "sweep",
 )
 
 
@@ -375,6 +377,8 @@ def _change(draw: st.DrawFn, w: World, hosts: tuple[Host, Host], state: dict[str
         state["policies"] = [draw(policies("p0"))]
     elif op == "full_round":
         state["full"] = True
+    elif op == "sweep":  # the controller's safety net: nodes judged again though nothing changed
+        state["sweep"] = frozenset(draw(st.lists(st.sampled_from([*names, "gone"]), max_size=4)))
 
 
 def _silent_reports_age(w: World, state: dict[str, Any]) -> None:
@@ -417,7 +421,7 @@ def test_rounds_told_what_changed_decide_as_full_rounds_do(w: World, policy: Pol
     for step in range(data.draw(st.integers(4, 14), label="rounds")):
         view = w.view()
         ps = state["policies"]
-        changed = None if step == 0 or state.pop("full", False) else frozenset(w.touched)
+        changed = None if step == 0 or state.pop("full", False) else frozenset(w.touched | state.pop("sweep", set()))
         w.touched.clear()
         for host in (full_host, narrowed_host):
             host.now, host.calls = w.now, []

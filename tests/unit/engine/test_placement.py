@@ -21,7 +21,8 @@ def test_free_gpus_counts_active_pods_only() -> None:
         [node("a", gpus=8, allocatable=7)],
         [pod("x", "a", gpus=3), pod("y", "a", gpus=2, deleting=True), pod("z", "a", gpus=1, phase="Succeeded")],
     )
-    assert free_gpus(v) == {"a": 4}
+    assert free_gpus(v, "a") == 4
+    assert free_gpus(v, "gone") == 0
 
 
 def test_a_replacement_is_nominated_to_the_vacated_node() -> None:
@@ -90,3 +91,15 @@ def test_a_vacancy_whose_replacement_failed_goes_to_the_next_replacement() -> No
     assert releases == [] and again == [Vacancy(GANG.key, "a", NOW)]
     releases, _ = place_gated(view([node("a", gpus=8)], [second]), left, NOW + 2)
     assert releases == [Release("default/rank-0", "uid-second", "a")]
+
+
+def test_the_gate_index_stands_for_a_walk_over_every_pod() -> None:
+    """``view.gated`` (the cache's index) gives the same releases as a walk; a key whose pod is gone, no longer
+    gated or ended is passed over."""
+    pods = [pod("rank-1", "a", owner=GANG, gpus=1), gated("rank-0"), replace(gated("done"), phase="Failed")]
+    walked = view([node("a", gpus=8)], pods)
+    keys = frozenset({"default/rank-0", "default/rank-1", "default/done", "default/gone"})
+    indexed = replace(walked, gated=keys)
+    vacancies = [Vacancy(GANG.key, "a", NOW)]
+    assert place_gated(walked, vacancies, NOW + 1) == place_gated(indexed, vacancies, NOW + 1)
+    assert [p.key for p in indexed.pods_at_gate()] == ["default/rank-0"]

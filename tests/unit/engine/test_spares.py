@@ -114,6 +114,15 @@ def test_spares_no_pool_takes_are_released_unless_a_policy_cannot_be_read() -> N
     assert plan_spares(v, [policy()], NOW, release_orphans=False) == []
 
 
+def test_the_spares_index_finds_what_a_walk_over_every_node_finds() -> None:
+    """``view.spare_nodes`` (the cache's index of reserved nodes) stands for a walk over every node; a name in it
+    whose node is gone or no longer reserved is passed over."""
+    walked = view([reserved("s2"), reserved("s1"), candidate("c1"), node("worker", gpus=8)])
+    indexed = replace(walked, spare_nodes=frozenset({"s1", "s2", "c1", "gone"}))
+    expected = [SpareChange(n, False, "", "no policy's spare pool takes this node") for n in ("s1", "s2")]
+    assert plan_spares(walked, [policy()], NOW) == plan_spares(indexed, [policy()], NOW) == expected
+
+
 def test_dry_run_and_paused_pools_change_nothing() -> None:
     v = view([candidate("s1")])
     dry = policy(dryRun=True, spares={"nodeSelector": {"matchLabels": SPARE}, "size": 1})

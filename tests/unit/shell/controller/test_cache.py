@@ -295,3 +295,26 @@ async def test_the_pods_with_signals_are_indexed_as_they_change(api: MemApi, kub
         api.patch(f"{PODS}/c/status", {"status": {"phase": "Failed"}})  # an ended pod judges nothing
         await until(lambda: cache.pods.store["ml/c"].phase == "Failed", "the pod to end")
         assert right() and cache.view().signalled == frozenset()
+
+
+async def test_pods_at_the_placement_gate_and_reserved_spares_are_indexed(api: MemApi, kube: KubeClient) -> None:
+    """Placement walks ``view.gated`` and the spare pools ``view.spare_nodes``, not every pod and node."""
+    waiting = gpu_pod("waiting")
+    waiting["spec"]["schedulingGates"] = [{"name": "devheal.io/placement"}]
+    api.create(PODS, waiting)
+    api.create(PODS, gpu_pod("free"))
+    spare = node("s1")
+    spare["spec"]["taints"] = [{"key": "devheal.io/spare", "value": "true", "effect": "NoSchedule"}]
+    api.create(NODES, spare)
+    api.create(NODES, node("n1"))
+    async with synced(ClusterCache(kube, clock=unix_clock)) as cache:
+        view = cache.view()
+        assert (view.gated, view.spare_nodes) == ({"ml/waiting"}, {"s1"})
+        assert [p.key for p in view.pods_at_gate()] == ["ml/waiting"]
+        api.patch(f"{PODS}/waiting", {"spec": {"schedulingGates": None}})  # released
+        api.patch(f"{NODES}/s1", {"spec": {"taints": None}})  # the spare moved to a gang
+        api.patch(f"{NODES}/n1", {"spec": {"taints": spare["spec"]["taints"]}})  # and n1 reserved
+        await until(lambda: cache.view().spare_nodes == {"n1"}, "the reserved spare")
+        await until(lambda: cache.view().gated == frozenset(), "the released pod")
+        api.delete(f"{NODES}/n1")
+        await until(lambda: cache.view().spare_nodes == frozenset(), "the deleted spare")

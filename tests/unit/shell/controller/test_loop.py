@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from devheal.controller.loop import LOCAL_RECORD_TTL, Controller, ControllerOptions
+from devheal.controller.loop import COALESCE, LOCAL_RECORD_TTL, PAUSE_MAX, Controller, ControllerOptions
 from devheal.kube.client import KubeClient, api_path
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, GPU_RESOURCE
@@ -467,3 +468,19 @@ async def test_a_remediation_left_unfinished_by_an_earlier_run_is_carried_on(
     record = the_record(api)
     assert (record["status"]["phase"], record["status"]["reason"]) == ("Succeeded", "Evicted")
     assert len(events(api, "DevhealDeschedule")) == 1
+
+
+async def test_after_a_long_round_the_loop_serves_the_rest_as_long(
+    kube: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rounds take at most half of the loop: under a backlog, back-to-back rounds would starve the work queue."""
+    controller = Controller(kube, ControllerOptions(leader_elect=False), clock=unix_clock)
+    assert controller._pause() == COALESCE
+    monkeypatch.setattr(controller, "reconcile_once", lambda now: time.sleep(0.1))
+    assert controller._guarded_round()
+    assert controller._pause() >= 0.1
+    controller._last_round = 60.0  # as a round of a minute would leave it
+    assert controller._pause() == PAUSE_MAX, "never near the liveness limit"
+    monkeypatch.setattr(controller, "reconcile_once", lambda now: None)
+    assert controller._guarded_round()
+    assert controller._pause() == COALESCE
