@@ -6,7 +6,9 @@ One lab (simulated nodes, real control plane) with the controller running; an in
 ``--ranks`` pods, one whole 8-GPU node each, whose containers run here as real processes
 (``devheal.lab.rank_processes``): ``devheal launch`` around ``devheal.lab.torch_training``, a
 small model trained with DDP or FSDP2 over gloo, checkpointing every ``--checkpoint-every``
-steps to local disk. Each fault hits rank 1 of a gang that is stepping:
+steps to local disk. Each fault hits one rank of a gang that is stepping, the victims taken in
+turn from ranks 1..N-1 (``victim_rank``; rank 0 hosts the rendezvous store), so that no one
+index's Job backoff grows across the run's faults:
 
 - ``hang``: its training process stopped (SIGSTOP) at whatever point of its step it is;
   ``hang-compute``: it stops itself at the start of its next step's compute, before that
@@ -22,18 +24,27 @@ steps to local disk. Each fault hits rank 1 of a gang that is stepping:
 - ``device``: an XID 79 on its GPU (the node agent and the pod's status see it) and its
   process killed, as a driver does with the processes on a GPU that fell off the bus.
 
-For each fault and shape: ``detected_s`` (from the fault until the first Remediation of the
+For each fault and shape: ``victim_rank``, ``detected_s`` (from the fault until the first Remediation of the
 gang), ``named`` (the rank the Remediation replaces: ``right``, ``wrong``, or ``none``),
 ``named_later`` (the same for a later Remediation of the recovery, e.g. at the restart's rendezvous),
 ``action``, ``recovered`` (every rank stepping again in a new process within ``--timeout``),
 ``recovered_s``, ``steps_lost`` (steps done before the restart and done again after it) and
-``pods_recreated``. The policy: ``actions.gang: RestartGang``, stragglers replaced at once,
+``pods_recreated``. A fault nothing is found for within ``--detect-timeout`` is not waited
+for further (``recovered``: false). The policy: ``actions.gang: RestartGang``, stragglers replaced at once,
 stalls after ``--stall-after``, exit code 79 a device error, no budgets in the way. With
 ``--hold-failed N`` the launchers hold a crashed run for an in-place restart (docs/gangs.md);
 without it (0) a crash fails every pod and the Job recreates the gang. ``--compare N`` then
 runs N pairs of the device fault answered in place by devheal and by recreating the gang as a
 JobSet restart does (devheal paused; the Job deleted with its pods and created anew), side by side.
 Writes bench/results/real_training.json.
+
+Every process compiles the Python it imports unless a bytecode cache is there to read, and the
+virtual environment's packages come without one (``uv`` does not compile, and the ranks run as
+other users, who cannot write beside them): measured under load, the imports of a rank that
+sets up DDP or FSDP (torch, torch.distributed.tensor, sympy) took about 20 s of every restart's
+recovery, more than the restart itself. The ranks and their launchers therefore read and write
+bytecode in one cache of the run's (``PYTHONPYCACHEPREFIX``), filled once before the first
+gang starts (``warm_bytecode``).
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import tempfile
 import time
@@ -67,7 +79,6 @@ from devheal.model.api import GROUP_VERSION
 RESULTS = Path(__file__).parent / "results"
 NS = "train"
 JOB = "llm"
-VICTIM = 1
 FAULTS = ("hang", "hang-compute", "crash-kill", "crash-exit", "slow-1.3", "slow-2", "network", "device")
 SHAPES = ("ddp", "fsdp")
 DEVICE_ERROR_EXIT = 79
@@ -78,6 +89,7 @@ NODE_UID_BASE = 20000
 class Row:
     fault: str
     shape: str
+    victim_rank: int
     detected_s: float | None
     named: str
     action: str
@@ -91,6 +103,57 @@ class Row:
     named_later: str = "none"
     """The rank a later Remediation of the recovery replaced (``right``, ``wrong``, ``none``): one the first
     did not name may be named at the restart's rendezvous."""
+
+
+def victim_of(run: int, ranks: int) -> int:
+    """The rank the ``run``-th fault of the benchmark hits: ranks 1..N-1 in turn."""
+    return 1 + run % (ranks - 1)
+
+
+def bytecode_env(cache: Path) -> dict[str, str]:
+    """The environment that makes a process read and write its bytecode in ``cache`` (even where the caller's
+    environment says not to write any)."""
+    return {"PYTHONPYCACHEPREFIX": str(cache), "PYTHONDONTWRITEBYTECODE": ""}
+
+
+async def warm_bytecode(cache: Path) -> None:
+    """Fill ``cache`` with the bytecode of what a rank and its launcher import: one rank of each shape trains a step
+    alone (a gang of one), and the launcher's modules are imported."""
+    cache.mkdir(mode=0o755, parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="warm-", dir=cache.parent))
+    env = {**os.environ, **bytecode_env(cache), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    commands = [
+        [python(), "-c", "import devheal.cli, devheal.launch.launcher"],
+        *(
+            [
+                python(),
+                "-m",
+                "devheal.lab.torch_training",
+                "--shape",
+                shape,
+                "--steps",
+                "1",
+                "--checkpoint-dir",
+                str(work / shape),
+            ]
+            for shape in SHAPES
+        ),
+    ]
+    try:
+        for port, command in enumerate(commands, start=free_port()):
+            proc = await asyncio.create_subprocess_exec(
+                *command, env=env | {"MASTER_PORT": str(port)}, stdout=asyncio.subprocess.DEVNULL
+            )
+            if await proc.wait() != 0:
+                raise RuntimeError(f"warming the bytecode cache: {' '.join(command)} exited {proc.returncode}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def policy(stall_after: str, join_after: str) -> dict[str, Any]:
@@ -205,7 +268,7 @@ class Gang:
             ),
             logs=work,
             uid_of_node=node_uid,
-            env={"HOME": str(work)},
+            env={"HOME": str(work), **bytecode_env(args.bytecode_cache)},
         )
         self.task: asyncio.Task[None] | None = None
 
@@ -288,9 +351,9 @@ async def remediations(kube: KubeClient) -> list[dict[str, Any]]:
     return items
 
 
-async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any]) -> Callable[[], None]:
+async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any], rank: int) -> Callable[[], None]:
     """Inject ``fault`` on the victim's rank; returns what undoes it, where something must (a cut)."""
-    training = await _victims_training_pid(gang)
+    training = await _victims_training_pid(gang, rank)
     node = victim["spec"]["nodeName"]
     gpu = await asyncio.to_thread(faults.gpu_index, node, pod_devices(victim)[0].device_id)
     if fault == "hang":
@@ -326,14 +389,14 @@ def _training_pid(events: list[dict[str, Any]], launcher: int) -> int:
     return starts[-1]
 
 
-async def _victims_training_pid(gang: Gang, timeout: float = 60.0) -> int:
+async def _victims_training_pid(gang: Gang, index: int, timeout: float = 60.0) -> int:
     """The victim rank's training process, once its launcher has started one (it may be starting one still)."""
     deadline = time.monotonic() + timeout
     while True:
-        rank = gang.processes.rank(VICTIM)
+        rank = gang.processes.rank(index)
         try:
             if rank is None:
-                raise RuntimeError(f"no process for rank {VICTIM}")
+                raise RuntimeError(f"no process for rank {index}")
             return _training_pid(gang.events.read(), rank.proc.pid)
         except (RuntimeError, OSError):
             if time.monotonic() > deadline:
@@ -366,14 +429,14 @@ def judge(record: dict[str, Any] | None, victim: dict[str, Any]) -> tuple[str, s
     return named, record["spec"]["action"], finding.get("kind", "") + ": " + finding.get("evidence", "")
 
 
-async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> Row:
+async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float, index: int) -> Row:
     kube = gang.kube
     before = await wait_until(
         gang.pods, lambda pods: len(pods) == gang.args.ranks, timeout=60, what="every rank's pod running"
     )
-    victim = before[VICTIM]
+    victim = before[index]
     seen = {r["metadata"]["uid"] for r in await remediations(kube)}
-    undo = await inject(fault, gang, faults, victim)
+    undo = await inject(fault, gang, faults, victim, index)
     fault_at = time.time()
     detected: float | None = None
     first: dict[str, Any] | None = None
@@ -387,6 +450,8 @@ async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> R
                 if new:
                     first = min(new, key=lambda r: r["metadata"]["creationTimestamp"])
                     detected = time.time() - fault_at
+                elif time.time() - fault_at > gang.args.detect_timeout:
+                    break  # nothing found it: waiting out --timeout would measure nothing more
             recovered_s, lost = recovery(gang.events.read(), gang.args.ranks, fault_at)
             if recovered_s is not None:
                 break
@@ -403,6 +468,7 @@ async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> R
     return Row(
         fault=fault,
         shape=gang.shape,
+        victim_rank=index,
         detected_s=None if detected is None else round(detected, 2),
         named=named,
         action=action,
@@ -422,7 +488,7 @@ async def set_paused(kube: KubeClient, paused: bool) -> None:
     await wait_policy_observed(kube, "bench", timeout=60)
 
 
-async def recreate_all(gang: Gang, faults: Faults, timeout: float) -> Row:
+async def recreate_all(gang: Gang, faults: Faults, timeout: float, index: int) -> Row:
     """The device fault of ``run_fault`` answered by recreating the gang as a JobSet restart does (devheal's policy
     paused): the Job deleted with its pods and created anew, so every rank pays a new pod and a new process.
 
@@ -435,8 +501,8 @@ async def recreate_all(gang: Gang, faults: Faults, timeout: float) -> Row:
         before = await wait_until(
             gang.pods, lambda pods: len(pods) == gang.args.ranks, timeout=60, what="every rank's pod running"
         )
-        victim = before[VICTIM]
-        undo = await inject("device", gang, faults, victim)
+        victim = before[index]
+        undo = await inject("device", gang, faults, victim, index)
         fault_at = time.time()
         await kube.request(
             "DELETE",
@@ -464,6 +530,7 @@ async def recreate_all(gang: Gang, faults: Faults, timeout: float) -> Row:
         return Row(
             fault="device",
             shape=gang.shape,
+            victim_rank=index,
             detected_s=None,
             named="none",
             action="recreate-all",
@@ -510,7 +577,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     lab = Lab(Path(tempfile.mkdtemp(prefix="devheal-bench-", dir="/tmp")))
     nodes = args.ranks + 4
-    await asyncio.to_thread(lab.up, LabSpec(nodes=nodes, pod_resources_sockets=False), None, 600)
+    args.bytecode_cache = lab.dir / "pycache"
+    started = time.monotonic()
+    await asyncio.gather(
+        asyncio.to_thread(lab.up, LabSpec(nodes=nodes, pod_resources_sockets=False), None, 600),
+        warm_bytecode(args.bytecode_cache),
+    )
+    print(f"lab up and bytecode cache warm in {time.monotonic() - started:.0f}s", flush=True)
     controller = None
     rows: list[Row] = []
     try:
@@ -525,6 +598,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             await wait_policy_observed(kube, "bench", timeout=120)
             faults = Faults(lab)
             compared: dict[str, Any] = {}
+            victims = 0
             for shape in args.shapes:
                 gang: Gang | None = None
                 runs = [(fault, False) for fault in args.faults]
@@ -535,10 +609,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         if gang is None:
                             gang = Gang(lab, kube, args, shape, lab.dir / f"{shape}-{len(rows) + len(pairs)}")
                             await gang.start()
+                        victim = victim_of(victims, args.ranks)
+                        victims += 1
                         if fault == "recreate-all":
-                            row = await recreate_all(gang, faults, args.timeout)
+                            row = await recreate_all(gang, faults, args.timeout, victim)
                         else:
-                            row = await run_fault(fault, gang, faults, args.timeout)
+                            row = await run_fault(fault, gang, faults, args.timeout, victim)
                         (pairs if paired else rows).append(row)
                         print(_line(row), flush=True)
                         try:
@@ -564,6 +640,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "torch_version": torch.__version__,
         "ranks": args.ranks,
+        "wall_s": round(time.monotonic() - started),
         "rows": [asdict(r) for r in rows],
         "in_place_vs_recreate": compared,
     }
@@ -574,7 +651,7 @@ def _line(row: Row) -> str:
         return "-" if v is None else f"{v:.1f}"
 
     return (
-        f"{row.fault:<11} {row.shape:<5} detected {s(row.detected_s):>5}s  "
+        f"{row.fault:<11} {row.shape:<5} rank {row.victim_rank:<2} detected {s(row.detected_s):>5}s  "
         f"named {row.named:<5} then {row.named_later:<5} "
         f"{row.action:<12} recovered {('yes' if row.recovered else 'no'):<3} {s(row.recovered_s):>5}s  "
         f"steps lost {row.steps_lost if row.steps_lost is not None else '-':>3}  pods recreated {row.pods_recreated}"
@@ -595,6 +672,13 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--collective-timeout", type=float, default=120.0, help="gloo's timeout in the ranks")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds a fault has to be recovered from")
+    parser.add_argument(
+        "--detect-timeout",
+        type=float,
+        default=45.0,
+        help="seconds a fault has to be found in (a Remediation of the gang): after that the fault counts as not "
+        "recovered, without waiting out --timeout",
+    )
     parser.add_argument(
         "--compare",
         type=int,
