@@ -7,8 +7,10 @@ One lab (simulated nodes, real control plane) with the controller running; an in
 (``devheal.lab.rank_processes``): ``devheal launch`` around ``devheal.lab.torch_training``, a
 small model trained with DDP or FSDP2 over gloo, checkpointing every ``--checkpoint-every``
 steps to local disk. Each fault hits one rank of a gang that is stepping, the victims taken in
-turn from ranks 1..N-1 (``victim_rank``; rank 0 hosts the rendezvous store), so that no one
-index's Job backoff grows across the run's faults:
+turn from ranks 1..N-1 (``victim_rank``; rank 0 hosts the rendezvous store), and the gang
+starts afresh (a new Job) before a fault whose rank's pod this Job already replaced, so that
+every replaced rank waits for the Job's first pod-failure backoff (10 s), not for one doubled
+by the faults before it (10, 20, 40, 80 s for the same index):
 
 - ``hang``: its training process stopped (SIGSTOP) at whatever point of its step it is;
   ``hang-compute``: it stops itself at the start of its next step's compute, before that
@@ -271,6 +273,9 @@ class Gang:
             env={"HOME": str(work), **bytecode_env(args.bytecode_cache)},
         )
         self.task: asyncio.Task[None] | None = None
+        self.first_pods: dict[int, str] = {}
+        """Each index's first pod of this Job (uid): one replaced since waits for the Job's backoff, which doubles
+        with each failed pod of the index."""
 
     def command(self, index: int, node: str) -> list[str]:
         return [
@@ -293,6 +298,16 @@ class Gang:
         await self.kube.create(api_path("batch/v1", "jobs", namespace=NS), job(self.args.ranks))
         self.task = asyncio.ensure_future(self.processes.run())
         await self.stepping(after=0.0, timeout=self.args.timeout + 120)
+        await self.new_job()
+
+    async def new_job(self) -> None:
+        """The Job's pods now are its first: it was created (again) with them."""
+        self.first_pods = {i: p["metadata"]["uid"] for i, p in (await self.pods()).items()}
+
+    async def replaced(self, index: int) -> bool:
+        """Whether rank ``index``'s pod was replaced since the Job was created."""
+        pod = (await self.pods()).get(index)
+        return pod is None or pod["metadata"]["uid"] != self.first_pods.get(index)
 
     async def stepping(self, *, after: float, timeout: float) -> None:
         """Until every rank has reported steps past its first checkpoint, in processes started after ``after``."""
@@ -606,11 +621,16 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 pairs: list[Row] = []
                 try:
                     for fault, paired in runs:
+                        victim = victim_of(victims, args.ranks)
+                        victims += 1
+                        if gang is not None and await gang.replaced(victim):
+                            # A fresh Job: each fault's replaced rank waits for the Job's first backoff (10 s),
+                            # not for one doubled by the faults of the run before it.
+                            await gang.stop()
+                            gang = None
                         if gang is None:
                             gang = Gang(lab, kube, args, shape, lab.dir / f"{shape}-{len(rows) + len(pairs)}")
                             await gang.start()
-                        victim = victim_of(victims, args.ranks)
-                        victims += 1
                         if fault == "recreate-all":
                             row = await recreate_all(gang, faults, args.timeout, victim)
                         else:
@@ -621,6 +641,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                             if not row.recovered:
                                 raise TimeoutError
                             await gang.stepping(after=time.time() - (row.recovered_s or 0) - 0.1, timeout=60)
+                            if fault == "recreate-all":
+                                await gang.new_job()
                         except (TimeoutError, AssertionError):
                             await gang.stop()  # start the next fault on a fresh gang
                             gang = None
