@@ -90,6 +90,11 @@ class HangInCompute:
 class OwnCompute:
     """Times each layer's own forward, waits in collectives excluded, and stretches it under a lab slowdown.
 
+    The time is the training thread's CPU time (``time.thread_time``), not the wall clock: the lab's ranks share
+    a few cores, and a rank the OS runs less often would look slow by the wall clock (measured: 8 ranks on 2 cores
+    gave healthy ranks 1.8x medians and named them stragglers), where each real rank has a GPU of its own. A
+    training loop on GPUs times its layers with CUDA events instead (docs/gangs.md).
+
     Hooks on each layer: FSDP2's ``fully_shard`` registers its pre-forward (unshard: the all-gather, and the wait
     for it) prepended and its post-forward (reshard) appended, so a pre-hook appended after ``fully_shard`` starts
     the clock once the layer's parameters are there, and a post-hook prepended stops it before the reshard. With
@@ -121,17 +126,17 @@ class OwnCompute:
         report_collective()
 
     def _start(self, *_: object) -> None:
-        self._began = time.monotonic()
+        self._began = time.thread_time()
 
     def _stop(self, *_: object) -> None:
-        took = time.monotonic() - self._began
+        took = time.thread_time() - self._began
         if self.factor > 1.0:
-            # A slowed GPU: the layer's own compute takes longer. Spun, not slept: a sleep on a busy machine
-            # oversleeps by whole scheduler slices (1.3x measured as 3.6x).
-            until = time.monotonic() + took * (self.factor - 1.0)
-            while time.monotonic() < until:
+            # A slowed GPU: the layer's own compute takes longer. Spun for CPU time, not slept: a sleep on a busy
+            # machine oversleeps by whole scheduler slices (1.3x measured as 3.6x).
+            until = time.thread_time() + took * (self.factor - 1.0)
+            while time.thread_time() < until:
                 pass
-            took = time.monotonic() - self._began
+            took = time.thread_time() - self._began
         self.layers.append(took)
         self.total += took
 
