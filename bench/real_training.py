@@ -20,8 +20,9 @@ by the faults before it (10, 20, 40, 80 s for the same index):
   exit code the policy and the Job declare a device error;
 - ``slow-1.3``, ``slow-2``: its GPUs slowed (``faults.degrade``): its compute takes 1.3x / 2x;
 - ``network``: every packet its node's processes send on loopback dropped (an owner match
-  on the node's user, ``devheal.lab.network_cut``), the launcher's own API traffic aside:
-  a dead NIC. It stays cut until the rank has left the node, so a restart in place meets it
+  on the node's user, ``devheal.lab.network_cut``), the launcher's own API traffic and the
+  rank's reports to its launcher (which never leave a pod) aside: a dead NIC. It stays cut
+  until the rank has left the node, so a restart in place meets it
   again at its rendezvous;
 - ``device``: an XID 79 on its GPU (the node agent and the pod's status see it) and its
   process killed, as a driver does with the processes on a GPU that fell off the bus.
@@ -76,6 +77,7 @@ from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.rank_processes import RankProcesses, python
 from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_policy_observed, wait_until
+from devheal.launch.reporting import ADDR_ENV
 from devheal.model.api import GROUP_VERSION
 
 RESULTS = Path(__file__).parent / "results"
@@ -384,7 +386,8 @@ async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any],
         await asyncio.to_thread(faults.degrade, node, gpu, float(fault.removeprefix("slow-")))
         return lambda: faults.recover(node, gpu)
     elif fault == "network":
-        network_cut.cut(node_uid(node))
+        # A dead NIC: the rank's own reports to its launcher stay on the pod's loopback and pass.
+        network_cut.cut(node_uid(node), allow_ports=(_launcher_port(training),))
         return lambda: network_cut.restore(node_uid(node))
     elif fault == "device":
         await asyncio.to_thread(faults.xid, node, gpu, 79)
@@ -393,6 +396,15 @@ async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any],
     else:
         raise ValueError(f"unknown fault {fault!r}")
     return lambda: None
+
+
+def _launcher_port(training: int) -> int:
+    """The port of the step endpoint the training process ``training`` reports to (its ``DEVHEAL_LAUNCHER_ADDR``)."""
+    for item in Path(f"/proc/{training}/environ").read_bytes().split(b"\0"):
+        name, _, value = item.decode(errors="replace").partition("=")
+        if name == ADDR_ENV:
+            return int(value.rpartition(":")[2])
+    raise RuntimeError(f"training process {training} has no {ADDR_ENV}")
 
 
 def _training_pid(events: list[dict[str, Any]], launcher: int) -> int:
