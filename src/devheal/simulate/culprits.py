@@ -27,9 +27,9 @@ FSDP step), the FSDP column read none for the hangs and the slow ranks, and DDP'
 A stall nobody is named for restarts the gang in place, and a fault that stays on a node can name its rank
 then: a rank cut off from its peers (``MISSES_RENDEZVOUS``) starts again but never reaches its gang's rendezvous
 (``report_joined``), and the engine names it once the others have waited there ``stall.joinAfter``
-(``engine.stragglers.rendezvous_stall``; real DDP gang, network cut on one rank: the stall found in 10.7 s with
-no rank named, then that rank named at the rendezvous and replaced, every rank stepping again 94 s after the
-fault with ``joinAfter: 30s``). ``CulpritModel`` is the
+(``engine.stragglers.rendezvous_stall``; real DDP and FSDP gangs, network cut on one rank: the stall found in
+11 s with no rank named, then that rank named at the rendezvous and replaced, every rank stepping again 61 s
+after the fault with ``joinAfter: 30s``, ``bench/results/real_training_network.json``). ``CulpritModel`` is the
 calibrated table, or one probability for every stall and slow rank (a what-if, and the
 sensitivity axis). Pure: every draw is a hash of what it is about, so all strategies replaying
 a trace see the same culprits.
