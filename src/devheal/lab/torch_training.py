@@ -15,7 +15,8 @@ atomically; a step counts once every rank's file is there) and resumes from the 
 complete checkpoint when it starts, so a restarted gang loses only the steps since then. It
 reports each step to the launcher with ``devheal.launch.report_step`` as docs/stragglers.md
 asks: the rank's own compute, collective waits excluded, before the backward pass. Each layer's
-forward is timed by hooks (``OwnCompute``): with FSDP they are registered after ``fully_shard``,
+forward is timed (the training thread's CPU time: the lab's ranks share a few cores) by hooks
+(``OwnCompute``): with FSDP they are registered after ``fully_shard``,
 so they run after FSDP's pre-forward has waited for the layer's all-gather and before its
 post-forward; the step reports the sum. It counts the collectives it enters
 (``devheal.launch.report_collective``): with FSDP from a hook that runs before FSDP's
