@@ -6,7 +6,11 @@ One lab (simulated nodes, real control plane) with the controller running; an in
 ``--ranks`` pods, one whole 8-GPU node each, whose containers run here as real processes
 (``devheal.lab.rank_processes``): ``devheal launch`` around ``devheal.lab.torch_training``, a
 small model trained with DDP or FSDP2 over gloo, checkpointing every ``--checkpoint-every``
-steps to local disk. Each fault hits rank 1 of a gang that is stepping:
+steps to local disk. Each fault hits one rank of a gang that is stepping, the victims taken in
+turn from ranks 1..N-1 (``victim_rank``; rank 0 hosts the rendezvous store), and the gang
+starts afresh (a new Job) before a fault whose rank's pod this Job already replaced, so that
+every replaced rank waits for the Job's first pod-failure backoff (10 s), not for one doubled
+by the faults before it (10, 20, 40, 80 s for the same index):
 
 - ``hang``: its training process stopped (SIGSTOP) at whatever point of its step it is;
   ``hang-compute``: it stops itself at the start of its next step's compute, before that
@@ -16,24 +20,34 @@ steps to local disk. Each fault hits rank 1 of a gang that is stepping:
   exit code the policy and the Job declare a device error;
 - ``slow-1.3``, ``slow-2``: its GPUs slowed (``faults.degrade``): its compute takes 1.3x / 2x;
 - ``network``: every packet its node's processes send on loopback dropped (an owner match
-  on the node's user, ``devheal.lab.network_cut``), the launcher's own API traffic aside:
-  a dead NIC. It stays cut until the rank has left the node, so a restart in place meets it
+  on the node's user, ``devheal.lab.network_cut``), the launcher's own API traffic and the
+  rank's reports to its launcher (which never leave a pod) aside: a dead NIC. It stays cut
+  until the rank has left the node, so a restart in place meets it
   again at its rendezvous;
 - ``device``: an XID 79 on its GPU (the node agent and the pod's status see it) and its
   process killed, as a driver does with the processes on a GPU that fell off the bus.
 
-For each fault and shape: ``detected_s`` (from the fault until the first Remediation of the
+For each fault and shape: ``victim_rank``, ``detected_s`` (from the fault until the first Remediation of the
 gang), ``named`` (the rank the Remediation replaces: ``right``, ``wrong``, or ``none``),
 ``named_later`` (the same for a later Remediation of the recovery, e.g. at the restart's rendezvous),
 ``action``, ``recovered`` (every rank stepping again in a new process within ``--timeout``),
 ``recovered_s``, ``steps_lost`` (steps done before the restart and done again after it) and
-``pods_recreated``. The policy: ``actions.gang: RestartGang``, stragglers replaced at once,
+``pods_recreated``. A fault nothing is found for within ``--detect-timeout`` is not waited
+for further (``recovered``: false). The policy: ``actions.gang: RestartGang``, stragglers replaced at once,
 stalls after ``--stall-after``, exit code 79 a device error, no budgets in the way. With
 ``--hold-failed N`` the launchers hold a crashed run for an in-place restart (docs/gangs.md);
 without it (0) a crash fails every pod and the Job recreates the gang. ``--compare N`` then
 runs N pairs of the device fault answered in place by devheal and by recreating the gang as a
 JobSet restart does (devheal paused; the Job deleted with its pods and created anew), side by side.
 Writes bench/results/real_training.json.
+
+Every process compiles the Python it imports unless a bytecode cache is there to read, and the
+virtual environment's packages come without one (``uv`` does not compile, and the ranks run as
+other users, who cannot write beside them): measured under load, the imports of a rank that
+sets up DDP or FSDP (torch, torch.distributed.tensor, sympy) took about 20 s of every restart's
+recovery, more than the restart itself. The ranks and their launchers therefore read and write
+bytecode in one cache of the run's (``PYTHONPYCACHEPREFIX``), filled once before the first
+gang starts (``warm_bytecode``).
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import tempfile
 import time
@@ -62,12 +77,12 @@ from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
 from devheal.lab.rank_processes import RankProcesses, python
 from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_policy_observed, wait_until
+from devheal.launch.reporting import ADDR_ENV
 from devheal.model.api import GROUP_VERSION
 
 RESULTS = Path(__file__).parent / "results"
 NS = "train"
 JOB = "llm"
-VICTIM = 1
 FAULTS = ("hang", "hang-compute", "crash-kill", "crash-exit", "slow-1.3", "slow-2", "network", "device")
 SHAPES = ("ddp", "fsdp")
 DEVICE_ERROR_EXIT = 79
@@ -78,6 +93,7 @@ NODE_UID_BASE = 20000
 class Row:
     fault: str
     shape: str
+    victim_rank: int
     detected_s: float | None
     named: str
     action: str
@@ -91,6 +107,57 @@ class Row:
     named_later: str = "none"
     """The rank a later Remediation of the recovery replaced (``right``, ``wrong``, ``none``): one the first
     did not name may be named at the restart's rendezvous."""
+
+
+def victim_of(run: int, ranks: int) -> int:
+    """The rank the ``run``-th fault of the benchmark hits: ranks 1..N-1 in turn."""
+    return 1 + run % (ranks - 1)
+
+
+def bytecode_env(cache: Path) -> dict[str, str]:
+    """The environment that makes a process read and write its bytecode in ``cache`` (even where the caller's
+    environment says not to write any)."""
+    return {"PYTHONPYCACHEPREFIX": str(cache), "PYTHONDONTWRITEBYTECODE": ""}
+
+
+async def warm_bytecode(cache: Path) -> None:
+    """Fill ``cache`` with the bytecode of what a rank and its launcher import: one rank of each shape trains a step
+    alone (a gang of one), and the launcher's modules are imported."""
+    cache.mkdir(mode=0o755, parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="warm-", dir=cache.parent))
+    env = {**os.environ, **bytecode_env(cache), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    commands = [
+        [python(), "-c", "import devheal.cli, devheal.launch.launcher"],
+        *(
+            [
+                python(),
+                "-m",
+                "devheal.lab.torch_training",
+                "--shape",
+                shape,
+                "--steps",
+                "1",
+                "--checkpoint-dir",
+                str(work / shape),
+            ]
+            for shape in SHAPES
+        ),
+    ]
+    try:
+        for port, command in enumerate(commands, start=free_port()):
+            proc = await asyncio.create_subprocess_exec(
+                *command, env=env | {"MASTER_PORT": str(port)}, stdout=asyncio.subprocess.DEVNULL
+            )
+            if await proc.wait() != 0:
+                raise RuntimeError(f"warming the bytecode cache: {' '.join(command)} exited {proc.returncode}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def policy(stall_after: str, join_after: str) -> dict[str, Any]:
@@ -205,9 +272,12 @@ class Gang:
             ),
             logs=work,
             uid_of_node=node_uid,
-            env={"HOME": str(work)},
+            env={"HOME": str(work), **bytecode_env(args.bytecode_cache)},
         )
         self.task: asyncio.Task[None] | None = None
+        self.first_pods: dict[int, str] = {}
+        """Each index's first pod of this Job (uid): one replaced since waits for the Job's backoff, which doubles
+        with each failed pod of the index."""
 
     def command(self, index: int, node: str) -> list[str]:
         return [
@@ -230,6 +300,16 @@ class Gang:
         await self.kube.create(api_path("batch/v1", "jobs", namespace=NS), job(self.args.ranks))
         self.task = asyncio.ensure_future(self.processes.run())
         await self.stepping(after=0.0, timeout=self.args.timeout + 120)
+        await self.new_job()
+
+    async def new_job(self) -> None:
+        """The Job's pods now are its first: it was created (again) with them."""
+        self.first_pods = {i: p["metadata"]["uid"] for i, p in (await self.pods()).items()}
+
+    async def replaced(self, index: int) -> bool:
+        """Whether rank ``index``'s pod was replaced since the Job was created."""
+        pod = (await self.pods()).get(index)
+        return pod is None or pod["metadata"]["uid"] != self.first_pods.get(index)
 
     async def stepping(self, *, after: float, timeout: float) -> None:
         """Until every rank has reported steps past its first checkpoint, in processes started after ``after``."""
@@ -288,9 +368,9 @@ async def remediations(kube: KubeClient) -> list[dict[str, Any]]:
     return items
 
 
-async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any]) -> Callable[[], None]:
+async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any], rank: int) -> Callable[[], None]:
     """Inject ``fault`` on the victim's rank; returns what undoes it, where something must (a cut)."""
-    training = await _victims_training_pid(gang)
+    training = await _victims_training_pid(gang, rank)
     node = victim["spec"]["nodeName"]
     gpu = await asyncio.to_thread(faults.gpu_index, node, pod_devices(victim)[0].device_id)
     if fault == "hang":
@@ -306,7 +386,8 @@ async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any])
         await asyncio.to_thread(faults.degrade, node, gpu, float(fault.removeprefix("slow-")))
         return lambda: faults.recover(node, gpu)
     elif fault == "network":
-        network_cut.cut(node_uid(node))
+        # A dead NIC: the rank's own reports to its launcher stay on the pod's loopback and pass.
+        network_cut.cut(node_uid(node), allow_ports=(_launcher_port(training),))
         return lambda: network_cut.restore(node_uid(node))
     elif fault == "device":
         await asyncio.to_thread(faults.xid, node, gpu, 79)
@@ -315,6 +396,15 @@ async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any])
     else:
         raise ValueError(f"unknown fault {fault!r}")
     return lambda: None
+
+
+def _launcher_port(training: int) -> int:
+    """The port of the step endpoint the training process ``training`` reports to (its ``DEVHEAL_LAUNCHER_ADDR``)."""
+    for item in Path(f"/proc/{training}/environ").read_bytes().split(b"\0"):
+        name, _, value = item.decode(errors="replace").partition("=")
+        if name == ADDR_ENV:
+            return int(value.rpartition(":")[2])
+    raise RuntimeError(f"training process {training} has no {ADDR_ENV}")
 
 
 def _training_pid(events: list[dict[str, Any]], launcher: int) -> int:
@@ -326,14 +416,14 @@ def _training_pid(events: list[dict[str, Any]], launcher: int) -> int:
     return starts[-1]
 
 
-async def _victims_training_pid(gang: Gang, timeout: float = 60.0) -> int:
+async def _victims_training_pid(gang: Gang, index: int, timeout: float = 60.0) -> int:
     """The victim rank's training process, once its launcher has started one (it may be starting one still)."""
     deadline = time.monotonic() + timeout
     while True:
-        rank = gang.processes.rank(VICTIM)
+        rank = gang.processes.rank(index)
         try:
             if rank is None:
-                raise RuntimeError(f"no process for rank {VICTIM}")
+                raise RuntimeError(f"no process for rank {index}")
             return _training_pid(gang.events.read(), rank.proc.pid)
         except (RuntimeError, OSError):
             if time.monotonic() > deadline:
@@ -366,14 +456,14 @@ def judge(record: dict[str, Any] | None, victim: dict[str, Any]) -> tuple[str, s
     return named, record["spec"]["action"], finding.get("kind", "") + ": " + finding.get("evidence", "")
 
 
-async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> Row:
+async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float, index: int) -> Row:
     kube = gang.kube
     before = await wait_until(
         gang.pods, lambda pods: len(pods) == gang.args.ranks, timeout=60, what="every rank's pod running"
     )
-    victim = before[VICTIM]
+    victim = before[index]
     seen = {r["metadata"]["uid"] for r in await remediations(kube)}
-    undo = await inject(fault, gang, faults, victim)
+    undo = await inject(fault, gang, faults, victim, index)
     fault_at = time.time()
     detected: float | None = None
     first: dict[str, Any] | None = None
@@ -387,6 +477,8 @@ async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> R
                 if new:
                     first = min(new, key=lambda r: r["metadata"]["creationTimestamp"])
                     detected = time.time() - fault_at
+                elif time.time() - fault_at > gang.args.detect_timeout:
+                    break  # nothing found it: waiting out --timeout would measure nothing more
             recovered_s, lost = recovery(gang.events.read(), gang.args.ranks, fault_at)
             if recovered_s is not None:
                 break
@@ -403,6 +495,7 @@ async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float) -> R
     return Row(
         fault=fault,
         shape=gang.shape,
+        victim_rank=index,
         detected_s=None if detected is None else round(detected, 2),
         named=named,
         action=action,
@@ -422,7 +515,7 @@ async def set_paused(kube: KubeClient, paused: bool) -> None:
     await wait_policy_observed(kube, "bench", timeout=60)
 
 
-async def recreate_all(gang: Gang, faults: Faults, timeout: float) -> Row:
+async def recreate_all(gang: Gang, faults: Faults, timeout: float, index: int) -> Row:
     """The device fault of ``run_fault`` answered by recreating the gang as a JobSet restart does (devheal's policy
     paused): the Job deleted with its pods and created anew, so every rank pays a new pod and a new process.
 
@@ -435,8 +528,8 @@ async def recreate_all(gang: Gang, faults: Faults, timeout: float) -> Row:
         before = await wait_until(
             gang.pods, lambda pods: len(pods) == gang.args.ranks, timeout=60, what="every rank's pod running"
         )
-        victim = before[VICTIM]
-        undo = await inject("device", gang, faults, victim)
+        victim = before[index]
+        undo = await inject("device", gang, faults, victim, index)
         fault_at = time.time()
         await kube.request(
             "DELETE",
@@ -464,6 +557,7 @@ async def recreate_all(gang: Gang, faults: Faults, timeout: float) -> Row:
         return Row(
             fault="device",
             shape=gang.shape,
+            victim_rank=index,
             detected_s=None,
             named="none",
             action="recreate-all",
@@ -510,7 +604,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     lab = Lab(Path(tempfile.mkdtemp(prefix="devheal-bench-", dir="/tmp")))
     nodes = args.ranks + 4
-    await asyncio.to_thread(lab.up, LabSpec(nodes=nodes, pod_resources_sockets=False), None, 600)
+    args.bytecode_cache = lab.dir / "pycache"
+    started = time.monotonic()
+    await asyncio.gather(
+        asyncio.to_thread(lab.up, LabSpec(nodes=nodes, pod_resources_sockets=False), None, 600),
+        warm_bytecode(args.bytecode_cache),
+    )
+    print(f"lab up and bytecode cache warm in {time.monotonic() - started:.0f}s", flush=True)
     controller = None
     rows: list[Row] = []
     try:
@@ -525,6 +625,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             await wait_policy_observed(kube, "bench", timeout=120)
             faults = Faults(lab)
             compared: dict[str, Any] = {}
+            victims = 0
             for shape in args.shapes:
                 gang: Gang | None = None
                 runs = [(fault, False) for fault in args.faults]
@@ -532,19 +633,28 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 pairs: list[Row] = []
                 try:
                     for fault, paired in runs:
+                        victim = victim_of(victims, args.ranks)
+                        victims += 1
+                        if gang is not None and await gang.replaced(victim):
+                            # A fresh Job: each fault's replaced rank waits for the Job's first backoff (10 s),
+                            # not for one doubled by the faults of the run before it.
+                            await gang.stop()
+                            gang = None
                         if gang is None:
                             gang = Gang(lab, kube, args, shape, lab.dir / f"{shape}-{len(rows) + len(pairs)}")
                             await gang.start()
                         if fault == "recreate-all":
-                            row = await recreate_all(gang, faults, args.timeout)
+                            row = await recreate_all(gang, faults, args.timeout, victim)
                         else:
-                            row = await run_fault(fault, gang, faults, args.timeout)
+                            row = await run_fault(fault, gang, faults, args.timeout, victim)
                         (pairs if paired else rows).append(row)
                         print(_line(row), flush=True)
                         try:
                             if not row.recovered:
                                 raise TimeoutError
                             await gang.stepping(after=time.time() - (row.recovered_s or 0) - 0.1, timeout=60)
+                            if fault == "recreate-all":
+                                await gang.new_job()
                         except (TimeoutError, AssertionError):
                             await gang.stop()  # start the next fault on a fresh gang
                             gang = None
@@ -564,6 +674,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "torch_version": torch.__version__,
         "ranks": args.ranks,
+        "wall_s": round(time.monotonic() - started),
         "rows": [asdict(r) for r in rows],
         "in_place_vs_recreate": compared,
     }
@@ -574,7 +685,7 @@ def _line(row: Row) -> str:
         return "-" if v is None else f"{v:.1f}"
 
     return (
-        f"{row.fault:<11} {row.shape:<5} detected {s(row.detected_s):>5}s  "
+        f"{row.fault:<11} {row.shape:<5} rank {row.victim_rank:<2} detected {s(row.detected_s):>5}s  "
         f"named {row.named:<5} then {row.named_later:<5} "
         f"{row.action:<12} recovered {('yes' if row.recovered else 'no'):<3} {s(row.recovered_s):>5}s  "
         f"steps lost {row.steps_lost if row.steps_lost is not None else '-':>3}  pods recreated {row.pods_recreated}"
@@ -595,6 +706,13 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--collective-timeout", type=float, default=120.0, help="gloo's timeout in the ranks")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds a fault has to be recovered from")
+    parser.add_argument(
+        "--detect-timeout",
+        type=float,
+        default=45.0,
+        help="seconds a fault has to be found in (a Remediation of the gang): after that the fault counts as not "
+        "recovered, without waiting out --timeout",
+    )
     parser.add_argument(
         "--compare",
         type=int,

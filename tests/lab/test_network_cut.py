@@ -43,6 +43,11 @@ def test_a_cut_drops_what_the_nodes_user_sends_and_nothing_else(listener: int) -
         assert connect_as(None, listener) == "connected", "the launcher's own traffic (root) passes"
         network_cut.restore(UID)
         assert connect_as(UID, listener) == "connected"
+        network_cut.cut(UID, allow_ports=(listener,))  # its launcher's step endpoint stays reachable
+        assert connect_as(UID, listener) == "connected"
+        network_cut.restore(UID)
+        rules = subprocess.run(["iptables", "-w", "-S", "OUTPUT"], capture_output=True, text=True).stdout
+        assert network_cut.COMMENT not in rules, "the allowance goes with the cut"
         network_cut.cut(UID)
         network_cut.cut(UID + 1)
         network_cut.restore_all()

@@ -25,8 +25,11 @@ for ``stall.limit`` (the policy's ``after``, or ``steps`` of the gang's median s
 longer). The rank that stalled first is the one whose last report is older than every
 other's by at least half a median step: with ``report_step`` called after the rank's own
 compute and before its collectives, the others have reported the step that rank never
-finished and wait for it in the collective. When no rank stands out, the whole gang restarts
-in place and nobody is replaced.
+finished and wait for it in the collective. When the steps name nobody (with FSDP, collectives
+run inside the forward pass, and every rank's last step is the same), the rank that entered
+fewer collectives than a majority of its peers (``report_collective``) is named
+(``behind_in_collectives``). When no rank stands out, the whole gang restarts in place and
+nobody is replaced.
 
 A gang is also **stalled at its rendezvous** when no rank has stepped in its current run, a
 majority of its ranks reported reaching the rendezvous (``report_joined``), and another has
@@ -286,14 +289,19 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
     # A rank stalled first only against peers that went on: alone (the others' pods ended), none stands out.
     culprit = len(ordered) > 1 and (ordered[1][1].last or 0.0) - (report.last or 0.0) >= max(margin, 1e-9)
     assert report.last is not None
-    who = (
-        f"rank {first.key} stalled first (its last step {now - report.last:.0f}s ago, the others' at most "
-        f"{quiet:.0f}s ago)"
-        if culprit
-        else "no rank stalled first (their last steps are within half a step)"
-        if len(ordered) > 1
-        else "no rank stalled first (no other rank of the gang is running)"
-    )
+    behind = None if culprit else behind_in_collectives(reports, limit)
+    if behind is not None:
+        first, who = behind
+        culprit = True
+    else:
+        who = (
+            f"rank {first.key} stalled first (its last step {now - report.last:.0f}s ago, the others' at most "
+            f"{quiet:.0f}s ago)"
+            if culprit
+            else "no rank stalled first (their last steps are within half a step)"
+            if len(ordered) > 1
+            else "no rank stalled first (no other rank of the gang is running)"
+        )
     return Finding(
         kind=FindingKind.GANG_STALLED,
         node=first.node,
@@ -304,6 +312,35 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
         pod=first.key,
         pod_uid=first.uid if culprit else "",
         device_ids=tuple(sorted({d.device_id for d in first.devices})) if culprit else (),
+    )
+
+
+def behind_in_collectives(reports: Sequence[tuple[Pod, StepReport]], limit: float) -> tuple[Pod, str] | None:
+    """The rank of a stalled gang that entered fewer collectives than a majority of its peers, and the evidence
+    (None when the counts name nobody).
+
+    With collectives inside the forward pass (FSDP), a rank hung in its compute has reported the same last step as
+    its peers, which wait for it in the next collective: they entered one more than it did (``report_collective``).
+    Judged only when every rank counts its collectives in runs that began together (within the stall limit: one
+    restart of the gang; counts of runs started apart are not comparable), and only a minority behind the count a
+    majority reached is named: several ranks behind say nothing about which one the others wait for."""
+    counts: list[tuple[Pod, int]] = []
+    for pod, r in reports:
+        if r.collectives is None or r.run is None:
+            return None
+        counts.append((pod, r.collectives))
+    runs = [r.run for _, r in reports if r.run is not None]
+    if len(counts) < 2 or max(runs) - min(runs) > limit:
+        return None
+    top = max(c for _, c in counts)
+    ahead = sum(1 for _, c in counts if c == top)
+    behind = sorted(((p, c) for p, c in counts if c < top), key=lambda pc: (pc[1], pc[0].key))
+    if not behind or 2 * ahead <= len(counts) or 2 * len(behind) >= len(counts):
+        return None
+    pod, count = behind[0]
+    others = f" (and {len(behind) - 1} more behind)" if len(behind) > 1 else ""
+    return pod, (
+        f"rank {pod.key} stalled first: it entered {count} collectives, {ahead} of {len(counts)} ranks {top}{others}"
     )
 
 

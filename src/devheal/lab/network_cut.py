@@ -4,7 +4,9 @@ The lab's ranks share this machine's loopback, so a node's network is its user: 
 node N run as their own user (``devheal.lab.rank_processes``), and an iptables owner match on
 that user drops what they send (their gloo and rendezvous traffic, and the acknowledgements
 of what they receive), as a dead NIC would. The launcher runs as root, so its own traffic (the
-API server) passes, as a pod's control traffic would on a management network. Every rule
+API server) passes, as a pod's control traffic would on a management network; so can the
+node's traffic to given loopback ports (``allow_ports``: its launcher's step endpoint, which in
+a pod never leaves the pod's own loopback). Every rule
 carries a comment naming the lab, so ``restore_all`` finds them.
 
 Needs root and iptables (Debian's ``iptables`` package); a missing one is a clear error.
@@ -32,10 +34,13 @@ def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess[str
     return done
 
 
-def cut(uid: int) -> None:
-    """Drop what ``uid`` sends on loopback."""
+def cut(uid: int, allow_ports: tuple[int, ...] = ()) -> None:
+    """Drop what ``uid`` sends on loopback, except to the TCP ports in ``allow_ports``."""
     tag = ["-m", "comment", "--comment", f"{COMMENT}-{uid}"]
-    _iptables("-I", "OUTPUT", "-o", "lo", "-m", "owner", "--uid-owner", str(uid), *tag, "-j", "DROP")
+    owner = ["-o", "lo", "-m", "owner", "--uid-owner", str(uid)]
+    _iptables("-I", "OUTPUT", *owner, *tag, "-j", "DROP")
+    for port in allow_ports:  # inserted above the drop
+        _iptables("-I", "OUTPUT", *owner, "-p", "tcp", "--dport", str(port), *tag, "-j", "ACCEPT")
 
 
 def restore(uid: int) -> None:

@@ -14,10 +14,16 @@ It checkpoints every ``--checkpoint-every`` steps to local disk (one file per ra
 atomically; a step counts once every rank's file is there) and resumes from the newest
 complete checkpoint when it starts, so a restarted gang loses only the steps since then. It
 reports each step to the launcher with ``devheal.launch.report_step`` as docs/stragglers.md
-asks: with DDP the forward pass, reported before the backward pass (where the all-reduce runs);
-with FSDP the whole step, since every phase of it waits on collectives. Each run reports
-reaching the rendezvous store (``report_joined``) before it sets up gloo. A lab fault that slows the rank's GPUs
-(``DEVHEAL_LAB_DEVICES``/``DEVHEAL_LAB_POD``, ``devheal.lab.slowdown``) stretches its compute.
+asks: the rank's own compute, collective waits excluded, before the backward pass. Each layer's
+forward is timed (the training thread's CPU time: the lab's ranks share a few cores) by hooks
+(``OwnCompute``): with FSDP they are registered after ``fully_shard``,
+so they run after FSDP's pre-forward has waited for the layer's all-gather and before its
+post-forward; the step reports the sum. It counts the collectives it enters
+(``devheal.launch.report_collective``): with FSDP from a hook that runs before FSDP's
+pre-forward (before each layer's all-gather), with DDP once a step before the backward pass
+(its all-reduce). Each run reports reaching the rendezvous store (``report_joined``) before it
+sets up gloo. A lab fault that slows the rank's GPUs (``DEVHEAL_LAB_DEVICES``/``DEVHEAL_LAB_POD``,
+``devheal.lab.slowdown``) stretches each layer's own forward, where the compute is measured.
 
 Lab faults reach it as signals: SIGUSR1 exits with ``--device-error-exit-code`` (a loop that
 caught a CUDA/NCCL device error), SIGUSR2 makes it hang at the start of its next step's
@@ -38,15 +44,17 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from devheal.lab.slowdown import PodSlowdown
-from devheal.launch import report_joined, report_step
+from devheal.launch import report_collective, report_joined, report_step
 
 SHAPES = ("ddp", "fsdp")
 
@@ -95,6 +103,60 @@ def _process_started() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return time.time() - (uptime - since_boot)
+
+
+class OwnCompute:
+    """Times each layer's own forward, waits in collectives excluded, and stretches it under a lab slowdown.
+
+    The time is the training thread's CPU time (``time.thread_time``), not the wall clock: the lab's ranks share
+    a few cores, and a rank the OS runs less often would look slow by the wall clock (measured: 8 ranks on 2 cores
+    gave healthy ranks 1.8x medians and named them stragglers), where each real rank has a GPU of its own. A
+    training loop on GPUs times its layers with CUDA events instead (docs/gangs.md).
+
+    Hooks on each layer: FSDP2's ``fully_shard`` registers its pre-forward (unshard: the all-gather, and the wait
+    for it) prepended and its post-forward (reshard) appended, so a pre-hook appended after ``fully_shard`` starts
+    the clock once the layer's parameters are there, and a post-hook prepended stops it before the reshard. With
+    ``count_collectives`` a pre-hook prepended ahead of FSDP's counts the all-gather the layer is about to enter.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        """Seconds of own forward compute in this step so far."""
+        self.factor = 1.0
+        self.layers: list[float] = []
+        """This step's per-layer times (seconds), in forward order."""
+        self._began = 0.0
+        self.handles: list[RemovableHandle] = []
+
+    def attach(self, layers: Sequence[nn.Module], *, count_collectives: bool) -> None:
+        for layer in layers:
+            if count_collectives:
+                self.handles.append(layer.register_forward_pre_hook(self._enter_collective, prepend=True))
+            self.handles.append(layer.register_forward_pre_hook(self._start))
+            self.handles.append(layer.register_forward_hook(self._stop, prepend=True))
+
+    def new_step(self, factor: float) -> None:
+        self.total = 0.0
+        self.layers = []
+        self.factor = factor
+
+    def _enter_collective(self, *_: object) -> None:
+        report_collective()
+
+    def _start(self, *_: object) -> None:
+        self._began = time.thread_time()
+
+    def _stop(self, *_: object) -> None:
+        took = time.thread_time() - self._began
+        if self.factor > 1.0:
+            # A slowed GPU: the layer's own compute takes longer. Spun for CPU time, not slept: a sleep on a busy
+            # machine oversleeps by whole scheduler slices (1.3x measured as 3.6x).
+            until = time.thread_time() + took * (self.factor - 1.0)
+            while time.thread_time() < until:
+                pass
+            took = time.thread_time() - self._began
+        self.layers.append(took)
+        self.total += took
 
 
 def _model(width: int, layers: int) -> nn.Sequential:
@@ -168,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=300.0, help="gloo's collective timeout, seconds")
     parser.add_argument("--events", help="append one JSON line per event to this file")
+    parser.add_argument("--layer-times", action="store_true", help="add each layer's own forward time to step events")
     parser.add_argument(
         "--device-error-exit-code",
         type=int,
@@ -200,31 +263,26 @@ def main(argv: list[str] | None = None) -> int:
     step = _resume(root, rank, world, model, optimizer)
     events("resumed", step=step)
     slowdown = PodSlowdown.from_env()
+    compute = OwnCompute()
+    # The layers FSDP shards (each its own all-gather); under DDP the same layers, timed alike.
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    compute.attach(layers, count_collectives=args.shape == "fsdp")
     data = torch.Generator().manual_seed(rank)
     while args.steps == 0 or step <= args.steps:
-        began = time.monotonic()
+        compute.new_step(slowdown.factor())
         hang.here()
         x = torch.randn(args.batch, args.width, generator=data)
         loss = model(x).pow(2).mean()
-        factor = slowdown.factor()
-        if factor > 1.0:
-            # A slowed GPU: the rank's own compute takes longer. Spun, not slept: a sleep on a busy machine
-            # oversleeps by whole scheduler slices (1.3x measured as 3.6x).
-            until = time.monotonic() + (time.monotonic() - began) * (factor - 1.0)
-            while time.monotonic() < until:
-                pass
+        # The rank's own forward compute, reported before the backward pass (DDP's all-reduce, FSDP's
+        # all-gathers and reduce-scatters): a rank that hangs before it has not reported the step its peers
+        # did, and one that is slow reports a longer step (docs/stragglers.md).
+        report_step(compute.total, step)
         if args.shape == "ddp":
-            # The rank's own work, reported before the backward pass, where DDP's all-reduce runs: a rank
-            # that hangs before it has not reported the step its peers did (docs/stragglers.md).
-            report_step(time.monotonic() - began, step)
+            report_collective()  # the all-reduce of the backward pass
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        if args.shape == "fsdp":
-            # Every phase holds collectives (all-gathers in the forward pass too): no part of the step is free
-            # of waiting for the others, so the whole step is what a user without a profiler can report.
-            report_step(time.monotonic() - began, step)
-        events("step", step=step)
+        events("step", step=step, **({"layers": [round(t, 6) for t in compute.layers]} if args.layer_times else {}))
         if step > 0 and step % args.checkpoint_every == 0:
             _save(root, step, rank, model, optimizer)
             events("checkpoint", step=step)

@@ -340,7 +340,10 @@ class Launcher:
         while True:
             await asyncio.sleep(interval)
             report = self.stats.published(self.clock(), self.wall())
-            if published is not None and (report.count, report.window, report.run, report.joined) == published:
+            if (
+                published is not None
+                and (report.count, report.window, report.run, report.joined, report.collectives) == published
+            ):
                 continue  # nothing new: the last publication stands (a stall shows as its age)
             try:
                 await self.gang.publish_steps(report.to_annotation())
@@ -352,7 +355,7 @@ class Launcher:
             if failing:
                 log.info("publishing step times on the pod again")
             failing = False
-            published = (report.count, report.window, report.run, report.joined)
+            published = (report.count, report.window, report.run, report.joined, report.collectives)
 
     async def _start_child(self, *, restarts: int) -> None:
         env = {

@@ -4,6 +4,9 @@ Runs inside the training process, so it imports only the standard library, never
 and never waits long: one small POST over loopback with a short timeout, on a kept-alive
 connection (a new connection per step would leave thousands of sockets in TIME_WAIT at
 high step rates). Without a launcher (``DEVHEAL_LAUNCHER_ADDR`` unset) it does nothing.
+``report_collective`` is cheaper still: it counts in memory, and a daemon thread posts the
+count when it changed, at most every ``COLLECTIVES_POST_SECONDS`` (also while the training
+thread is blocked in a collective).
 When the launcher does not answer, reports are skipped for a while instead of costing
 every step a timeout. Safe across threads and ``fork`` (data-loader workers).
 """
@@ -26,6 +29,8 @@ STEPS_PATH = "/steps"
 TIMEOUT_SECONDS = 0.25
 BACKOFF_SECONDS = 10.0
 """After a failed report, skip reports for this long."""
+COLLECTIVES_POST_SECONDS = 0.5
+"""The collective count is posted at most this often (and only when it changed)."""
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +79,54 @@ class _Connection:
         self.target = None
 
 
+class _CollectiveCounter:
+    """The collectives this process entered, counted in memory; a daemon thread started on the first count posts
+    the count to the launcher when it changed (one thread per process, never a post on the training thread)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.posted = 0
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def enter(self) -> None:
+        self.count += 1  # one bytecode-level increment under the GIL; a lost race costs one count, never a crash
+        if self.thread is None:
+            with self.lock:
+                if self.thread is None:
+                    self.thread = threading.Thread(target=self._post_changes, name="devheal-collectives", daemon=True)
+                    self.thread.start()
+
+    def _post_changes(self) -> None:
+        while True:
+            time.sleep(COLLECTIVES_POST_SECONDS)
+            self.post_if_changed()
+
+    def post_if_changed(self) -> None:
+        count = self.count
+        if count == self.posted:
+            return
+        try:
+            target = _launcher()
+            if target is None:
+                return
+            _send(*target, {"collectives": count}, "collective count")
+            self.posted = count
+        except Exception as exc:
+            _failed(exc, "collective count")
+
+
 _connection = _Connection()
+_collectives = _CollectiveCounter()
 
 
 def _after_fork_in_child() -> None:
     # The parent's socket and lock are not ours to use: start afresh (the socket copy is dropped, not shut down).
-    global _connection
+    # A forked child (a data-loader worker) is not the training loop: its collectives, if any, start from zero
+    # on a thread of its own.
+    global _connection, _collectives
     _connection = _Connection()
+    _collectives = _CollectiveCounter()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -155,3 +201,14 @@ def report_joined() -> None:
             _send(*target, {"joined": True}, "rendezvous report")
     except Exception as exc:
         _failed(exc, "rendezvous report")
+
+
+def report_collective() -> None:
+    """Count that this rank is entering a collective (an all-gather, an all-reduce): call it just before each.
+
+    Costs an integer increment: a daemon thread posts the count to the launcher at most every
+    ``COLLECTIVES_POST_SECONDS`` when it changed, also while this thread waits in the collective. When a gang
+    stalls with every rank's last step alike, the rank that entered fewer collectives than its peers is the one
+    they wait for (docs/stragglers.md). Never raises; does nothing outside a launcher.
+    """
+    _collectives.enter()

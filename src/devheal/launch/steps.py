@@ -55,6 +55,8 @@ class StepStats:
     """When the current run of the training command started (monotonic seconds), if known."""
     joined_at: float | None = None
     """When the current run reported that it reached its gang's rendezvous (monotonic seconds), if it did."""
+    collectives: int | None = None
+    """How many collectives the current run entered (``report_collective``), if it counts them."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -82,12 +84,19 @@ class StepStats:
         if self.joined_at is None:
             self.joined_at = now
 
+    def entered_collectives(self, count: object) -> None:
+        """The current run has entered ``count`` collectives (its running total, never less than before)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidStep(f"collectives must be a whole number >= 0, got {count!r}")
+        self.collectives = max(count, self.collectives or 0)
+
     def new_run(self, now: float | None = None) -> None:
         """The training command was restarted: forget the window (the figures describe this run), keep the totals."""
         self.durations.clear()
         self.arrivals.clear()
         self.run_started = now
         self.joined_at = None
+        self.collectives = None
 
     def published(self, now: float, wall_now: float, window: int = PUBLISHED_WINDOW) -> StepReport:
         """What the launcher publishes on its pod: the median of the last ``window`` steps of this run, the
@@ -108,6 +117,7 @@ class StepStats:
             run=wall(self.run_started),
             interval=percentile(gaps, 0.5) if gaps else None,
             joined=wall(self.joined_at),
+            collectives=self.collectives,
         )
 
     def steps_per_second(self) -> float | None:

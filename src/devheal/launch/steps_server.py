@@ -1,7 +1,8 @@
 """The launcher's loopback HTTP endpoint: the child POSTs step times, anyone in the pod GETs the figures.
 
 ``POST /steps`` with ``{"duration_seconds": float, "step": int | null}`` records a step
-(204), with ``{"joined": true}`` that the run reached its gang's rendezvous (204);
+(204), with ``{"joined": true}`` that the run reached its gang's rendezvous (204), with
+``{"collectives": int}`` how many collectives the run entered so far (204);
 ``GET /steps`` returns the aggregate as JSON. Bound to a loopback address only:
 step reports never leave the pod and never reach the API server.
 """
@@ -94,6 +95,12 @@ class StepsServer:
             return web.Response(status=400, text="expected a JSON object {duration_seconds, step}\n")
         if body.get("joined") is True and "duration_seconds" not in body:
             self.stats.joined(self.clock())
+            return web.Response(status=204)
+        if "collectives" in body and "duration_seconds" not in body:
+            try:
+                self.stats.entered_collectives(body["collectives"])
+            except InvalidStep as exc:
+                return web.Response(status=400, text=f"{exc}\n")
             return web.Response(status=204)
         try:
             self.stats.record(body.get("duration_seconds"), body.get("step"), self.clock())  # type: ignore[arg-type]

@@ -18,7 +18,9 @@ The value is a JSON object::
 - ``interval``: the median time between the arrivals of those reports, in seconds: the whole
   step as the gang runs it, waits included (absent or null with fewer than two reports);
 - ``last``: when the last step report arrived (Unix seconds, the launcher's wall clock; null: none yet);
-- ``run``: when the current run of the training command started (Unix seconds).
+- ``run``: when the current run of the training command started (Unix seconds);
+- ``joined``: when the current run reached its gang's rendezvous (Unix seconds; absent: not yet, or not reported);
+- ``collectives``: how many collectives the current run entered (``report_collective``; absent: not counted).
 
 Pure. ``parse_step_report`` never raises: a value that is not this (wrong type, a negative,
 infinite or absurd number) is refused with the reason, and the pod counts as not reporting.
@@ -55,6 +57,8 @@ class StepReport:
     joined: float | None = None
     """When the current run's training process reported that it reached its gang's rendezvous (``report_joined``);
     None when it has not (or does not report it)."""
+    collectives: int | None = None
+    """How many collectives the current run entered (``report_collective``); None when it does not count them."""
 
     def to_annotation(self) -> str:
         """The annotation value the launcher writes (compact JSON, short floats)."""
@@ -67,6 +71,8 @@ class StepReport:
             body["run"] = round(self.run, 3)
         if self.joined is not None:
             body["joined"] = round(self.joined, 3)
+        if self.collectives is not None:
+            body["collectives"] = self.collectives
         return json.dumps(body, separators=(",", ":"))
 
 
@@ -109,6 +115,20 @@ def parse_step_report(text: object) -> tuple[StepReport | None, str]:
     joined, why = _seconds(body, "joined", MIN_TIMESTAMP, MAX_TIMESTAMP)
     if why:
         return None, why
+    collectives = None
+    if body.get("collectives") is not None:
+        collectives = whole_number(body.get("collectives"))
+        if collectives is None:
+            return None, f"collectives: expected a whole number >= 0 or null, got {show(body.get('collectives'))}"
     if window > 0 and p50 is None:
         return None, f"p50: null although window is {window}"
-    return StepReport(count=count, window=window, p50=p50, last=last, run=run, interval=interval, joined=joined), ""
+    return StepReport(
+        count=count,
+        window=window,
+        p50=p50,
+        last=last,
+        run=run,
+        interval=interval,
+        joined=joined,
+        collectives=collectives,
+    ), ""

@@ -4,26 +4,32 @@ devheal finds the rank that stalled its gang first, and a slow rank, from the st
 rank's launcher publishes (``devheal.engine.stragglers``). Whether that rank stands out depends
 on what the fault does to its process and on how the gang trains; real 4-rank PyTorch gangs
 (torch 2.15, gloo) measured it per fault and shape (``bench/results/real_training.json``,
-``python -m bench.real_training --ranks 4 --hold-failed 60 --compare 1 --timeout 120 --keep``):
+``python -m bench.real_training --ranks 4 --hold-failed 60 --compare 1 --timeout 150``), each rank
+reporting its own forward compute (per-layer hooks, collective waits excluded) and counting the
+collectives it enters (``report_collective``):
 
 | fault (bench)                  | DDP   | FSDP  |
 |--------------------------------|-------|-------|
-| hang, SIGSTOP mid-step         | none  | none  |
-| hang in compute                | right | none  |
-| slow 1.3x, slow 2x             | right | none  |
+| hang, SIGSTOP mid-step         | right | right |
+| hang in compute                | right | right |
+| slow 1.3x, slow 2x             | right | right |
 | network cut                    | none  | none  |
 | device XID                     | right | right |
 
-The simulator's failure classes map onto those faults (``CLASS_FAULTS``). Under FSDP (and
-tensor or pipeline parallelism) every layer waits in a collective, so a rank blocked or slow
-in its compute holds every rank at the same step: nobody stands out.
+The simulator's failure classes map onto those faults (``CLASS_FAULTS``). Under FSDP (and tensor
+or pipeline parallelism) every layer waits in a collective, so a rank blocked in its compute holds
+every rank at the same step; it is named because it entered fewer collectives than its peers
+(``engine.stragglers.behind_in_collectives``), and a slow rank because its own per-layer compute is
+timed. The simulator needs no model of the counts: the table is what the engine's rules achieved on
+real gangs. Before the training loop counted collectives and timed its layers (it reported the whole
+FSDP step), the FSDP column read none for the hangs and the slow ranks, and DDP's SIGSTOP none.
 
 A stall nobody is named for restarts the gang in place, and a fault that stays on a node can name its rank
 then: a rank cut off from its peers (``MISSES_RENDEZVOUS``) starts again but never reaches its gang's rendezvous
 (``report_joined``), and the engine names it once the others have waited there ``stall.joinAfter``
-(``engine.stragglers.rendezvous_stall``; real DDP gang, network cut on one rank: the stall found in 10.7 s with
-no rank named, then that rank named at the rendezvous and replaced, every rank stepping again 94 s after the
-fault with ``joinAfter: 30s``). ``CulpritModel`` is the
+(``engine.stragglers.rendezvous_stall``; real DDP and FSDP gangs, network cut on one rank: the stall found in
+11 s with no rank named, then that rank named at the rendezvous and replaced, every rank stepping again 61 s
+after the fault with ``joinAfter: 30s``, ``bench/results/real_training_network.json``). ``CulpritModel`` is the
 calibrated table, or one probability for every stall and slow rank (a what-if, and the
 sensitivity axis). Pure: every draw is a hash of what it is about, so all strategies replaying
 a trace see the same culprits.
@@ -57,12 +63,12 @@ class BenchFault(StrEnum):
 
 
 NAMED: Mapping[tuple[BenchFault, Parallelism], bool] = {
-    (BenchFault.HANG_MID_STEP, Parallelism.DDP): False,
-    (BenchFault.HANG_MID_STEP, Parallelism.FSDP): False,
+    (BenchFault.HANG_MID_STEP, Parallelism.DDP): True,
+    (BenchFault.HANG_MID_STEP, Parallelism.FSDP): True,
     (BenchFault.HANG_IN_COMPUTE, Parallelism.DDP): True,
-    (BenchFault.HANG_IN_COMPUTE, Parallelism.FSDP): False,
+    (BenchFault.HANG_IN_COMPUTE, Parallelism.FSDP): True,
     (BenchFault.SLOW, Parallelism.DDP): True,
-    (BenchFault.SLOW, Parallelism.FSDP): False,
+    (BenchFault.SLOW, Parallelism.FSDP): True,
     (BenchFault.NETWORK, Parallelism.DDP): False,
     (BenchFault.NETWORK, Parallelism.FSDP): False,
     (BenchFault.DEVICE, Parallelism.DDP): True,

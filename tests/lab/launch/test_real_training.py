@@ -19,6 +19,7 @@ import pytest
 
 from devheal.kube.client import KubeClient
 from devheal.lab.cluster import Lab
+from devheal.model.steps import STEPS_ANNOTATION
 
 from .torch_gang import CHECKPOINT_EVERY, torch_gang
 
@@ -30,6 +31,9 @@ async def test_a_hung_ddp_rank_is_named_replaced_and_the_gang_resumes_from_its_c
 ) -> None:
     async with torch_gang(lab, kube, namespace, tmp_path, {"stragglers": {"stall": {"after": "8s"}}}) as gang:
         before = await gang.running_pods()
+        # Each launcher publishes the collectives its run entered (report_collective: one all-reduce a step).
+        published = [json.loads(p["metadata"]["annotations"][STEPS_ANNOTATION]) for p in before.values()]
+        assert all(r.get("collectives", 0) > 0 for r in published), published
         # It hangs in its next step's compute, before the all-reduce.
         stopped, stopped_at = gang.signal_rank(1, signal.SIGUSR2)
 

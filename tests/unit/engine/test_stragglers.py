@@ -309,6 +309,67 @@ def test_no_stall_while_a_rank_is_restarting_pending_or_has_no_step_in_its_run()
     assert stall([replace(members[0], steps=None), *members[1:]], StragglerRules(), later) is None
 
 
+def counting(members: list[Pod], collectives: list[int | None], runs: list[float] | None = None) -> list[Pod]:
+    """The ranks with the collective counts (and run starts) their launchers publish."""
+    out = []
+    for i, (pod, count) in enumerate(zip(members, collectives, strict=True)):
+        assert pod.steps is not None
+        run = pod.steps.run if runs is None else runs[i]
+        out.append(replace(pod, steps=replace(pod.steps, collectives=count, run=run)))
+    return out
+
+
+def test_a_rank_behind_its_peers_in_collectives_is_named_when_the_steps_name_nobody() -> None:
+    """FSDP: the all-gathers run inside the forward pass, so a rank hung in its compute has reported the same last
+    step as its peers; they entered the next collective, it did not."""
+    t = EPOCH + 1000
+    members = counting(ranks([t, t, t, t], p50=0.005, interval=0.08), [120, 120, 119, 120])
+    f = stall(members, StragglerRules(), t + 60.0)
+    assert f is not None and (f.pod, f.pod_uid) == ("train/llm-2", "uid-llm-2")
+    assert "rank train/llm-2 stalled first: it entered 119 collectives, 3 of 4 ranks 120" in f.evidence
+
+
+def test_equal_collective_counts_name_nobody() -> None:
+    t = EPOCH + 1000
+    f = stall(counting(ranks([t, t, t, t]), [120, 120, 120, 120]), StragglerRules(), t + 60.0)
+    assert f is not None and f.pod_uid == "" and "no rank stalled first" in f.evidence
+
+
+def test_collectives_name_only_a_minority_behind_a_majority() -> None:
+    t = EPOCH + 1000
+    for counts in ([120, 119, 119, 120], [121, 120, 119, 119], [121, 120]):
+        members = counting(ranks([t] * len(counts)), list(counts))
+        f = stall(members, StragglerRules(), t + 60.0)
+        assert f is not None and f.pod_uid == "", counts
+    # One of eight behind, the others level: named, the rest say how many are behind.
+    f = stall(counting(ranks([t] * 8), [40, 40, 40, 39, 38, 40, 40, 40]), StragglerRules(), t + 60.0)
+    assert f is not None and f.pod == "train/llm-4" and "(and 1 more behind)" in f.evidence
+
+
+def test_collective_counts_are_not_judged_across_runs_or_when_a_rank_does_not_count() -> None:
+    t = EPOCH + 1000
+    rules = StragglerRules()
+    # A rank that does not count its collectives (an older training loop): nobody is named from the others'.
+    f = stall(counting(ranks([t, t, t, t]), [120, 120, None, 120]), rules, t + 60.0)
+    assert f is not None and f.pod_uid == ""
+    # A stale report: one rank's count is of a run that began long before the others' (a restart its launcher has
+    # not published yet, or a replacement), so its lower count is not behind theirs.
+    runs = [EPOCH, EPOCH, EPOCH - 600, EPOCH]
+    f = stall(counting(ranks([t, t, t, t]), [120, 120, 119, 120], runs), rules, t + 60.0)
+    assert f is not None and f.pod_uid == ""
+    # Runs of one restart begin within seconds of each other: judged.
+    runs = [EPOCH, EPOCH + 2, EPOCH + 1, EPOCH]
+    f = stall(counting(ranks([t, t, t, t]), [120, 120, 119, 120], runs), rules, t + 60.0)
+    assert f is not None and f.pod_uid == "uid-llm-2"
+
+
+def test_the_rank_behind_in_its_last_step_is_named_before_collective_counts_are_read() -> None:
+    t = EPOCH + 1000
+    members = counting(ranks([t - 1.0, t, t, t]), [120, 120, 119, 120])
+    f = stall(members, StragglerRules(), t + 60.0)
+    assert f is not None and f.pod == "train/llm-0" and "collectives" not in f.evidence
+
+
 def at_rendezvous(joined: list[float | None], run: float) -> list[Pod]:
     """Ranks of a run started at ``run`` that have not stepped yet; ``joined``: when each reached its rendezvous."""
     return [

@@ -7,12 +7,12 @@ import json
 import socket
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
 from devheal.launch import reporting
-from devheal.launch.reporting import ADDR_ENV, report_joined, report_step
+from devheal.launch.reporting import ADDR_ENV, report_collective, report_joined, report_step
 from devheal.launch.steps import StepStats
 from devheal.launch.steps_server import StepsServer, parse_steps_address
 
@@ -67,6 +67,44 @@ def test_reporting_the_rendezvous_without_a_launcher_does_nothing(monkeypatch: p
     assert reporting._state["suspended_until"] > 0
 
 
+async def test_collectives_are_counted_in_memory_and_posted_by_a_thread_when_the_count_changed(
+    server: StepsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ADDR_ENV, server.address)
+    monkeypatch.setattr(reporting, "_collectives", reporting._CollectiveCounter())
+    posts: list[int] = []
+    real_send = reporting._send
+    monkeypatch.setattr(reporting, "_send", lambda *a: (posts.append(a[2]["collectives"]), real_send(*a))[1])
+    started = time.monotonic()
+    for _ in range(1000):
+        report_collective()
+    assert time.monotonic() - started < 0.5, "no post on the calling thread"
+    await wait_for(lambda: server.stats.collectives == 1000)
+    await asyncio.sleep(3 * reporting.COLLECTIVES_POST_SECONDS)
+    assert posts == [1000], "one post for the burst, none while the count stands still"
+    report_collective()
+    await wait_for(lambda: server.stats.collectives == 1001)
+    assert server.stats.count == 0, "not a step"
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_counting_collectives_without_a_launcher_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ADDR_ENV, raising=False)
+    counter = reporting._CollectiveCounter()
+    counter.count = 3
+    counter.post_if_changed()  # no launcher: nothing to tell, nothing raised
+    assert counter.posted == 0
+    monkeypatch.setenv(ADDR_ENV, "127.0.0.1:1")  # nobody listening
+    counter.post_if_changed()
+    assert counter.posted == 0 and reporting._state["suspended_until"] > 0
+
+
 async def test_bad_reports_are_dropped_client_side(server: StepsServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ADDR_ENV, server.address)
     await asyncio.to_thread(report_step, float("nan"), 1)
@@ -89,6 +127,10 @@ async def test_bad_posts_get_400(server: StepsServer) -> None:
     assert await asyncio.to_thread(post, b"[1]") == 400
     assert await asyncio.to_thread(post, b'{"duration_seconds": -2}') == 400
     assert await asyncio.to_thread(post, b'{"duration_seconds": 2, "step": 3}') == 204
+    assert await asyncio.to_thread(post, b'{"collectives": -1}') == 400
+    assert await asyncio.to_thread(post, b'{"collectives": "7"}') == 400
+    assert await asyncio.to_thread(post, b'{"collectives": 7}') == 204
+    assert server.stats.collectives == 7
     assert server.stats.count == 1
 
 

@@ -119,3 +119,17 @@ def test_the_run_reached_its_rendezvous_is_published_once_and_forgotten_by_a_new
     assert stats.published(now=106.0, wall_now=1_900_000_006.0).joined == 1_900_000_003.0
     stats.new_run(110.0)
     assert stats.published(now=111.0, wall_now=1_900_000_011.0).joined is None
+
+
+def test_the_runs_collective_count_is_published_never_goes_back_and_is_forgotten_by_a_new_run() -> None:
+    stats = StepStats()
+    stats.new_run(100.0)
+    assert stats.published(now=101.0, wall_now=1_900_000_001.0).collectives is None
+    stats.entered_collectives(12)
+    stats.entered_collectives(9)  # a late post of an older count
+    assert stats.published(now=102.0, wall_now=1_900_000_002.0).collectives == 12
+    for bad in (-1, 1.5, True, "3", None):
+        with pytest.raises(InvalidStep, match="collectives must be a whole number >= 0"):
+            stats.entered_collectives(bad)
+    stats.new_run(110.0)
+    assert stats.published(now=111.0, wall_now=1_900_000_011.0).collectives is None

@@ -65,3 +65,15 @@ def test_a_new_run_has_an_empty_window() -> None:
 def test_bad_values_are_refused_with_the_reason(text: object, why: str) -> None:
     report, reason = parse_step_report(text)
     assert report is None and why in reason
+
+
+def test_the_runs_collective_count_round_trips_and_is_optional() -> None:
+    report = StepReport(count=50, window=10, p50=0.1, last=T, run=T - 10, collectives=480)
+    text = report.to_annotation()
+    assert '"collectives":480' in text
+    assert parse_step_report(text) == (report, "")
+    assert '"collectives"' not in StepReport(count=50, window=0, p50=None, last=None, run=T).to_annotation()
+    assert parse_step_report('{"count":5,"window":0,"p50":null,"collectives":null}')[0] == StepReport(5, 0, None, None)
+    for bad in ('"many"', "-1", "2.5", "true"):
+        refused, why = parse_step_report('{"count":5,"window":0,"p50":null,"collectives":' + bad + "}")
+        assert refused is None and why.startswith("collectives: expected a whole number >= 0 or null"), bad

@@ -12,7 +12,7 @@ import pytest
 from devheal.model.plan import FindingKind
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind
 from devheal.simulate.config import SimConfig
-from devheal.simulate.culprits import Parallelism
+from devheal.simulate.culprits import CULPRIT_MODELS, Parallelism
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.failures import HOUR, Fault, SlowEpisode, TraceSpec, generate_trace
 from devheal.simulate.results import StrategyResult
@@ -53,9 +53,12 @@ def test_devheal_finds_an_episode_that_starts_mid_run_and_replaces_the_rank_wher
     assert 2 * HOUR < restart.started <= 2 * HOUR + 90  # a full window and three outlier reports
     assert 1 not in sim.units[0].members
     assert sum(result.training_loss_by_cause.get("slow-node", {}).values()) < 90 * GPUS / HOUR
-    # Under FSDP no rank stands out (the calibrated culprit model): nothing is done, the gang waits it out.
+    # Where no rank stands out (FSDP reporting the whole step: the never-named culprit model), nothing is done and
+    # the gang waits it out.
     _sim, sharded = run_with(
-        small_config(), [SlowEpisode(1, 2 * HOUR, 6 * HOUR, 1.5)], EngineStrategy(RECOMMENDED_POLICY)
+        small_config(culprits=CULPRIT_MODELS["never-named"]),
+        [SlowEpisode(1, 2 * HOUR, 6 * HOUR, 1.5)],
+        EngineStrategy(RECOMMENDED_POLICY),
     )
     slowed = sum(sharded.training_loss_by_cause["slow-node"].values())
     assert slowed == pytest.approx(4 * (1 - 1 / 1.5) * (1 - 20 / 900) * GPUS, rel=1e-6)

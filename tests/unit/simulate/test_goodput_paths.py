@@ -15,7 +15,7 @@ from devheal.simulate.config import (
     with_checkpointing,
     with_result_validation,
 )
-from devheal.simulate.culprits import Parallelism
+from devheal.simulate.culprits import CULPRIT_MODELS, Parallelism
 from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.fleet import UnitState
 from devheal.simulate.results import demand
@@ -66,12 +66,14 @@ def test_a_hidden_fault_stalls_the_gang_and_devheal_replaces_the_rank_that_stall
 
 
 def test_a_stall_whose_culprit_nobody_names_restarts_in_place_on_the_faulty_node_until_a_person_acts() -> None:
-    # A rank blocked on its failed SSD in a sharded gang: every rank waits in the same collective (the bench named
-    # none under FSDP). devheal restarts the gang in place, as the live engine does; the faulty node stays, and its
-    # rank reaches the rendezvous like the others, so the gang hangs again in its first step (no step reported in
-    # the new run: nothing for the stall check to judge), until a person acts.
+    # A rank blocked on its failed SSD in a sharded gang whose training loop reports its whole step and counts no
+    # collectives: every rank waits in the same collective and none stands out (the bench named none under FSDP
+    # before the loop timed its layers and counted its collectives). devheal restarts the gang in place, as the
+    # live engine does; the faulty node stays, and its rank reaches the rendezvous like the others, so the gang
+    # hangs again in its first step (no step reported in the new run: nothing for the stall check to judge),
+    # until a person acts.
     devheal = EngineStrategy(policy("p"))
-    result = run(small_config(), [fault(2, node=1, cls="ssd")], devheal)
+    result = run(small_config(culprits=CULPRIT_MODELS["never-named"]), [fault(2, node=1, cls="ssd")], devheal)
     assert result.interruptions == 1  # the same fault again is no new interruption
     first, second = result.recoveries_s
     assert first == pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)
@@ -114,12 +116,21 @@ def test_a_slow_rank_is_found_from_step_times_and_replaced() -> None:
 
 
 def test_a_slow_rank_of_a_sharded_gang_does_not_stand_out_so_people_find_it() -> None:
-    # FSDP: every rank waits for the slow one inside its step, so all report the gang's pace (the bench named none).
-    config = small_config(gang_nodes=8, days=2)
+    # FSDP reporting the whole step: every rank waits for the slow one inside its step, so all report the gang's
+    # pace (the bench named none before the loop timed each layer's own forward).
+    config = small_config(gang_nodes=8, days=2, culprits=CULPRIT_MODELS["never-named"])
     strategy = EngineStrategy(policy("p", stragglers={"action": "ReplaceNow"}))
     result = run(config, [], strategy, {3: 1.3})
     assert "devheal:RestartGang" not in result.engine["decisions"]
     assert result.remediations["people:swap-straggler"] == 1
+    # Each rank reporting its own per-layer compute (the calibrated model), the slow rank stands out and is replaced.
+    timed = run(
+        small_config(gang_nodes=8, days=2),
+        [],
+        EngineStrategy(policy("p", stragglers={"action": "ReplaceNow"})),
+        {3: 1.3},
+    )
+    assert timed.engine["decisions"]["devheal:RestartGang"] == 1 and "people:swap-straggler" not in timed.remediations
 
 
 def test_step_reports_name_the_rank_that_stopped_first() -> None:
