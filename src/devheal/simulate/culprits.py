@@ -16,6 +16,11 @@ collectives it enters (``report_collective``):
 | network cut                    | none  | none  |
 | device XID                     | right | right |
 
+A second run on an idle machine (the same command, the ``bench/results/real_training.json`` kept)
+named the stopped FSDP rank nobody (its posted count equalled its peers') and, at the DDP network
+cut's stall, a healthy rank (gloo's ring had finished the last step for some ranks only); the table
+keeps the first run's booleans and models no wrong naming (docs/gangs.md#real-pytorch-gangs-measured).
+
 The simulator's failure classes map onto those faults (``CLASS_FAULTS``). Under FSDP (and tensor
 or pipeline parallelism) every layer waits in a collective, so a rank blocked in its compute holds
 every rank at the same step; it is named because it entered fewer collectives than its peers
