@@ -95,9 +95,11 @@ class ChildProcess:
                     self.pid,
                     grace,
                 )
-        self.signal_group(signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            self.process.kill()
+        if not self.signal_group(signal.SIGKILL) and self.running:
+            # The leader left its group: kill it alone. With os.kill, not Process.kill: Popen.send_signal
+            # polls first and can take the exit status from asyncio's child watcher, which then reports 255.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
         return await self.wait()
 
 
