@@ -58,11 +58,13 @@ HOLD_FAILED_S = 60.0
 class EngineStrategy(Strategy):
     """Decisions from devheal's engine under one ``RemediationPolicy``."""
 
-    def __init__(self, policy: Policy, hold_failed_s: float | None = HOLD_FAILED_S) -> None:
+    def __init__(self, policy: Policy, hold_failed_s: float | None = HOLD_FAILED_S, name: str | None = None) -> None:
+        """``name``: the strategy's name (default: devheal-default for the recommended policy itself, else the
+        policy's; a copy of it, as a worker process gets, needs it given)."""
         self.policy = policy
         self.hold_failed_s = hold_failed_s
         self.policies = [policy]
-        self.name = "devheal-default" if policy is RECOMMENDED_POLICY else f"policy:{policy.name}"
+        self.name = name or ("devheal-default" if policy is RECOMMENDED_POLICY else f"policy:{policy.name}")
         actions = ", ".join(f"{cls}={kind}" for cls, kind in policy.actions.items())
         self.description = f"devheal engine, policy {policy.name} ({actions}" + (
             ", dry-run)" if policy.dry_run else ")"
