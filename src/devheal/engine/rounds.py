@@ -284,7 +284,7 @@ def _without(in_flight: Sequence[InFlight], name: str) -> Sequence[InFlight]:
     """The records but the one named ``name``: a decision taken again as if it had not been recorded."""
     current = [r for r in in_flight if r.name != name]
     if isinstance(in_flight, InFlightRecords):
-        return InFlightRecords(current, _Hidden(in_flight, name))
+        return InFlightRecords(current, _Hidden(in_flight, name), in_flight.filtered)
     return current
 
 

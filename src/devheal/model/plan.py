@@ -479,11 +479,15 @@ class InFlightRecords(Sequence[InFlight]):
     and ``get`` finds any record by name (a decision is never taken twice). So deciding costs the same
     however many old records are kept."""
 
-    __slots__ = ("_by_name", "_current")
+    __slots__ = ("_by_name", "_current", "filtered")
 
-    def __init__(self, current: Sequence[InFlight], by_name: Mapping[str, InFlight]) -> None:
+    def __init__(self, current: Sequence[InFlight], by_name: Mapping[str, InFlight], filtered: bool = True) -> None:
         self._current = current
         self._by_name = by_name
+        self.filtered = filtered
+        """``current`` holds only records a decision reads (the controller's: the active and recent ones). False:
+        it may hold ended ones that a decision no longer reads beyond their name (``decide`` leaves those out, as
+        it does for a plain sequence), for a host whose other readers of records want them."""
 
     def get(self, name: str) -> InFlight | None:
         return self._by_name.get(name)
