@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import overload
@@ -501,6 +501,9 @@ class InFlightRecords(Sequence[InFlight]):
 
     def __len__(self) -> int:
         return len(self._current)
+
+    def __iter__(self) -> Iterator[InFlight]:
+        return iter(self._current)  # not Sequence's, one __getitem__ at a time
 
 
 @dataclass(frozen=True, slots=True)

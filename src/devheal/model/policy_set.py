@@ -20,7 +20,10 @@ def policy_for_node(policies: Sequence[Policy], node: Node) -> Policy | None:
 
 def policy_for_labels(policies: Sequence[Policy], labels: Mapping[str, str]) -> Policy | None:
     """``policy_for_node`` for a node with these labels."""
-    return next((p for p in policies if p.selects_node(labels)), None)
+    for policy in policies:
+        if policy.selects_node(labels):
+            return policy
+    return None
 
 
 def node_label_keys(policies: Sequence[Policy]) -> frozenset[str]:

@@ -38,9 +38,14 @@ class LabelSelector:
     requirements: tuple[LabelRequirement, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(k) == v for k, v in self.match_labels) and all(
-            r.matches(labels) for r in self.requirements
-        )
+        # Loops, not all() over generators: every round asks this of every node and pod it looks at.
+        for key, value in self.match_labels:
+            if labels.get(key) != value:
+                return False
+        for requirement in self.requirements:
+            if not requirement.matches(labels):
+                return False
+        return True
 
 
 def parse_selector(value: Any, where: str, error: type[ValueError]) -> LabelSelector:
