@@ -178,6 +178,7 @@ def due_times(
     timeout of a ladder rung in progress (one that does not bring its node back gives way to the next), and
     the timeout of a validation in progress (``devheal.engine.validation``)."""
     wake: list[float] = []
+    by_node: dict[str, list[InFlight]] | None = None
     for f in findings:
         node = view.nodes.get(f.node)
         policy = policy_for_node(policies, node) if node is not None else None
@@ -192,7 +193,12 @@ def due_times(
         elif f.kind is FindingKind.DEGRADATION_RECOVERED:
             wake.append(f.since + policy.degradation.leave_after + DUE_SLACK)
         elif f.kind is FindingKind.NODE_RECOVERED:
-            history = [r for r in records if r.target_kind is TargetKind.NODE and r.node == f.node]
+            if by_node is None:  # one pass over the records, for every recovered node
+                by_node = {}
+                for r in records:
+                    if r.target_kind is TargetKind.NODE:
+                        by_node.setdefault(r.node, []).append(r)
+            history = by_node.get(f.node, [])
             wake.append(f.since + lift_hold_down(rules, f.node, history, now, f.since) + DUE_SLACK)
     by_name = {p.name: p for p in policies}
     for record in records:
