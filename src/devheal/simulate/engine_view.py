@@ -53,6 +53,8 @@ class CacheView:
         """Per node, how many times devheal lifted its marks (the controller keeps it on the node)."""
         self.index = {state.name: n for n, state in enumerate(sim.nodes)}
         """Node name -> its index in the fleet."""
+        self.device_statuses: dict[tuple[int, int, tuple[tuple[int, int], ...]], tuple[DeviceStatus, ...]] = {}
+        """(node, GPUs, visible faults by GPU) -> the pod's devices then."""
         self.stepping: frozenset[int] = frozenset()
         """Gangs whose ranks' step reports this round judges (the others' ranks show none)."""
 
@@ -107,16 +109,6 @@ class CacheView:
         slot = unit.members[n]
         workload, labels = self._workload(unit)
         bad = self.visible(state, self.sim.costs.pod_status_detect_s)
-        devices = tuple(
-            DeviceStatus(
-                "main",
-                GPU_RESOURCE,
-                gpu_id(state.name, g),
-                DeviceHealth.UNHEALTHY if g in bad else DeviceHealth.HEALTHY,
-                self.sim.faults[bad[g]].failure_class.label if g in bad else "",
-            )
-            for g in range(unit.gpus_per_node)
-        )
         return Pod(
             namespace=unit.namespace,
             name=unit.pod_name(slot),
@@ -126,7 +118,7 @@ class CacheView:
             labels=labels,
             restart_policy="Always" if unit.kind is UnitKind.INFERENCE else "Never",
             workload=workload,
-            devices=devices,
+            devices=self._devices(n, unit.gpus_per_node, bad),
             containers=(ContainerState("main", exit_code=self._exit_code(unit.pod_uid(slot))),),
             gpu_request=unit.gpus_per_node,
             steps=steps,
@@ -134,6 +126,24 @@ class CacheView:
             acknowledged_generation=self.acknowledged.get(unit.uid, 0),
             run_failure=self._held_run(unit, unit.pod_uid(slot)),
         )
+
+    def _devices(self, n: int, gpus: int, bad: dict[int, int]) -> tuple[DeviceStatus, ...]:
+        """The pod's devices as its status reports them, built once per node and set of visible faults."""
+        key = (n, gpus, tuple(sorted(bad.items())))
+        devices = self.device_statuses.get(key)
+        if devices is None:
+            name = self.sim.nodes[n].name
+            devices = self.device_statuses[key] = tuple(
+                DeviceStatus(
+                    "main",
+                    GPU_RESOURCE,
+                    gpu_id(name, g),
+                    DeviceHealth.UNHEALTHY if g in bad else DeviceHealth.HEALTHY,
+                    self.sim.faults[bad[g]].failure_class.label if g in bad else "",
+                )
+                for g in range(gpus)
+            )
+        return devices
 
     def _held_run(self, unit: Unit, pod_uid: str) -> RunFailure | None:
         """The failed run the rank's launcher holds (``devheal.io/launcher-failed``), of the generation it ran."""
@@ -204,8 +214,7 @@ class CacheView:
             if pod is not None:
                 pods[pod.key] = pod
                 by_node[node.name] = frozenset({pod.key})
-                for d in pod.devices:
-                    by_device[(node.name, d.device_id)] = pod.key
+                by_device.update(dict.fromkeys([(node.name, d.device_id) for d in pod.devices], pod.key))
             if report is not None:
                 reports[node.name] = report
         taken = frozenset(watched)
