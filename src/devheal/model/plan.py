@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -373,6 +374,7 @@ class Action:
         )
 
 
+@functools.lru_cache(maxsize=4096)  # a round names each candidate decision again, and the controller each record
 def remediation_name(
     kind: ActionKind,
     target: str,
