@@ -35,12 +35,16 @@ from devheal.simulate.step_reports import step_report
 from devheal.simulate.view_objects import agent_report, gpu_id, unit_workload, visible_faults
 
 
+Objects = tuple[Node, Pod | None, NodeDevicesReport | None, bool]
+"""A watched node, its pod, its agent's report, and whether the pod has a signal to judge (``Pod.signalled``)."""
+
+
 class CacheView:
     """Builds the views a round decides over, and keeps what the controller would have written on objects."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
-        self.settled: dict[int, tuple[tuple[Any, ...], tuple[Node, Pod | None, NodeDevicesReport | None]]] = {}
+        self.settled: dict[int, tuple[tuple[Any, ...], Objects]] = {}
         """Per node, what it was built from and what was built, while nothing can change it."""
         self.workloads: dict[int, tuple[Workload, dict[str, str]]] = {}
         self.generation: dict[int, int] = {}
@@ -159,7 +163,7 @@ class CacheView:
             return None
         return exited[0]
 
-    def _objects(self, n: int) -> tuple[Node, Pod | None, NodeDevicesReport | None]:
+    def _objects(self, n: int) -> Objects:
         """A watched node as the cache shows it. Reused while nothing about the node changed and every
         fault on it is older than the slowest signal (so time alone changes nothing either)."""
         state = self.sim.nodes[n]
@@ -187,7 +191,7 @@ class CacheView:
             return cached[1]
         node = self._node(n)
         pod = self._pod(n, steps)
-        records = (node, pod, agent_report(self.sim, self.sim.nodes[n], pod))
+        records = (node, pod, agent_report(self.sim, self.sim.nodes[n], pod), pod is not None and pod.signalled)
         if settled:
             self.settled[n] = (key, records)
         return records
@@ -208,11 +212,14 @@ class CacheView:
         reports: dict[str, NodeDevicesReport] = {}
         by_node: dict[str, frozenset[str]] = {}
         by_device: dict[tuple[str, str], str] = {}
+        signalled: set[str] = set()
         for n in watched:
-            node, pod, report = self._objects(n)
+            node, pod, report, signals = self._objects(n)
             nodes[node.name] = node
             if pod is not None:
                 pods[pod.key] = pod
+                if signals:
+                    signalled.add(pod.key)
                 by_node[node.name] = frozenset({pod.key})
                 by_device.update(dict.fromkeys([(node.name, d.device_id) for d in pod.devices], pod.key))
             if report is not None:
@@ -226,6 +233,8 @@ class CacheView:
             reports=reports,
             pods_by_node=by_node,
             pod_by_device=by_device,
+            signalled=frozenset(signalled),
+            troubled=frozenset(),  # a simulated pod is never rejected at admission nor left terminating
             rest=None if whole else left_out,
         )
 
