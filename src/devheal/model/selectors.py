@@ -38,14 +38,11 @@ class LabelSelector:
     requirements: tuple[LabelRequirement, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        # Loops, not all() over generators: every round asks this of every node and pod it looks at.
+        # No generator for what is empty: every round asks this of every node and pod it looks at.
         for key, value in self.match_labels:
             if labels.get(key) != value:
                 return False
-        for requirement in self.requirements:
-            if not requirement.matches(labels):
-                return False
-        return True
+        return not self.requirements or all(r.matches(labels) for r in self.requirements)
 
 
 def parse_selector(value: Any, where: str, error: type[ValueError]) -> LabelSelector:

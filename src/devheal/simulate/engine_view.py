@@ -34,7 +34,6 @@ from devheal.simulate.simulation import Simulation
 from devheal.simulate.step_reports import step_report
 from devheal.simulate.view_objects import agent_report, gpu_id, unit_workload, visible_faults
 
-
 Objects = tuple[Node, Pod | None, NodeDevicesReport | None, bool]
 """A watched node, its pod, its agent's report, and whether the pod has a signal to judge (``Pod.signalled``)."""
 

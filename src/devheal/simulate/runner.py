@@ -8,7 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -102,11 +102,9 @@ def run_comparison(
     if jobs < 1:
         raise ValueError(f"jobs: expected at least 1, got {jobs}")
     started = time.perf_counter()
-    runs: list[tuple[int | None, Trace]]
-    if trace is not None:
-        runs = [(None, trace)]
-    else:
-        runs = [(s, _trace(config, s)) for s in seeds]
+    runs: list[tuple[int | None, Trace]] = (
+        [(None, trace)] if trace is not None else [(s, _trace(config, s)) for s in seeds]
+    )
     comparison = Comparison(config, [TraceSummary.of(t, s, config.horizon_s) for s, t in runs])
     work = [(seed, tr, spec) for seed, tr in runs for spec in strategies]
 
@@ -124,11 +122,13 @@ def run_comparison(
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else None)
         with ProcessPoolExecutor(min(jobs, len(work)), mp_context=context) as pool:
-            futures: list[Future[StrategyResult]] = []
-            for seed, tr, spec in work:
-                futures.append(pool.submit(_run, config, spec, seed, tr if seed is None else None))
-                futures[-1].add_done_callback(lambda _, seed=seed, spec=spec: done(seed, spec))
-            results = [f.result() for f in futures]
+            futures: dict[Future[StrategyResult], tuple[int | None, StrategySpec]] = {
+                pool.submit(_run, config, spec, seed, tr if seed is None else None): (seed, spec)
+                for seed, tr, spec in work
+            }
+            for future in as_completed(futures):  # progress as runs end, in this thread
+                done(*futures[future])
+            results = [f.result() for f in futures]  # in the order submitted
     for (_, _, spec), result in zip(work, results, strict=True):
         comparison.results.setdefault(spec.name, []).append(result)
     comparison.run_seconds = time.perf_counter() - started

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from devheal.engine.decide import RecordReads
+from devheal.engine.workloads import classify
 from devheal.model.cluster import ClusterView, Node, OwnerRef, Pod
 from devheal.model.plan import InFlight, Phase, TargetKind
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind
-from devheal.engine.workloads import classify
 from devheal.simulate.engine_records import RecordStore
 
 HOUR = 3600.0
@@ -15,7 +15,14 @@ GANG = classify("training", "train", {}, OwnerRef("Job", "train"), "Never")
 
 def restart(name: str, phase: Phase, started: float, finished: float | None = None) -> InFlight:
     return InFlight(
-        name, ActionKind.RESTART_GANG, TargetKind.GANG, GANG.key, "node-00001", phase, started, workload=GANG.key,
+        name,
+        ActionKind.RESTART_GANG,
+        TargetKind.GANG,
+        GANG.key,
+        "node-00001",
+        phase,
+        started,
+        workload=GANG.key,
         finished=finished,
     )
 
@@ -23,8 +30,14 @@ def restart(name: str, phase: Phase, started: float, finished: float | None = No
 def a_view() -> ClusterView:
     node = Node("node-00001", "u", {}, ready=True, unschedulable=False, taints=(), gpu_capacity=8, gpu_allocatable=8)
     pod = Pod(
-        namespace="training", name="train-0", uid="p0", node=node.name, phase="Running", labels={},
-        restart_policy="Never", workload=GANG,
+        namespace="training",
+        name="train-0",
+        uid="p0",
+        node=node.name,
+        phase="Running",
+        labels={},
+        restart_policy="Never",
+        workload=GANG,
     )
     return ClusterView(nodes={node.name: node}, pods={pod.key: pod}, pods_by_node={node.name: frozenset({pod.key})})
 
