@@ -58,6 +58,9 @@ class CacheView:
         """Node name -> its index in the fleet."""
         self.device_statuses: dict[tuple[int, int, tuple[tuple[int, int], ...]], tuple[DeviceStatus, ...]] = {}
         """(node, GPUs, visible faults by GPU) -> the pod's devices then."""
+        costs = sim.costs
+        self.slowest = max(costs.agent_detect_s, costs.pod_status_detect_s, costs.device_plugin_detect_s)
+        """The slowest signal's delay: a node whose faults are all older shows what it will show until it changes."""
         self.stepping: frozenset[int] = frozenset()
         """Gangs whose ranks' step reports this round judges (the others' ranks show none)."""
 
@@ -110,24 +113,25 @@ class CacheView:
             return None
         state = self.sim.nodes[n]
         slot = unit.members[n]
+        uid = unit.pod_uid(slot)
         workload, labels = self._workload(unit)
         bad = self.visible(state, self.sim.costs.pod_status_detect_s)
         return Pod(
             namespace=unit.namespace,
             name=unit.pod_name(slot),
-            uid=unit.pod_uid(slot),
+            uid=uid,
             node=state.name,
             phase="Running",
             labels=labels,
             restart_policy="Always" if unit.kind is UnitKind.INFERENCE else "Never",
             workload=workload,
             devices=self._devices(n, unit.gpus_per_node, bad),
-            containers=(ContainerState("main", exit_code=self._exit_code(unit.pod_uid(slot))),),
+            containers=(ContainerState("main", exit_code=self._exit_code(uid)),),
             gpu_request=unit.gpus_per_node,
             steps=steps,
             restart_generation=self.generation.get(unit.uid, 0),
             acknowledged_generation=self.acknowledged.get(unit.uid, 0),
-            run_failure=self._held_run(unit, unit.pod_uid(slot)),
+            run_failure=self._held_run(unit, uid),
         )
 
     def _devices(self, n: int, gpus: int, bad: dict[int, int]) -> tuple[DeviceStatus, ...]:
@@ -168,9 +172,7 @@ class CacheView:
         state = self.sim.nodes[n]
         unit = self.sim.unit_of(n)
         pod_uid = unit.pod_uid(unit.members[n]) if unit is not None else ""
-        costs = self.sim.costs
-        slowest = max(costs.agent_detect_s, costs.pod_status_detect_s, costs.device_plugin_detect_s)
-        settled = all(self.sim.now >= self.sim.faults[i].time + slowest for i in state.faults)
+        settled = not state.faults or all(self.sim.now >= self.sim.faults[i].time + self.slowest for i in state.faults)
         steps = self._steps(n, unit)
         key = (
             tuple(state.faults),
