@@ -202,9 +202,9 @@ def due_times(
             wake.append(f.since + lift_hold_down(rules, f.node, history, now, f.since) + DUE_SLACK)
     by_name = {p.name: p for p in policies}
     for record in records:
-        policy = by_name.get(record.policy)
-        if not record.active or record.action is not ActionKind.REMEDIATE_NODE or record.resume is None:
+        if record.action is not ActionKind.REMEDIATE_NODE or record.resume is None or not record.active:
             continue
+        policy = by_name.get(record.policy)
         if policy is not None and len(policy.node.ladder) > 1:
             step = min(record.resume.step, len(policy.node.ladder) - 1)
             wake.append(record.started + policy.node.ladder[step].timeout + DUE_SLACK)

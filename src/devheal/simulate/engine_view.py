@@ -176,7 +176,7 @@ class CacheView:
         steps = self._steps(n, unit)
         key = (
             tuple(state.faults),
-            tuple(sorted(state.marks)),
+            frozenset(state.marks),
             state.repairing,
             state.down,
             pod_uid,
