@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -268,6 +269,10 @@ def simulate(
             help="Also run ideal-bound: every fault remediated the moment it lands (what no strategy can beat).",
         ),
     ] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option(help="Runs at once, each in its own process (default: the number of CPUs; 1: one at a time)."),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Directory for results.json and the plots.")] = Path("simulate-results"),
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not draw the PNG plots.")] = False,
     no_color: Annotated[bool, typer.Option("--no-color", help="Plain output (for logs and CI).")] = False,
@@ -299,6 +304,8 @@ def simulate(
     try:
         if seeds < 1:
             raise _InputError("--seeds: expected at least 1")
+        if jobs is not None and jobs < 1:
+            raise _InputError(f"--jobs: expected at least 1, got {jobs}")
         config = with_checkpointing(build_preset(preset, nodes, gpus_per_node, days), checkpointing)
         if result_validation:
             config = with_result_validation(config)
@@ -330,7 +337,8 @@ def simulate(
             def advance(what: str) -> None:
                 bar.update(task, advance=1, description=f"simulated {what}")
 
-            comparison = run_comparison(config, strategies, seed_list, replay, advance)
+            workers = jobs if jobs is not None else len(os.sched_getaffinity(0))
+            comparison = run_comparison(config, strategies, seed_list, replay, advance, jobs=workers)
     except (_InputError, ConfigError, TraceError, ValueError) as exc:
         console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc

@@ -510,6 +510,9 @@ def decide(
     existing: Callable[[str], InFlight | None]
     if isinstance(in_flight, InFlightRecords):  # the host keeps them indexed: no pass over old records at all
         existing = in_flight.get
+        if not in_flight.filtered:
+            reads = RecordReads.of(policies)
+            in_flight = [r for r in in_flight if reads.still_read(r, now)]
     else:
         by_name: dict[str, InFlight] = {}
         current: list[InFlight] = []

@@ -335,7 +335,9 @@ class FindingTracker:
             if f.all_devices_failed:
                 # Remediation waits for "all devices failed" to hold, not for the first failure.
                 all_failed_since = self.first_seen.setdefault(f.key + "/all", now)
-            out.append(replace(f, since=since, all_failed_since=all_failed_since))
+            if since != f.since or all_failed_since != f.all_failed_since:
+                f = replace(f, since=since, all_failed_since=all_failed_since)
+            out.append(f)
         faulty_nodes = {f.node for f in current if f.kind is FindingKind.NODE_DEVICES_FAILED}
         faulty_nodes |= infrastructure.driver_failed_nodes(view, now)  # a broken driver is no recovery
         self.unknown = frozenset(name for name in view.reports if view.unknown(name, now))

@@ -56,11 +56,8 @@ def requested(report: NodeDevicesReport | None, device_ids: Collection[str]) -> 
     if report is None:
         return ()
     wanted = set(device_ids)
-    return tuple(
-        Requested(d.device_id, d.recovery_action)
-        for d in sorted(report.devices, key=lambda d: d.device_id)
-        if d.device_id in wanted and d.recovery_action is not None
-    )
+    failed = sorted((d for d in report.devices if d.device_id in wanted), key=lambda d: d.device_id)
+    return tuple(Requested(d.device_id, d.recovery_action) for d in failed if d.recovery_action is not None)
 
 
 def describe(asked: Sequence[Requested]) -> str:

@@ -178,6 +178,7 @@ def due_times(
     timeout of a ladder rung in progress (one that does not bring its node back gives way to the next), and
     the timeout of a validation in progress (``devheal.engine.validation``)."""
     wake: list[float] = []
+    by_node: dict[str, list[InFlight]] | None = None
     for f in findings:
         node = view.nodes.get(f.node)
         policy = policy_for_node(policies, node) if node is not None else None
@@ -192,13 +193,18 @@ def due_times(
         elif f.kind is FindingKind.DEGRADATION_RECOVERED:
             wake.append(f.since + policy.degradation.leave_after + DUE_SLACK)
         elif f.kind is FindingKind.NODE_RECOVERED:
-            history = [r for r in records if r.target_kind is TargetKind.NODE and r.node == f.node]
+            if by_node is None:  # one pass over the records, for every recovered node
+                by_node = {}
+                for r in records:
+                    if r.target_kind is TargetKind.NODE:
+                        by_node.setdefault(r.node, []).append(r)
+            history = by_node.get(f.node, [])
             wake.append(f.since + lift_hold_down(rules, f.node, history, now, f.since) + DUE_SLACK)
     by_name = {p.name: p for p in policies}
     for record in records:
-        policy = by_name.get(record.policy)
-        if not record.active or record.action is not ActionKind.REMEDIATE_NODE or record.resume is None:
+        if record.action is not ActionKind.REMEDIATE_NODE or record.resume is None or not record.active:
             continue
+        policy = by_name.get(record.policy)
         if policy is not None and len(policy.node.ladder) > 1:
             step = min(record.resume.step, len(policy.node.ladder) - 1)
             wake.append(record.started + policy.node.ladder[step].timeout + DUE_SLACK)
@@ -284,7 +290,7 @@ def _without(in_flight: Sequence[InFlight], name: str) -> Sequence[InFlight]:
     """The records but the one named ``name``: a decision taken again as if it had not been recorded."""
     current = [r for r in in_flight if r.name != name]
     if isinstance(in_flight, InFlightRecords):
-        return InFlightRecords(current, _Hidden(in_flight, name))
+        return InFlightRecords(current, _Hidden(in_flight, name), in_flight.filtered)
     return current
 
 

@@ -24,7 +24,9 @@ from devheal.model.node_devices import UNKNOWN_XID, Remedy
 
 def only_unknown_xid(dev: ReportedDevice) -> bool:
     """The agent says the device is not failed, and an unknown XID is among its reasons."""
-    return dev.health is not DeviceHealth.UNHEALTHY and any(r.label == UNKNOWN_XID for r in dev.reasons)
+    if dev.health is DeviceHealth.UNHEALTHY or not dev.reasons:  # most: asked of every device, every round
+        return False
+    return any(r.label == UNKNOWN_XID for r in dev.reasons)
 
 
 def unknown_xid_devices(view: ClusterView, now: float) -> set[tuple[str, str]]:

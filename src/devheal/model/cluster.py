@@ -285,7 +285,7 @@ class NodeDevicesReport:
 
     @property
     def unhealthy(self) -> tuple[ReportedDevice, ...]:
-        return tuple(d for d in self.devices if d.health is DeviceHealth.UNHEALTHY)
+        return tuple([d for d in self.devices if d.health is DeviceHealth.UNHEALTHY])
 
     def stale(self, now: float, max_age: float = REPORT_MAX_AGE) -> bool:
         """The agent has not written for more than ``max_age`` seconds: the report says nothing any more, neither

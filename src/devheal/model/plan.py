@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import overload
@@ -373,6 +374,7 @@ class Action:
         )
 
 
+@functools.lru_cache(maxsize=4096)  # a round names each candidate decision again, and the controller each record
 def remediation_name(
     kind: ActionKind,
     target: str,
@@ -479,11 +481,15 @@ class InFlightRecords(Sequence[InFlight]):
     and ``get`` finds any record by name (a decision is never taken twice). So deciding costs the same
     however many old records are kept."""
 
-    __slots__ = ("_by_name", "_current")
+    __slots__ = ("_by_name", "_current", "filtered")
 
-    def __init__(self, current: Sequence[InFlight], by_name: Mapping[str, InFlight]) -> None:
+    def __init__(self, current: Sequence[InFlight], by_name: Mapping[str, InFlight], filtered: bool = True) -> None:
         self._current = current
         self._by_name = by_name
+        self.filtered = filtered
+        """``current`` holds only records a decision reads (the controller's: the active and recent ones). False:
+        it may hold ended ones that a decision no longer reads beyond their name (``decide`` leaves those out, as
+        it does for a plain sequence), for a host whose other readers of records want them."""
 
     def get(self, name: str) -> InFlight | None:
         return self._by_name.get(name)
@@ -497,6 +503,9 @@ class InFlightRecords(Sequence[InFlight]):
 
     def __len__(self) -> int:
         return len(self._current)
+
+    def __iter__(self) -> Iterator[InFlight]:
+        return iter(self._current)  # not Sequence's, one __getitem__ at a time
 
 
 @dataclass(frozen=True, slots=True)

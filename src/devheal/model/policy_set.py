@@ -15,12 +15,19 @@ from devheal.model.policy import Policy
 
 def policy_for_node(policies: Sequence[Policy], node: Node) -> Policy | None:
     """The first policy (by name) whose node selector matches; None: devheal must not touch the node."""
-    return policy_for_labels(policies, node.labels)
+    labels = node.labels
+    for policy in policies:  # ``policy_for_labels``, one call less: asked many times per node every round
+        if policy.selects_node(labels):
+            return policy
+    return None
 
 
 def policy_for_labels(policies: Sequence[Policy], labels: Mapping[str, str]) -> Policy | None:
     """``policy_for_node`` for a node with these labels."""
-    return next((p for p in policies if p.selects_node(labels)), None)
+    for policy in policies:
+        if policy.selects_node(labels):
+            return policy
+    return None
 
 
 def node_label_keys(policies: Sequence[Policy]) -> frozenset[str]:

@@ -38,9 +38,11 @@ class LabelSelector:
     requirements: tuple[LabelRequirement, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(k) == v for k, v in self.match_labels) and all(
-            r.matches(labels) for r in self.requirements
-        )
+        # No generator for what is empty: every round asks this of every node and pod it looks at.
+        for key, value in self.match_labels:
+            if labels.get(key) != value:
+                return False
+        return not self.requirements or all(r.matches(labels) for r in self.requirements)
 
 
 def parse_selector(value: Any, where: str, error: type[ValueError]) -> LabelSelector:

@@ -32,12 +32,12 @@ from dataclasses import replace
 from itertools import islice
 from typing import Any
 
-from devheal.engine.decide import Overdue
+from devheal.engine.decide import Overdue, RecordReads
 from devheal.engine.rounds import DUE_SLACK, DecisionRound, Pacing
 from devheal.engine.stragglers import FAILED_RUN_SETTLE
 from devheal.model.cluster import ClusterView
 from devheal.model.degradation_policy import SUSPECT_MARK
-from devheal.model.plan import Action, Blocked, InFlight, Phase, Plan, Rail
+from devheal.model.plan import Action, Blocked, InFlight, InFlightRecords, Phase, Plan, Rail
 from devheal.model.policy import RECOMMENDED_POLICY, Policy
 from devheal.simulate.engine_effects import FleetEffects
 from devheal.simulate.engine_records import RecordStore
@@ -58,11 +58,13 @@ HOLD_FAILED_S = 60.0
 class EngineStrategy(Strategy):
     """Decisions from devheal's engine under one ``RemediationPolicy``."""
 
-    def __init__(self, policy: Policy, hold_failed_s: float | None = HOLD_FAILED_S) -> None:
+    def __init__(self, policy: Policy, hold_failed_s: float | None = HOLD_FAILED_S, name: str | None = None) -> None:
+        """``name``: the strategy's name (default: devheal-default for the recommended policy itself, else the
+        policy's; a copy of it, as a worker process gets, needs it given)."""
         self.policy = policy
         self.hold_failed_s = hold_failed_s
         self.policies = [policy]
-        self.name = "devheal-default" if policy is RECOMMENDED_POLICY else f"policy:{policy.name}"
+        self.name = name or ("devheal-default" if policy is RECOMMENDED_POLICY else f"policy:{policy.name}")
         actions = ", ".join(f"{cls}={kind}" for cls, kind in policy.actions.items())
         self.description = f"devheal engine, policy {policy.name} ({actions}" + (
             ", dry-run)" if policy.dry_run else ")"
@@ -79,7 +81,9 @@ class EngineStrategy(Strategy):
             self.policies = [replace(self.policy, device_error_exit_codes=codes)]
         # Rounds happen only at events here: an interrupted step is carried on at the next one.
         self.round = DecisionRound(Pacing(gang_restart=0.0, retry=0.0))
-        self.store = RecordStore(max(3600.0, self.policy.budgets.workload_disruption_interval))
+        self.store = RecordStore(
+            max(3600.0, self.policy.budgets.workload_disruption_interval), RecordReads.of(self.policies)
+        )
         self.cache = CacheView(sim)
         self.watch: set[int] = set()
         """Nodes devheal has reason to look at: visible GPU faults, its marks, remediations in flight."""
@@ -221,7 +225,7 @@ class EngineStrategy(Strategy):
 
     # ---- the round's host: the engine's DecisionRound, as the controller runs it ---------------
 
-    def in_flight(self, view: ClusterView) -> list[InFlight]:
+    def in_flight(self, view: ClusterView) -> InFlightRecords:
         """Every record ``decide`` can depend on for this view (``RecordStore.relevant``)."""
         return self.store.relevant(view, self.sim.now)
 

@@ -34,13 +34,16 @@ from devheal.simulate.simulation import Simulation
 from devheal.simulate.step_reports import step_report
 from devheal.simulate.view_objects import agent_report, gpu_id, unit_workload, visible_faults
 
+Objects = tuple[Node, Pod | None, NodeDevicesReport | None, bool]
+"""A watched node, its pod, its agent's report, and whether the pod has a signal to judge (``Pod.signalled``)."""
+
 
 class CacheView:
     """Builds the views a round decides over, and keeps what the controller would have written on objects."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
-        self.settled: dict[int, tuple[tuple[Any, ...], tuple[Node, Pod | None, NodeDevicesReport | None]]] = {}
+        self.settled: dict[int, tuple[tuple[Any, ...], Objects]] = {}
         """Per node, what it was built from and what was built, while nothing can change it."""
         self.workloads: dict[int, tuple[Workload, dict[str, str]]] = {}
         self.generation: dict[int, int] = {}
@@ -53,6 +56,11 @@ class CacheView:
         """Per node, how many times devheal lifted its marks (the controller keeps it on the node)."""
         self.index = {state.name: n for n, state in enumerate(sim.nodes)}
         """Node name -> its index in the fleet."""
+        self.device_statuses: dict[tuple[int, int, tuple[tuple[int, int], ...]], tuple[DeviceStatus, ...]] = {}
+        """(node, GPUs, visible faults by GPU) -> the pod's devices then."""
+        costs = sim.costs
+        self.slowest = max(costs.agent_detect_s, costs.pod_status_detect_s, costs.device_plugin_detect_s)
+        """The slowest signal's delay: a node whose faults are all older shows what it will show until it changes."""
         self.stepping: frozenset[int] = frozenset()
         """Gangs whose ranks' step reports this round judges (the others' ranks show none)."""
 
@@ -105,35 +113,44 @@ class CacheView:
             return None
         state = self.sim.nodes[n]
         slot = unit.members[n]
+        uid = unit.pod_uid(slot)
         workload, labels = self._workload(unit)
         bad = self.visible(state, self.sim.costs.pod_status_detect_s)
-        devices = tuple(
-            DeviceStatus(
-                "main",
-                GPU_RESOURCE,
-                gpu_id(state.name, g),
-                DeviceHealth.UNHEALTHY if g in bad else DeviceHealth.HEALTHY,
-                self.sim.faults[bad[g]].failure_class.label if g in bad else "",
-            )
-            for g in range(unit.gpus_per_node)
-        )
         return Pod(
             namespace=unit.namespace,
             name=unit.pod_name(slot),
-            uid=unit.pod_uid(slot),
+            uid=uid,
             node=state.name,
             phase="Running",
             labels=labels,
             restart_policy="Always" if unit.kind is UnitKind.INFERENCE else "Never",
             workload=workload,
-            devices=devices,
-            containers=(ContainerState("main", exit_code=self._exit_code(unit.pod_uid(slot))),),
+            devices=self._devices(n, unit.gpus_per_node, bad),
+            containers=(ContainerState("main", exit_code=self._exit_code(uid)),),
             gpu_request=unit.gpus_per_node,
             steps=steps,
             restart_generation=self.generation.get(unit.uid, 0),
             acknowledged_generation=self.acknowledged.get(unit.uid, 0),
-            run_failure=self._held_run(unit, unit.pod_uid(slot)),
+            run_failure=self._held_run(unit, uid),
         )
+
+    def _devices(self, n: int, gpus: int, bad: dict[int, int]) -> tuple[DeviceStatus, ...]:
+        """The pod's devices as its status reports them, built once per node and set of visible faults."""
+        key = (n, gpus, tuple(sorted(bad.items())))
+        devices = self.device_statuses.get(key)
+        if devices is None:
+            name = self.sim.nodes[n].name
+            devices = self.device_statuses[key] = tuple(
+                DeviceStatus(
+                    "main",
+                    GPU_RESOURCE,
+                    gpu_id(name, g),
+                    DeviceHealth.UNHEALTHY if g in bad else DeviceHealth.HEALTHY,
+                    self.sim.faults[bad[g]].failure_class.label if g in bad else "",
+                )
+                for g in range(gpus)
+            )
+        return devices
 
     def _held_run(self, unit: Unit, pod_uid: str) -> RunFailure | None:
         """The failed run the rank's launcher holds (``devheal.io/launcher-failed``), of the generation it ran."""
@@ -149,19 +166,17 @@ class CacheView:
             return None
         return exited[0]
 
-    def _objects(self, n: int) -> tuple[Node, Pod | None, NodeDevicesReport | None]:
+    def _objects(self, n: int) -> Objects:
         """A watched node as the cache shows it. Reused while nothing about the node changed and every
         fault on it is older than the slowest signal (so time alone changes nothing either)."""
         state = self.sim.nodes[n]
         unit = self.sim.unit_of(n)
         pod_uid = unit.pod_uid(unit.members[n]) if unit is not None else ""
-        costs = self.sim.costs
-        slowest = max(costs.agent_detect_s, costs.pod_status_detect_s, costs.device_plugin_detect_s)
-        settled = all(self.sim.now >= self.sim.faults[i].time + slowest for i in state.faults)
+        settled = not state.faults or all(self.sim.now >= self.sim.faults[i].time + self.slowest for i in state.faults)
         steps = self._steps(n, unit)
         key = (
             tuple(state.faults),
-            tuple(sorted(state.marks)),
+            frozenset(state.marks),
             state.repairing,
             state.down,
             pod_uid,
@@ -177,7 +192,7 @@ class CacheView:
             return cached[1]
         node = self._node(n)
         pod = self._pod(n, steps)
-        records = (node, pod, agent_report(self.sim, self.sim.nodes[n], pod))
+        records = (node, pod, agent_report(self.sim, self.sim.nodes[n], pod), pod is not None and pod.signalled)
         if settled:
             self.settled[n] = (key, records)
         return records
@@ -198,14 +213,16 @@ class CacheView:
         reports: dict[str, NodeDevicesReport] = {}
         by_node: dict[str, frozenset[str]] = {}
         by_device: dict[tuple[str, str], str] = {}
+        signalled: set[str] = set()
         for n in watched:
-            node, pod, report = self._objects(n)
+            node, pod, report, signals = self._objects(n)
             nodes[node.name] = node
             if pod is not None:
                 pods[pod.key] = pod
+                if signals:
+                    signalled.add(pod.key)
                 by_node[node.name] = frozenset({pod.key})
-                for d in pod.devices:
-                    by_device[(node.name, d.device_id)] = pod.key
+                by_device.update(dict.fromkeys([(node.name, d.device_id) for d in pod.devices], pod.key))
             if report is not None:
                 reports[node.name] = report
         taken = frozenset(watched)
@@ -217,6 +234,8 @@ class CacheView:
             reports=reports,
             pods_by_node=by_node,
             pod_by_device=by_device,
+            signalled=frozenset(signalled),
+            troubled=frozenset(),  # a simulated pod is never rejected at admission nor left terminating
             rest=None if whole else left_out,
         )
 

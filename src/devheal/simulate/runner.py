@@ -1,9 +1,14 @@
-"""Run every strategy on the same trace(s) and gather the comparison. Pure: callers do the I/O."""
+"""Run every strategy on the same trace(s) and gather the comparison. Pure: callers do the I/O.
+
+With ``jobs`` above one the runs (one strategy on one trace each) are spread over that many worker processes;
+the results are gathered in trace and strategy order, so the comparison is the same as a serial one's."""
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -68,28 +73,63 @@ class Comparison:
         }
 
 
+def _trace(config: SimConfig, seed: int) -> Trace:
+    fleet = config.fleet
+    return generate_trace(fleet.nodes, fleet.gpus_per_node, config.horizon_s, config.trace, seed)
+
+
+def _run(config: SimConfig, spec: StrategySpec, seed: int | None, trace: Trace | None) -> StrategyResult:
+    """One strategy on one trace: ``trace``, or the one generated from ``seed`` (in a worker process, so that only
+    the seed travels)."""
+    if trace is None:
+        assert seed is not None
+        trace = _trace(config, seed)
+    return Simulation(config, trace, spec.make()).run(seed)
+
+
 def run_comparison(
     config: SimConfig,
     strategies: Sequence[StrategySpec],
     seeds: Sequence[int] = (0,),
     trace: Trace | None = None,
     progress: Progress | None = None,
+    jobs: int = 1,
 ) -> Comparison:
-    """Every strategy on every seed's generated trace (or, given ``trace``, on that one trace)."""
+    """Every strategy on every seed's generated trace (or, given ``trace``, on that one trace). ``jobs``: how many
+    runs at once, each in its own process (1: one after the other, in this process); the strategies' ``make``
+    must then be picklable (a class, or a ``functools.partial`` of one)."""
     config.validate()
+    if jobs < 1:
+        raise ValueError(f"jobs: expected at least 1, got {jobs}")
     started = time.perf_counter()
-    runs: list[tuple[int | None, Trace]]
-    if trace is not None:
-        runs = [(None, trace)]
-    else:
-        fleet = config.fleet
-        runs = [(s, generate_trace(fleet.nodes, fleet.gpus_per_node, config.horizon_s, config.trace, s)) for s in seeds]
+    runs: list[tuple[int | None, Trace]] = (
+        [(None, trace)] if trace is not None else [(s, _trace(config, s)) for s in seeds]
+    )
     comparison = Comparison(config, [TraceSummary.of(t, s, config.horizon_s) for s, t in runs])
-    for seed, tr in runs:
-        for spec in strategies:
-            result = Simulation(config, tr, spec.make()).run(seed)
-            comparison.results.setdefault(spec.name, []).append(result)
-            if progress is not None:
-                progress(f"{spec.name} (seed {seed})" if seed is not None else spec.name)
+    work = [(seed, tr, spec) for seed, tr in runs for spec in strategies]
+
+    def done(seed: int | None, spec: StrategySpec) -> None:
+        if progress is not None:
+            progress(f"{spec.name} (seed {seed})" if seed is not None else spec.name)
+
+    results: list[StrategyResult] = []
+    if jobs == 1 or len(work) == 1:
+        for seed, tr, spec in work:
+            results.append(_run(config, spec, seed, tr))
+            done(seed, spec)
+    else:
+        # Forked workers start at once with every module loaded; each generates its seed's trace again.
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else None)
+        with ProcessPoolExecutor(min(jobs, len(work)), mp_context=context) as pool:
+            futures: dict[Future[StrategyResult], tuple[int | None, StrategySpec]] = {
+                pool.submit(_run, config, spec, seed, tr if seed is None else None): (seed, spec)
+                for seed, tr, spec in work
+            }
+            for future in as_completed(futures):  # progress as runs end, in this thread
+                done(*futures[future])
+            results = [f.result() for f in futures]  # in the order submitted
+    for (_, _, spec), result in zip(work, results, strict=True):
+        comparison.results.setdefault(spec.name, []).append(result)
     comparison.run_seconds = time.perf_counter() - started
     return comparison

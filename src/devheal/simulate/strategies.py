@@ -147,7 +147,8 @@ def lineup(policies: Sequence[Policy] = (), bound: bool = False) -> list[Strateg
     specs = [StrategySpec(cls.name, cls.description, cls) for cls in BASELINES]
     for policy in (RECOMMENDED_POLICY, *policies):
         strategy = EngineStrategy(policy)
-        specs.append(StrategySpec(strategy.name, strategy.description, partial(EngineStrategy, policy)))
+        make = partial(EngineStrategy, policy, name=strategy.name)  # the name survives a copy of the policy
+        specs.append(StrategySpec(strategy.name, strategy.description, make))
     if bound:
         specs.append(StrategySpec(IdealBound.name, IdealBound.description, IdealBound))
     names = [s.name for s in specs]

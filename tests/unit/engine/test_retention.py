@@ -378,3 +378,20 @@ def test_a_succeeded_taint_the_cache_has_not_shown_is_read_and_kept_for_a_day_th
         ActionKind.TAINT
     ]
     assert names(expired([taint_n3], ps, later, 10)) == ["taint-n3"]
+
+
+def test_decide_leaves_out_the_records_a_host_hands_over_unfiltered_that_no_decision_reads() -> None:
+    """A host may hand over records a decision no longer reads (``InFlightRecords.filtered`` False: the simulator's,
+    whose other readers want them): ``decide`` then leaves them out as it does for a plain list. Here n1's taint
+    ended two days ago (the cache shows no mark): counted it would spend the unhealthy-node budget."""
+    ps = [policy(budgets={"maxUnhealthyNodes": 1})]
+    v = view([node("n1"), node("n2")])
+    [first] = decide(v, [node_failed("n1")], ps, [], NOW).actions
+    old = in_flight(first, Phase.SUCCEEDED, started=NOW - 2 * DAY)
+    findings = [node_failed("n2")]
+    [taint] = decide(v, findings, ps, [old], NOW).actions
+    assert taint.node == "n2"
+    by_name = {old.name: old}
+    assert decide(v, findings, ps, InFlightRecords([old], by_name, filtered=False), NOW).actions == (taint,)
+    counted = decide(v, findings, ps, InFlightRecords([old], by_name), NOW)  # the host says it is read
+    assert counted.actions == () and [b.rail for b in counted.blocked] == [Rail.MAX_UNHEALTHY_NODES]

@@ -121,3 +121,12 @@ def test_culprit_model_and_parallelism_options_and_their_errors(tmp_path: Path) 
     assert bad.exit_code == 2 and "culprit model: unknown 'sometimes'" in bad.output
     bad = runner.invoke(app, [*SMALL, "--parallelism", "tp", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "parallelism: unknown 'tp'" in bad.output
+
+
+def test_jobs_runs_in_worker_processes_and_a_bad_count_is_named(tmp_path: Path) -> None:
+    result = runner.invoke(app, [*SMALL, "--jobs", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "devheal-default" in json.loads((tmp_path / "results.json").read_text())["results"]
+    result = runner.invoke(app, [*SMALL, "--jobs", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--jobs: expected at least 1, got 0" in result.output

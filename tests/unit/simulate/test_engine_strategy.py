@@ -11,7 +11,7 @@ from devheal.engine import rounds
 from devheal.engine.breaker import Breaker, step_breaker
 from devheal.engine.decide import decide
 from devheal.model.cluster import ClusterView
-from devheal.model.plan import Finding, InFlight, Phase, Plan
+from devheal.model.plan import Finding, InFlight, InFlightRecords, Phase, Plan
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
 from devheal.simulate.config import CostModel, build_preset
 from devheal.simulate.culprits import CULPRIT_MODELS
@@ -208,7 +208,7 @@ class CheckedEngine(EngineStrategy):
         self.everything: tuple[ClusterView, list[InFlight]] | None = None
         self.asked: list[tuple[ClusterView, list[InFlight]]] = []
 
-    def in_flight(self, view: ClusterView) -> list[InFlight]:
+    def in_flight(self, view: ClusterView) -> InFlightRecords:
         # The round asks for the records three times: to carry work on, to decide with, and with its decisions
         # (for the next wake-up); the second is what it decides with.
         self.asked.append((self.cache.view(self.watched, whole=True), list(self.store.records.values())))

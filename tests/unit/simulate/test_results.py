@@ -43,3 +43,24 @@ def test_plots_include_the_loss_by_cause(tmp_path: Path) -> None:
     written = plots.write_plots(comparison, tmp_path)
     assert [p.name for p in written] == ["goodput_over_time.png", "loss_breakdown.png", "loss_by_cause.png"]
     assert all(p.stat().st_size > 10_000 for p in written)
+
+
+def test_runs_in_worker_processes_give_the_serial_comparison() -> None:
+    config = build_preset("mixed", nodes=40, days=5)
+    strategies = lineup(bound=True)
+    serial = run_comparison(config, strategies, seeds=[0, 1]).to_json()
+    done: list[str] = []
+    parallel = run_comparison(config, strategies, seeds=[0, 1], progress=done.append, jobs=2).to_json()
+    assert len(done) == 2 * len(strategies)
+    for data in (serial, parallel):
+        data.pop("run_seconds")
+        for results in data["results"].values():
+            for r in results:
+                r.pop("run_seconds")
+    assert list(parallel["results"]) == [s.name for s in strategies]  # devheal-default keeps its name in a worker
+    assert parallel == serial
+
+
+def test_jobs_must_be_at_least_one() -> None:
+    with pytest.raises(ValueError, match="jobs: expected at least 1, got 0"):
+        run_comparison(build_preset("mixed", nodes=40, days=1), lineup(), jobs=0)
