@@ -195,6 +195,10 @@ def _marked_allreduce(state: object, bucket: dist.GradBucket) -> torch.futures.F
     return future.then(left)
 
 
+# DDP checks a hook's annotations against the types themselves; this module's are strings (postponed evaluation).
+_marked_allreduce.__annotations__.update(bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]})
+
+
 def _wrap(model: nn.Sequential, shape: str) -> nn.Module:
     if shape == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model)
