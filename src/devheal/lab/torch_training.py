@@ -30,8 +30,8 @@ that starts it to the completion of its future. Each run reports reaching the re
 forward, where the compute is measured.
 
 Lab faults reach it as signals: SIGUSR1 exits with ``--device-error-exit-code`` (a loop that
-caught a CUDA/NCCL device error), SIGUSR2 makes it hang at the start of its next step's
-compute (``HangInCompute``).
+caught a CUDA/NCCL device error), SIGUSR2 makes its training thread hang at the start of its
+next step's compute (``HangInCompute``).
 
 ``--events FILE`` appends one JSON line per event (``start``, ``joined``, ``resumed``,
 ``step``, ``checkpoint``) with the wall time and the process's ``run`` (a random name: in a
@@ -84,7 +84,12 @@ class Events:
 
 class HangInCompute:
     """SIGUSR2: the rank hangs in its next step's compute, before that step's first collective (the lab's stand-in
-    for a kernel that never returns), stopping itself; a SIGSTOP from outside lands anywhere in a step."""
+    for a kernel that never returns, or a read that never completes); a SIGSTOP from outside lands anywhere in a step.
+
+    Only the training thread blocks, as it would on a kernel or a read: the process lives on, and so does the thread
+    that posts its collective marks to the launcher ("outside every collective"). Stopping the whole process here (as
+    this did before) froze that thread too, leaving the rank's last posted mark to chance, which is the ``hang``
+    fault's case. A signal still ends it (SIGTERM's handler runs between the sleeps)."""
 
     def __init__(self) -> None:
         self.armed = False
@@ -95,7 +100,8 @@ class HangInCompute:
     def here(self) -> None:
         if self.armed:
             self.armed = False
-            os.kill(os.getpid(), signal.SIGSTOP)
+            while True:
+                time.sleep(3600)
 
 
 def _process_started() -> float | None:

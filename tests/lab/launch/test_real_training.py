@@ -3,7 +3,7 @@
 Four ranks of ``devheal.lab.torch_training`` (DDP, its all-reduces marked by a communication hook, each step
 reported before the backward pass as docs/stragglers.md asks) run here as the containers of an indexed Job's pods
 (``devheal.lab.rank_processes``). Rank 1's training process hangs in its next step's compute
-(``devheal.lab.torch_training``'s SIGUSR2: it stops itself before that step's all-reduce): its
+(``devheal.lab.torch_training``'s SIGUSR2: its training thread blocks before that step's all-reduce): its
 peers report the step it never finished and wait inside the all-reduce. The controller finds
 the gang stalled, names rank 1, restarts the gang in place and replaces rank 1; every rank
 steps again from the last checkpoint, the other three in their own pods.
