@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given
+from hypothesis import strategies as st
+
+from devheal.engine.collective_marks import waits_inside
 from devheal.engine.stragglers import StragglerTracker, stall
 from devheal.model.cluster import Pod
 from devheal.model.plan import FindingKind
@@ -173,3 +177,33 @@ def test_without_exit_marks_the_step_and_count_rules_judge_unchanged() -> None:
     members = gang([(T, 120, None, None), (T, 120, None, None), (T, 119, None, None), (T, 120, None, None)])
     assert named(members) == "train/llm-2"
     assert "it entered 119 collectives, 3 of 4 ranks 120" in evidence(members)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 2.0),  # how long before T the rank's last step came
+            st.integers(0, 3),  # collectives behind the most
+            st.booleans(),  # marks exits
+            st.booleans(),  # inside a collective
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_a_rank_inside_a_collective_is_never_named(shape: list[tuple[float, int, bool, bool]]) -> None:
+    marks: list[Mark | tuple[float, int, None, None]] = []
+    for ago, behind, marked, inside in shape:
+        count = 100 - behind
+        if not marked:
+            marks.append((T - ago, count, None, None))
+        elif inside:
+            marks.append((T - ago, count, count - 1, T - ago))
+        else:
+            marks.append((T - ago, count, count, None))
+    members = gang(marks)
+    f = stall(members, StragglerRules(), NOW + 40.0)
+    assert f is not None
+    if f.pod_uid:
+        pod = next(p for p in members if p.uid == f.pod_uid)
+        assert pod.steps is not None and not waits_inside(pod.steps), f.evidence
