@@ -38,7 +38,8 @@ def test_every_stalling_failure_class_maps_onto_a_measured_fault() -> None:
         # Blocked outside the collectives, as a hang in compute: right / right (FSDP: a collective behind its peers).
         ("ssd", True, True),
         ("io-expansion-board", True, True),
-        ("host-maintenance", True, True),  # the process stops mid-step, as SIGSTOP: right / right
+        # The process stops mid-step, as SIGSTOP: right / none (its last post said it was inside a collective).
+        ("host-maintenance", True, False),
         ("software-bug", False, False),  # a crash stalls nothing
     ],
 )
