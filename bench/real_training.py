@@ -13,9 +13,9 @@ every replaced rank waits for the Job's first pod-failure backoff (10 s), not fo
 by the faults before it (10, 20, 40, 80 s for the same index):
 
 - ``hang``: its training process stopped (SIGSTOP) at whatever point of its step it is;
-  ``hang-compute``: it stops itself at the start of its next step's compute, before that
-  step's first collective (``devheal.lab.torch_training``'s SIGUSR2: a kernel that never
-  returns);
+  ``hang-compute``: its training thread blocks at the start of its next step's compute,
+  before that step's first collective, its other threads running on
+  (``devheal.lab.torch_training``'s SIGUSR2: a kernel that never returns);
 - ``crash-kill``: its training process killed (SIGKILL); ``crash-exit``: it exits with 79, an
   exit code the policy and the Job declare a device error;
 - ``slow-1.3``, ``slow-2``: its GPUs slowed (``faults.degrade``): its compute takes 1.3x / 2x;

@@ -28,8 +28,11 @@ compute and before its collectives, the others have reported the step that rank 
 finished and wait for it in the collective. When the steps name nobody (with FSDP, collectives
 run inside the forward pass, and every rank's last step is the same), the rank that entered
 fewer collectives than a majority of its peers (``report_collective``) is named
-(``behind_in_collectives``). When no rank stands out, the whole gang restarts in place and
-nobody is replaced.
+(``behind_in_collectives``). Where every rank marks its collectives' exits too
+(``devheal.launch.collective``), neither rule judges: a rank is named only when it is outside every
+collective while the others wait inside one (``collective_marks``); where only some do, a rank
+inside a collective is never named (it waits for a peer). When no rank stands out, the whole gang
+restarts in place and nobody is replaced.
 
 A gang is also **stalled at its rendezvous** when no rank has stepped in its current run, a
 majority of its ranks reported reaching the rendezvous (``report_joined``), and another has
@@ -54,6 +57,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from devheal.engine.collective_marks import judge_by_marks, waits_inside
 from devheal.engine.degradation import has_degraded_taint
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK
@@ -289,8 +293,14 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
     # A rank stalled first only against peers that went on: alone (the others' pods ended), none stands out.
     culprit = len(ordered) > 1 and (ordered[1][1].last or 0.0) - (report.last or 0.0) >= max(margin, 1e-9)
     assert report.last is not None
-    behind = None if culprit else behind_in_collectives(reports, limit)
-    if behind is not None:
+    marks = judge_by_marks(reports, now)
+    behind = None if culprit or marks is not None else behind_in_collectives(reports, limit)
+    if marks is not None:
+        # Every rank marks its collectives' exits: where each rank is decides, not its last step or its count.
+        first = marks.pod or first
+        culprit = marks.pod is not None
+        who = marks.evidence
+    elif behind is not None:
         first, who = behind
         culprit = True
     else:
@@ -302,6 +312,15 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
             if len(ordered) > 1
             else "no rank stalled first (no other rank of the gang is running)"
         )
+    if marks is None and culprit and first.steps is not None and waits_inside(first.steps):
+        # Some ranks mark exits, and this one is inside a collective: it waits for a peer, whatever else it shows.
+        assert first.steps.inside is not None
+        seemed = who.removeprefix(f"rank {first.key} stalled first")
+        who = (
+            f"no rank stalled first: rank {first.key} looked so{seemed}, but it waits inside a collective (for "
+            f"{now - first.steps.inside:.0f}s), for a peer"
+        )
+        culprit = False
     return Finding(
         kind=FindingKind.GANG_STALLED,
         node=first.node,

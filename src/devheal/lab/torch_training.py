@@ -18,16 +18,20 @@ asks: the rank's own compute, collective waits excluded, before the backward pas
 forward is timed (the training thread's CPU time: the lab's ranks share a few cores) by hooks
 (``OwnCompute``): with FSDP they are registered after ``fully_shard``,
 so they run after FSDP's pre-forward has waited for the layer's all-gather and before its
-post-forward; the step reports the sum. It counts the collectives it enters
-(``devheal.launch.report_collective``): with FSDP from a hook that runs before FSDP's
-pre-forward (before each layer's all-gather), with DDP once a step before the backward pass
-(its all-reduce). Each run reports reaching the rendezvous store (``report_joined``) before it
-sets up gloo. A lab fault that slows the rank's GPUs (``DEVHEAL_LAB_DEVICES``/``DEVHEAL_LAB_POD``,
-``devheal.lab.slowdown``) stretches each layer's own forward, where the compute is measured.
+post-forward; the step reports the sum. It marks the collectives it enters and leaves
+(``devheal.launch.enter_collective``, ``leave_collective``, ``collective``), so its launcher
+publishes whether it is inside one, waiting for its peers: with FSDP, each layer's forward
+all-gather from a hook that runs before FSDP's pre-forward to one that runs after it, and the
+whole backward pass (all-gathers and reduce-scatters in every layer, no hook between them and the
+layer's own compute); with DDP, each gradient bucket's all-reduce from the communication hook
+that starts it to the completion of its future. Each run reports reaching the rendezvous store
+(``report_joined``) before it sets up gloo. A lab fault that slows the rank's GPUs
+(``DEVHEAL_LAB_DEVICES``/``DEVHEAL_LAB_POD``, ``devheal.lab.slowdown``) stretches each layer's own
+forward, where the compute is measured.
 
 Lab faults reach it as signals: SIGUSR1 exits with ``--device-error-exit-code`` (a loop that
-caught a CUDA/NCCL device error), SIGUSR2 makes it hang at the start of its next step's
-compute (``HangInCompute``).
+caught a CUDA/NCCL device error), SIGUSR2 makes its training thread hang at the start of its
+next step's compute (``HangInCompute``).
 
 ``--events FILE`` appends one JSON line per event (``start``, ``joined``, ``resumed``,
 ``step``, ``checkpoint``) with the wall time and the process's ``run`` (a random name: in a
@@ -54,7 +58,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from devheal.lab.slowdown import PodSlowdown
-from devheal.launch import report_collective, report_joined, report_step
+from devheal.launch import collective, enter_collective, leave_collective, report_joined, report_step
 
 SHAPES = ("ddp", "fsdp")
 
@@ -80,7 +84,12 @@ class Events:
 
 class HangInCompute:
     """SIGUSR2: the rank hangs in its next step's compute, before that step's first collective (the lab's stand-in
-    for a kernel that never returns), stopping itself; a SIGSTOP from outside lands anywhere in a step."""
+    for a kernel that never returns, or a read that never completes); a SIGSTOP from outside lands anywhere in a step.
+
+    Only the training thread blocks, as it would on a kernel or a read: the process lives on, and so does the thread
+    that posts its collective marks to the launcher ("outside every collective"). Stopping the whole process here (as
+    this did before) froze that thread too, leaving the rank's last posted mark to chance, which is the ``hang``
+    fault's case. A signal still ends it (SIGTERM's handler runs between the sleeps)."""
 
     def __init__(self) -> None:
         self.armed = False
@@ -91,7 +100,8 @@ class HangInCompute:
     def here(self) -> None:
         if self.armed:
             self.armed = False
-            os.kill(os.getpid(), signal.SIGSTOP)
+            while True:
+                time.sleep(3600)
 
 
 def _process_started() -> float | None:
@@ -116,7 +126,8 @@ class OwnCompute:
     Hooks on each layer: FSDP2's ``fully_shard`` registers its pre-forward (unshard: the all-gather, and the wait
     for it) prepended and its post-forward (reshard) appended, so a pre-hook appended after ``fully_shard`` starts
     the clock once the layer's parameters are there, and a post-hook prepended stops it before the reshard. With
-    ``count_collectives`` a pre-hook prepended ahead of FSDP's counts the all-gather the layer is about to enter.
+    ``mark_collectives`` a pre-hook prepended ahead of FSDP's marks the entry into the all-gather the layer is
+    about to wait for, and the appended pre-hook its exit.
     """
 
     def __init__(self) -> None:
@@ -128,10 +139,11 @@ class OwnCompute:
         self._began = 0.0
         self.handles: list[RemovableHandle] = []
 
-    def attach(self, layers: Sequence[nn.Module], *, count_collectives: bool) -> None:
+    def attach(self, layers: Sequence[nn.Module], *, mark_collectives: bool) -> None:
         for layer in layers:
-            if count_collectives:
+            if mark_collectives:
                 self.handles.append(layer.register_forward_pre_hook(self._enter_collective, prepend=True))
+                self.handles.append(layer.register_forward_pre_hook(self._leave_collective))
             self.handles.append(layer.register_forward_pre_hook(self._start))
             self.handles.append(layer.register_forward_hook(self._stop, prepend=True))
 
@@ -141,7 +153,10 @@ class OwnCompute:
         self.factor = factor
 
     def _enter_collective(self, *_: object) -> None:
-        report_collective()
+        enter_collective()
+
+    def _leave_collective(self, *_: object) -> None:
+        leave_collective()
 
     def _start(self, *_: object) -> None:
         self._began = time.thread_time()
@@ -167,9 +182,34 @@ def _model(width: int, layers: int) -> nn.Sequential:
     return nn.Sequential(*blocks, nn.Linear(width, 1))
 
 
+def _marked_allreduce(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's own all-reduce of a gradient bucket, with its entry marked when it starts and its exit when its future
+    completes (on gloo's thread), failed or not: the rank is inside from the first bucket to the last one's end."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    enter_collective()
+    try:
+        future = allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default process group
+    except BaseException:
+        leave_collective()
+        raise
+
+    def left(done: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        leave_collective()
+        return done.value()
+
+    return future.then(left)
+
+
+# DDP checks a hook's annotations against the types themselves; this module's are strings (postponed evaluation).
+_marked_allreduce.__annotations__.update(bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]})
+
+
 def _wrap(model: nn.Sequential, shape: str) -> nn.Module:
     if shape == "ddp":
-        return nn.parallel.DistributedDataParallel(model)
+        ddp = nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(None, _marked_allreduce)
+        return ddp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -266,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     compute = OwnCompute()
     # The layers FSDP shards (each its own all-gather); under DDP the same layers, timed alike.
     layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    compute.attach(layers, count_collectives=args.shape == "fsdp")
+    compute.attach(layers, mark_collectives=args.shape == "fsdp")
     data = torch.Generator().manual_seed(rank)
     while args.steps == 0 or step <= args.steps:
         compute.new_step(slowdown.factor())
@@ -277,9 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         # all-gathers and reduce-scatters): a rank that hangs before it has not reported the step its peers
         # did, and one that is slow reports a longer step (docs/stragglers.md).
         report_step(compute.total, step)
-        if args.shape == "ddp":
-            report_collective()  # the all-reduce of the backward pass
-        loss.backward()
+        if args.shape == "fsdp":
+            with collective():  # all-gathers and reduce-scatters in every layer's backward
+                loss.backward()
+        else:
+            loss.backward()  # the all-reduces are marked by the communication hook
         optimizer.step()
         optimizer.zero_grad()
         events("step", step=step, **({"layers": [round(t, 6) for t in compute.layers]} if args.layer_times else {}))

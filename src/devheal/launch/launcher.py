@@ -340,10 +340,16 @@ class Launcher:
         while True:
             await asyncio.sleep(interval)
             report = self.stats.published(self.clock(), self.wall())
-            if (
-                published is not None
-                and (report.count, report.window, report.run, report.joined, report.collectives) == published
-            ):
+            key = (
+                report.count,
+                report.window,
+                report.run,
+                report.joined,
+                report.collectives,
+                report.exits,
+                report.inside,
+            )
+            if key == published:
                 continue  # nothing new: the last publication stands (a stall shows as its age)
             try:
                 await self.gang.publish_steps(report.to_annotation())
@@ -355,7 +361,7 @@ class Launcher:
             if failing:
                 log.info("publishing step times on the pod again")
             failing = False
-            published = (report.count, report.window, report.run, report.joined, report.collectives)
+            published = key
 
     async def _start_child(self, *, restarts: int) -> None:
         env = {

@@ -6,7 +6,10 @@ connection (a new connection per step would leave thousands of sockets in TIME_W
 high step rates). Without a launcher (``DEVHEAL_LAUNCHER_ADDR`` unset) it does nothing.
 ``report_collective`` is cheaper still: it counts in memory, and a daemon thread posts the
 count when it changed, at most every ``COLLECTIVES_POST_SECONDS`` (also while the training
-thread is blocked in a collective).
+thread is blocked in a collective). ``collective()`` (or ``enter_collective`` and
+``leave_collective``, for a collective that completes on another thread) marks the exit as
+well: the launcher then knows whether the rank is inside a collective, waiting for its peers,
+and since when.
 When the launcher does not answer, reports are skipped for a while instead of costing
 every step a timeout. Safe across threads and ``fork`` (data-loader workers).
 """
@@ -20,6 +23,8 @@ import math
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 ADDR_ENV = "DEVHEAL_LAUNCHER_ADDR"
 """Set by the launcher for its child: ``host:port`` of its step endpoint (loopback)."""
@@ -80,17 +85,48 @@ class _Connection:
 
 
 class _CollectiveCounter:
-    """The collectives this process entered, counted in memory; a daemon thread started on the first count posts
-    the count to the launcher when it changed (one thread per process, never a post on the training thread)."""
+    """The collectives this process entered and left, counted in memory; a daemon thread started on the first count
+    posts them to the launcher when they changed (one thread per process, never a post on the training thread).
+
+    ``count`` counts every entry (``report_collective`` and ``enter_collective``); ``exits`` the exits marked
+    (``leave_collective``); ``depth`` how many marked collectives are open now (nested, or several in flight at
+    once), and ``entered_at`` when the oldest of them was entered (monotonic seconds)."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.posted = 0
+        self.exits = 0
+        self.depth = 0
+        self.entered_at = 0.0
+        self.marked = False
+        """Whether the process marks exits (then each post says whether it is inside a collective)."""
+        self.posted: tuple[int, int, bool] = (0, 0, False)
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
+        self.marks_lock = threading.Lock()
+        """Serialises the marks: a collective's exit may be marked on the thread that completes it."""
 
     def enter(self) -> None:
         self.count += 1  # one bytecode-level increment under the GIL; a lost race costs one count, never a crash
+        self._start()
+
+    def enter_marked(self) -> None:
+        with self.marks_lock:
+            self.count += 1
+            self.marked = True
+            if self.depth == 0:
+                self.entered_at = time.monotonic()
+            self.depth += 1
+        self._start()
+
+    def leave_marked(self) -> None:
+        with self.marks_lock:
+            if self.depth == 0:
+                log.debug("leave_collective() without enter_collective(): ignored")
+                return
+            self.depth -= 1
+            self.exits += 1
+
+    def _start(self) -> None:
         if self.thread is None:
             with self.lock:
                 if self.thread is None:
@@ -102,16 +138,26 @@ class _CollectiveCounter:
             time.sleep(COLLECTIVES_POST_SECONDS)
             self.post_if_changed()
 
+    def snapshot(self) -> tuple[tuple[int, int, bool], dict[str, object]]:
+        """What changed is judged by (entries, exits, inside); the body to post says it, with how long the rank has
+        been inside its collective (the launcher turns that into a time on its own clock)."""
+        with self.marks_lock:
+            count, exits, depth, entered_at, marked = self.count, self.exits, self.depth, self.entered_at, self.marked
+        if not marked:
+            return (count, 0, False), {"collectives": count}
+        inside = round(max(0.0, time.monotonic() - entered_at), 3) if depth else None
+        return (count, exits, depth > 0), {"collectives": count, "exits": exits, "inside_seconds": inside}
+
     def post_if_changed(self) -> None:
-        count = self.count
-        if count == self.posted:
+        state, body = self.snapshot()
+        if state == self.posted:
             return
         try:
             target = _launcher()
             if target is None:
                 return
-            _send(*target, {"collectives": count}, "collective count")
-            self.posted = count
+            _send(*target, body, "collective count")
+            self.posted = state
         except Exception as exc:
             _failed(exc, "collective count")
 
@@ -212,3 +258,31 @@ def report_collective() -> None:
     they wait for (docs/stragglers.md). Never raises; does nothing outside a launcher.
     """
     _collectives.enter()
+
+
+def enter_collective() -> None:
+    """Mark that this rank enters a collective it will wait in for its peers; ``leave_collective`` marks its exit.
+
+    Counts an entry as ``report_collective`` does, and from then on each post tells the launcher whether the rank is
+    inside a collective now, and since when: at a stall, a rank inside one waits for a peer and is not the one the
+    gang waits for (docs/stragglers.md). Calls nest (several collectives in flight at once: the rank is inside until
+    the last has left). For a collective that completes on another thread (a DDP communication hook's future), call
+    ``leave_collective`` there. Never raises; does nothing outside a launcher.
+    """
+    _collectives.enter_marked()
+
+
+def leave_collective() -> None:
+    """Mark that this rank left the collective ``enter_collective`` marked (it completed, or failed). Safe on any
+    thread; one call without an open entry is ignored. Never raises."""
+    _collectives.leave_marked()
+
+
+@contextmanager
+def collective() -> Iterator[None]:
+    """``with collective(): dist.all_reduce(t)``: marks the entry and, however the block ends, the exit."""
+    enter_collective()
+    try:
+        yield
+    finally:
+        leave_collective()

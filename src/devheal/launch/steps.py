@@ -57,6 +57,11 @@ class StepStats:
     """When the current run reported that it reached its gang's rendezvous (monotonic seconds), if it did."""
     collectives: int | None = None
     """How many collectives the current run entered (``report_collective``), if it counts them."""
+    exits: int | None = None
+    """How many collectives the current run marked leaving (``leave_collective``), if it marks them."""
+    inside_since: float | None = None
+    """When the current run entered the collective it is inside now (monotonic seconds); None when it is outside
+    every collective, or does not mark them."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -90,6 +95,24 @@ class StepStats:
             raise InvalidStep(f"collectives must be a whole number >= 0, got {count!r}")
         self.collectives = max(count, self.collectives or 0)
 
+    def collective_marks(self, count: object, exits: object, inside_seconds: object, now: float) -> None:
+        """The current run entered ``count`` collectives and left ``exits`` of them; it is inside one since
+        ``inside_seconds`` before ``now`` (None: outside every collective). Checked whole before anything is kept."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidStep(f"collectives must be a whole number >= 0, got {count!r}")
+        if isinstance(exits, bool) or not isinstance(exits, int) or not 0 <= exits <= count:
+            raise InvalidStep(f"exits must be a whole number within 0..collectives ({count}), got {exits!r}")
+        if inside_seconds is not None:
+            if isinstance(inside_seconds, bool) or not isinstance(inside_seconds, int | float):
+                raise InvalidStep(f"inside_seconds must be a number >= 0 or null, got {inside_seconds!r}")
+            if not math.isfinite(inside_seconds) or inside_seconds < 0:
+                raise InvalidStep(f"inside_seconds must be a finite number >= 0 or null, got {inside_seconds!r}")
+            if exits >= count:
+                raise InvalidStep(f"inside_seconds given, but every collective entered ({count}) was left")
+        self.entered_collectives(count)
+        self.exits = max(exits, self.exits or 0)
+        self.inside_since = None if inside_seconds is None else now - float(inside_seconds)
+
     def new_run(self, now: float | None = None) -> None:
         """The training command was restarted: forget the window (the figures describe this run), keep the totals."""
         self.durations.clear()
@@ -97,6 +120,8 @@ class StepStats:
         self.run_started = now
         self.joined_at = None
         self.collectives = None
+        self.exits = None
+        self.inside_since = None
 
     def published(self, now: float, wall_now: float, window: int = PUBLISHED_WINDOW) -> StepReport:
         """What the launcher publishes on its pod: the median of the last ``window`` steps of this run, the
@@ -118,6 +143,8 @@ class StepStats:
             interval=percentile(gaps, 0.5) if gaps else None,
             joined=wall(self.joined_at),
             collectives=self.collectives,
+            exits=self.exits,
+            inside=wall(self.inside_since),
         )
 
     def steps_per_second(self) -> float | None:

@@ -2,7 +2,9 @@
 
 ``POST /steps`` with ``{"duration_seconds": float, "step": int | null}`` records a step
 (204), with ``{"joined": true}`` that the run reached its gang's rendezvous (204), with
-``{"collectives": int}`` how many collectives the run entered so far (204);
+``{"collectives": int}`` how many collectives the run entered so far (204), with
+``"exits": int, "inside_seconds": float | null`` also how many it left and how long it has been inside the one it
+is in now (null: outside every collective; ``devheal.launch.collective``);
 ``GET /steps`` returns the aggregate as JSON. Bound to a loopback address only:
 step reports never leave the pod and never reach the API server.
 """
@@ -98,7 +100,12 @@ class StepsServer:
             return web.Response(status=204)
         if "collectives" in body and "duration_seconds" not in body:
             try:
-                self.stats.entered_collectives(body["collectives"])
+                if "exits" in body:
+                    self.stats.collective_marks(
+                        body["collectives"], body["exits"], body.get("inside_seconds"), self.clock()
+                    )
+                else:
+                    self.stats.entered_collectives(body["collectives"])
             except InvalidStep as exc:
                 return web.Response(status=400, text=f"{exc}\n")
             return web.Response(status=204)

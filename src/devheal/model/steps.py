@@ -20,7 +20,10 @@ The value is a JSON object::
 - ``last``: when the last step report arrived (Unix seconds, the launcher's wall clock; null: none yet);
 - ``run``: when the current run of the training command started (Unix seconds);
 - ``joined``: when the current run reached its gang's rendezvous (Unix seconds; absent: not yet, or not reported);
-- ``collectives``: how many collectives the current run entered (``report_collective``; absent: not counted).
+- ``collectives``: how many collectives the current run entered (``report_collective``; absent: not counted);
+- ``exits``: how many of them it marked leaving (``devheal.launch.collective``; absent: the run marks no exits);
+- ``inside``: when the run entered the collective it waits in now (Unix seconds; absent: outside every collective,
+  or no exits marked).
 
 Pure. ``parse_step_report`` never raises: a value that is not this (wrong type, a negative,
 infinite or absurd number) is refused with the reason, and the pod counts as not reporting.
@@ -59,6 +62,17 @@ class StepReport:
     None when it has not (or does not report it)."""
     collectives: int | None = None
     """How many collectives the current run entered (``report_collective``); None when it does not count them."""
+    exits: int | None = None
+    """How many collectives the current run marked leaving (``devheal.launch.collective``); None when it marks no
+    exits (then ``inside`` says nothing)."""
+    inside: float | None = None
+    """When the current run entered the collective it is inside now, waiting for its peers (Unix seconds); None
+    when it is outside every collective or marks no exits."""
+
+    @property
+    def marks_exits(self) -> bool:
+        """Whether the run marks its collectives' exits, so that ``inside`` tells where it is."""
+        return self.exits is not None
 
     def to_annotation(self) -> str:
         """The annotation value the launcher writes (compact JSON, short floats)."""
@@ -73,6 +87,10 @@ class StepReport:
             body["joined"] = round(self.joined, 3)
         if self.collectives is not None:
             body["collectives"] = self.collectives
+        if self.exits is not None:
+            body["exits"] = self.exits
+        if self.inside is not None:
+            body["inside"] = round(self.inside, 3)
         return json.dumps(body, separators=(",", ":"))
 
 
@@ -120,6 +138,24 @@ def parse_step_report(text: object) -> tuple[StepReport | None, str]:
         collectives = whole_number(body.get("collectives"))
         if collectives is None:
             return None, f"collectives: expected a whole number >= 0 or null, got {show(body.get('collectives'))}"
+    exits = None
+    if body.get("exits") is not None:
+        if collectives is None:
+            return None, f"exits: given without collectives, got {show(body.get('exits'))}"
+        exits = whole_number(body.get("exits"), maximum=collectives)
+        if exits is None:
+            return None, (
+                f"exits: expected a whole number within 0..collectives ({collectives}) or null, "
+                f"got {show(body.get('exits'))}"
+            )
+    inside, why = _seconds(body, "inside", MIN_TIMESTAMP, MAX_TIMESTAMP)
+    if why:
+        return None, why
+    if inside is not None and (exits is None or collectives is None or exits >= collectives):
+        return None, (
+            f"inside: a collective entered and not left, but exits is {show(body.get('exits'))} of "
+            f"{show(body.get('collectives'))} collectives"
+        )
     if window > 0 and p50 is None:
         return None, f"p50: null although window is {window}"
     return StepReport(
@@ -131,4 +167,6 @@ def parse_step_report(text: object) -> tuple[StepReport | None, str]:
         interval=interval,
         joined=joined,
         collectives=collectives,
+        exits=exits,
+        inside=inside,
     ), ""

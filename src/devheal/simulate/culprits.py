@@ -5,29 +5,40 @@ rank's launcher publishes (``devheal.engine.stragglers``). Whether that rank sta
 on what the fault does to its process and on how the gang trains; real 4-rank PyTorch gangs
 (torch 2.15, gloo) measured it per fault and shape (``bench/results/real_training.json``,
 ``python -m bench.real_training --ranks 4 --hold-failed 60 --compare 1 --timeout 150``), each rank
-reporting its own forward compute (per-layer hooks, collective waits excluded) and counting the
-collectives it enters (``report_collective``):
+reporting its own forward compute (per-layer hooks, collective waits excluded) and marking the
+collectives it waits in, entry and exit (``devheal.launch.collective``; the stall rule then names a
+rank only when it is outside every collective while the others wait inside one,
+``engine.collective_marks``). The stalls were measured again with the exit marks
+(``python -m bench.real_training --ranks 4 --faults network,hang-compute,hang --hold-failed 60
+--timeout 150``, ``bench/results/real_training_exitmarks.json`` and ``real_training_exitmarks_2.json``,
+two runs):
 
-| fault (bench)                  | DDP   | FSDP  |
-|--------------------------------|-------|-------|
-| hang, SIGSTOP mid-step         | right | right |
-| hang in compute                | right | right |
-| slow 1.3x, slow 2x             | right | right |
-| network cut                    | none  | none  |
-| device XID                     | right | right |
+| fault (bench)                  | DDP              | FSDP  |
+|--------------------------------|------------------|-------|
+| hang, SIGSTOP mid-step         | right in 1 of 2  | none  |
+| hang in compute                | right            | right |
+| slow 1.3x, slow 2x             | right            | right |
+| network cut                    | none             | none  |
+| device XID                     | right            | right |
 
-A second run on an idle machine (the same command, the ``bench/results/real_training.json`` kept)
-named the stopped FSDP rank nobody (its posted count equalled its peers') and, at the DDP network
-cut's stall, a healthy rank (gloo's ring had finished the last step for some ranks only); the table
-keeps the first run's booleans and models no wrong naming (docs/gangs.md#real-pytorch-gangs-measured).
+A stopped process (SIGSTOP) posts nothing more, so its marks are those of its last post: under FSDP
+(a collective in every layer, the backward pass marked whole) that said "inside" in both runs and
+nobody was named; under DDP it said "outside" in one run (named) and "inside" in the other (``NAMED``
+holds the share: 0.5). Before the exit marks, the stopped FSDP rank was
+named in one run and not in the next (its entry count against its peers'), and the DDP network cut's
+stall once named a healthy rank (gloo's ring had finished the last step for some ranks only); with
+the marks every rank waits inside a collective there and nobody is named, so the simulator's model
+of no wrong naming now holds by the rule (docs/gangs.md#real-pytorch-gangs-measured).
 
 The simulator's failure classes map onto those faults (``CLASS_FAULTS``). Under FSDP (and tensor
 or pipeline parallelism) every layer waits in a collective, so a rank blocked in its compute holds
-every rank at the same step; it is named because it entered fewer collectives than its peers
-(``engine.stragglers.behind_in_collectives``), and a slow rank because its own per-layer compute is
-timed. The simulator needs no model of the counts: the table is what the engine's rules achieved on
-real gangs. Before the training loop counted collectives and timed its layers (it reported the whole
-FSDP step), the FSDP column read none for the hangs and the slow ranks, and DDP's SIGSTOP none.
+every rank at the same step; it is named because it is outside every collective while its peers
+wait inside one (``engine.collective_marks``; by the entry counts alone,
+``engine.stragglers.behind_in_collectives``, where a loop marks no exits), and a slow rank because its
+own per-layer compute is timed. The simulator needs no model of the counts or marks: the table is what
+the engine's rules achieved on real gangs. Before the training loop counted collectives and timed its
+layers (it reported the whole FSDP step), the FSDP column read none for the hangs and the slow ranks,
+and DDP's SIGSTOP none.
 
 A stall nobody is named for restarts the gang in place, and a fault that stays on a node can name its rank
 then: a rank cut off from its peers (``MISSES_RENDEZVOUS``) starts again but never reaches its gang's rendezvous
@@ -67,19 +78,21 @@ class BenchFault(StrEnum):
     DEVICE = "device"
 
 
-NAMED: Mapping[tuple[BenchFault, Parallelism], bool] = {
-    (BenchFault.HANG_MID_STEP, Parallelism.DDP): True,
-    (BenchFault.HANG_MID_STEP, Parallelism.FSDP): True,
-    (BenchFault.HANG_IN_COMPUTE, Parallelism.DDP): True,
-    (BenchFault.HANG_IN_COMPUTE, Parallelism.FSDP): True,
-    (BenchFault.SLOW, Parallelism.DDP): True,
-    (BenchFault.SLOW, Parallelism.FSDP): True,
-    (BenchFault.NETWORK, Parallelism.DDP): False,
-    (BenchFault.NETWORK, Parallelism.FSDP): False,
-    (BenchFault.DEVICE, Parallelism.DDP): True,
-    (BenchFault.DEVICE, Parallelism.FSDP): True,
+NAMED: Mapping[tuple[BenchFault, Parallelism], float] = {
+    # A stopped process's last post says "outside" about as often as "inside" under DDP (named in 1 of 2 runs).
+    (BenchFault.HANG_MID_STEP, Parallelism.DDP): 0.5,
+    (BenchFault.HANG_MID_STEP, Parallelism.FSDP): 0.0,
+    (BenchFault.HANG_IN_COMPUTE, Parallelism.DDP): 1.0,
+    (BenchFault.HANG_IN_COMPUTE, Parallelism.FSDP): 1.0,
+    (BenchFault.SLOW, Parallelism.DDP): 1.0,
+    (BenchFault.SLOW, Parallelism.FSDP): 1.0,
+    (BenchFault.NETWORK, Parallelism.DDP): 0.0,
+    (BenchFault.NETWORK, Parallelism.FSDP): 0.0,
+    (BenchFault.DEVICE, Parallelism.DDP): 1.0,
+    (BenchFault.DEVICE, Parallelism.FSDP): 1.0,
 }
-"""Whether the bench's step reports named the faulty rank (``right``), per fault and parallelism."""
+"""The share of the bench's runs whose step reports named the faulty rank (``right``), per fault and parallelism;
+a stall or slow rank is named when its fixed draw falls below it (1.0: always, 0.0: never)."""
 
 CLASS_FAULTS: Mapping[str, BenchFault] = {
     # The GPU errors: the rank's process fails on it (the agent sees the XID first anyway).
@@ -95,7 +108,8 @@ CLASS_FAULTS: Mapping[str, BenchFault] = {
     # The rank blocks on its own I/O, outside the collectives (data loading, checkpoint writes).
     "ssd": BenchFault.HANG_IN_COMPUTE,
     "io-expansion-board": BenchFault.HANG_IN_COMPUTE,
-    # The node stops: its rank's process stops wherever it was, as SIGSTOP stops it.
+    # The node stops: its rank's process stops wherever it was, as SIGSTOP stops it (under FSDP, most likely inside
+    # a collective: nobody named at the stall).
     "host-maintenance": BenchFault.HANG_MID_STEP,
     "power-supply": BenchFault.HANG_MID_STEP,
     "server-chassis": BenchFault.HANG_MID_STEP,
@@ -137,13 +151,13 @@ class CulpritModel:
         if self.probability is not None:
             return _draw("stall", fault, run) < self.probability
         bench = CLASS_FAULTS.get(cls)
-        return bench is not None and NAMED[bench, parallelism]
+        return bench is not None and _draw("stall", fault, run) < NAMED[bench, parallelism]
 
     def names_slow(self, parallelism: Parallelism, node: int) -> bool:
         """Whether a slow rank on ``node`` stands out from its gang's step times."""
         if self.probability is not None:
             return _draw("slow", node) < self.probability
-        return NAMED[BenchFault.SLOW, parallelism]
+        return _draw("slow", node) < NAMED[BenchFault.SLOW, parallelism]
 
 
 CALIBRATED = CulpritModel("calibrated")

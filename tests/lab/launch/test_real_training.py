@@ -1,10 +1,10 @@
 """A real PyTorch gang (CPU, gloo) under ``devheal launch``: a hung rank is named, replaced, and the gang resumes.
 
-Four ranks of ``devheal.lab.torch_training`` (DDP, one all-reduce per step, reported before the
-backward pass as docs/stragglers.md asks) run here as the containers of an indexed Job's pods
+Four ranks of ``devheal.lab.torch_training`` (DDP, its all-reduces marked by a communication hook, each step
+reported before the backward pass as docs/stragglers.md asks) run here as the containers of an indexed Job's pods
 (``devheal.lab.rank_processes``). Rank 1's training process hangs in its next step's compute
-(``devheal.lab.torch_training``'s SIGUSR2: it stops itself before that step's all-reduce): its
-peers report the step it never finished and wait in the all-reduce. The controller finds
+(``devheal.lab.torch_training``'s SIGUSR2: its training thread blocks before that step's all-reduce): its
+peers report the step it never finished and wait inside the all-reduce. The controller finds
 the gang stalled, names rank 1, restarts the gang in place and replaces rank 1; every rank
 steps again from the last checkpoint, the other three in their own pods.
 """
@@ -31,9 +31,10 @@ async def test_a_hung_ddp_rank_is_named_replaced_and_the_gang_resumes_from_its_c
 ) -> None:
     async with torch_gang(lab, kube, namespace, tmp_path, {"stragglers": {"stall": {"after": "8s"}}}) as gang:
         before = await gang.running_pods()
-        # Each launcher publishes the collectives its run entered (report_collective: one all-reduce a step).
+        # Each launcher publishes the collectives its run entered and left (the communication hook marks each
+        # gradient bucket's all-reduce).
         published = [json.loads(p["metadata"]["annotations"][STEPS_ANNOTATION]) for p in before.values()]
-        assert all(r.get("collectives", 0) > 0 for r in published), published
+        assert all(r.get("collectives", 0) > 0 and r.get("exits", 0) > 0 for r in published), published
         # It hangs in its next step's compute, before the all-reduce.
         stopped, stopped_at = gang.signal_rank(1, signal.SIGUSR2)
 

@@ -75,7 +75,7 @@ def numbers() -> st.SearchStrategy[Any]:
 @st.composite
 def step_annotations(draw: st.DrawFn) -> str:
     """``devheal.io/steps`` values: the launcher's JSON with any of its numbers replaced."""
-    fields = ("count", "window", "p50", "last", "run")
+    fields = ("count", "window", "p50", "last", "run", "collectives", "exits", "inside")
     body = {key: draw(st.one_of(numbers(), st.none(), st.sampled_from([True, "1", [], {}]))) for key in fields}
     text = json.dumps(body, separators=(",", ":"))  # inf and nan as Infinity and NaN, which json.loads takes
     return draw(st.one_of(st.just(text), st.just(text.replace("1e+300", BIG)), st.text(max_size=40)))

@@ -125,7 +125,9 @@ def test_a_step_report_is_sane_or_refused_with_a_reason(value: Any) -> None:
         assert why and len(why) < 1000
         return
     assert 0 <= report.window <= report.count <= INT64_MAX
-    assert all(v is None or math.isfinite(v) for v in (report.p50, report.last, report.run))
+    assert all(v is None or math.isfinite(v) for v in (report.p50, report.last, report.run, report.inside))
+    assert report.exits is None or (report.collectives is not None and report.exits <= report.collectives)
+    assert report.inside is None or report.exits is not None
     pod = project_pod({"metadata": {"namespace": "ml", "name": "p", "annotations": {STEPS_ANNOTATION: value}}})
     assert pod.steps == report
 

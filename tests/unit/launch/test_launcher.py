@@ -268,6 +268,13 @@ async def test_unchanged_step_times_are_not_published_again(tmp_path: Path) -> N
     assert len(gang.published) == 1, "nothing new: no patch"
     launcher.stats.record(0.5, 2, launcher.clock())
     await until(lambda: len(gang.published) == 2, "a new step: published again")
+    # No new step, but the rank entered a collective and waits in it: where it is, is news.
+    launcher.stats.collective_marks(5, 4, 0.0, launcher.clock())
+    await until(lambda: len(gang.published) == 3, "inside a collective: published again")
+    inside, why = parse_step_report(gang.published[-1])
+    assert inside is not None and inside.inside is not None and (inside.collectives, inside.exits) == (5, 4), why
+    launcher.stats.collective_marks(5, 5, None, launcher.clock())
+    await until(lambda: len(gang.published) == 4, "out of it: published again")
     publisher.cancel()
 
 

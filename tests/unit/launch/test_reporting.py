@@ -12,7 +12,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from devheal.launch import reporting
-from devheal.launch.reporting import ADDR_ENV, report_collective, report_joined, report_step
+from devheal.launch.reporting import (
+    ADDR_ENV,
+    collective,
+    enter_collective,
+    leave_collective,
+    report_collective,
+    report_joined,
+    report_step,
+)
 from devheal.launch.steps import StepStats
 from devheal.launch.steps_server import StepsServer, parse_steps_address
 
@@ -87,6 +95,41 @@ async def test_collectives_are_counted_in_memory_and_posted_by_a_thread_when_the
     assert server.stats.count == 0, "not a step"
 
 
+async def test_marked_collectives_tell_the_launcher_whether_the_rank_is_inside_one(
+    server: StepsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ADDR_ENV, server.address)
+    monkeypatch.setattr(reporting, "_collectives", reporting._CollectiveCounter())
+    stats = server.stats
+    with collective():
+        await wait_for(lambda: stats.inside_since is not None)
+        assert (stats.collectives, stats.exits) == (1, 0)
+        assert time.monotonic() - stats.inside_since < 5
+    await wait_for(lambda: stats.inside_since is None)
+    assert (stats.collectives, stats.exits) == (1, 1)
+    # Several in flight at once (DDP's buckets), each left on the thread that completes it: inside until the last.
+    enter_collective()
+    enter_collective()
+    await asyncio.to_thread(leave_collective)
+    await asyncio.sleep(3 * reporting.COLLECTIVES_POST_SECONDS)
+    assert (stats.collectives, stats.exits) == (3, 2) and stats.inside_since is not None
+    await asyncio.to_thread(leave_collective)
+    await wait_for(lambda: stats.inside_since is None and stats.exits == 3)
+    leave_collective()  # without an open entry: ignored
+    report_collective()  # an entry with no exit mark, as older loops count
+    await wait_for(lambda: stats.collectives == 4)
+    assert stats.exits == 3 and stats.inside_since is None
+
+
+def test_a_block_that_raises_still_marks_the_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ADDR_ENV, raising=False)
+    counter = reporting._CollectiveCounter()
+    monkeypatch.setattr(reporting, "_collectives", counter)
+    with pytest.raises(RuntimeError), collective():
+        raise RuntimeError("the collective timed out")
+    assert (counter.count, counter.exits, counter.depth) == (1, 1, 0)
+
+
 async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -99,10 +142,10 @@ def test_counting_collectives_without_a_launcher_does_nothing(monkeypatch: pytes
     counter = reporting._CollectiveCounter()
     counter.count = 3
     counter.post_if_changed()  # no launcher: nothing to tell, nothing raised
-    assert counter.posted == 0
+    assert counter.posted == (0, 0, False)
     monkeypatch.setenv(ADDR_ENV, "127.0.0.1:1")  # nobody listening
     counter.post_if_changed()
-    assert counter.posted == 0 and reporting._state["suspended_until"] > 0
+    assert counter.posted == (0, 0, False) and reporting._state["suspended_until"] > 0
 
 
 async def test_bad_reports_are_dropped_client_side(server: StepsServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,6 +174,12 @@ async def test_bad_posts_get_400(server: StepsServer) -> None:
     assert await asyncio.to_thread(post, b'{"collectives": "7"}') == 400
     assert await asyncio.to_thread(post, b'{"collectives": 7}') == 204
     assert server.stats.collectives == 7
+    assert await asyncio.to_thread(post, b'{"collectives": 8, "exits": 9, "inside_seconds": null}') == 400
+    assert await asyncio.to_thread(post, b'{"collectives": 8, "exits": 8, "inside_seconds": 0.5}') == 400
+    assert await asyncio.to_thread(post, b'{"collectives": 8, "exits": 7, "inside_seconds": -1}') == 400
+    assert (server.stats.collectives, server.stats.exits) == (7, None), "a refused post keeps nothing"
+    assert await asyncio.to_thread(post, b'{"collectives": 8, "exits": 7, "inside_seconds": 0.5}') == 204
+    assert (server.stats.collectives, server.stats.exits) == (8, 7) and server.stats.inside_since is not None
     assert server.stats.count == 1
 
 

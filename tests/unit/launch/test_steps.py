@@ -133,3 +133,41 @@ def test_the_runs_collective_count_is_published_never_goes_back_and_is_forgotten
             stats.entered_collectives(bad)
     stats.new_run(110.0)
     assert stats.published(now=111.0, wall_now=1_900_000_011.0).collectives is None
+
+
+def test_the_runs_collective_marks_say_whether_it_is_inside_one_and_since_when() -> None:
+    stats = StepStats()
+    stats.new_run(100.0)
+    unmarked = stats.published(now=101.0, wall_now=1_900_000_001.0)
+    assert (unmarked.exits, unmarked.inside) == (None, None)
+    stats.collective_marks(12, 11, 0.5, now=104.0)  # inside its 12th collective since 103.5
+    inside = stats.published(now=110.0, wall_now=1_900_000_010.0)
+    assert (inside.collectives, inside.exits, inside.inside) == (12, 11, 1_900_000_003.5)
+    stats.collective_marks(12, 12, None, now=111.0)
+    outside = stats.published(now=112.0, wall_now=1_900_000_012.0)
+    assert (outside.collectives, outside.exits, outside.inside) == (12, 12, None)
+    stats.new_run(120.0)
+    fresh = stats.published(now=121.0, wall_now=1_900_000_021.0)
+    assert (fresh.collectives, fresh.exits, fresh.inside) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("count", "exits", "inside", "why"),
+    [
+        (5, 6, None, r"exits must be a whole number within 0..collectives \(5\), got 6"),
+        (5, True, None, "exits must be a whole number within 0..collectives"),
+        (5, 4, -1.0, "inside_seconds must be a finite number >= 0 or null, got -1.0"),
+        (5, 4, float("inf"), "inside_seconds must be a finite number >= 0 or null"),
+        (5, 4, "1", "inside_seconds must be a number >= 0 or null, got '1'"),
+        (5, 5, 1.0, r"inside_seconds given, but every collective entered \(5\) was left"),
+        (-1, 0, None, "collectives must be a whole number >= 0"),
+    ],
+)
+def test_bad_collective_marks_are_refused_and_nothing_is_kept(
+    count: object, exits: object, inside: object, why: str
+) -> None:
+    stats = StepStats()
+    stats.new_run(100.0)
+    with pytest.raises(InvalidStep, match=why):
+        stats.collective_marks(count, exits, inside, now=101.0)
+    assert (stats.collectives, stats.exits, stats.inside_since) == (None, None, None)

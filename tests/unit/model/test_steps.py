@@ -77,3 +77,33 @@ def test_the_runs_collective_count_round_trips_and_is_optional() -> None:
     for bad in ('"many"', "-1", "2.5", "true"):
         refused, why = parse_step_report('{"count":5,"window":0,"p50":null,"collectives":' + bad + "}")
         assert refused is None and why.startswith("collectives: expected a whole number >= 0 or null"), bad
+
+
+def test_the_runs_collective_marks_round_trip_and_are_optional() -> None:
+    inside = StepReport(count=50, window=10, p50=0.1, last=T, run=T - 10, collectives=481, exits=480, inside=T - 2)
+    text = inside.to_annotation()
+    assert '"exits":480,"inside":1764586998.25' in text
+    assert parse_step_report(text) == (inside, "")
+    outside = StepReport(count=50, window=10, p50=0.1, last=T, run=T - 10, collectives=480, exits=480)
+    assert '"inside"' not in outside.to_annotation() and outside.marks_exits
+    assert parse_step_report(outside.to_annotation()) == (outside, "")
+    unmarked = StepReport(count=50, window=10, p50=0.1, last=T, run=T - 10, collectives=480)
+    assert '"exits"' not in unmarked.to_annotation() and not unmarked.marks_exits
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ('"collectives":4,"exits":5', "exits: expected a whole number within 0..collectives (4) or null, got 5"),
+        ('"collectives":4,"exits":-1', "exits: expected a whole number within 0..collectives (4) or null, got -1"),
+        ('"collectives":4,"exits":"3"', "exits: expected a whole number within 0..collectives (4) or null"),
+        ('"exits":3', "exits: given without collectives, got 3"),
+        ('"collectives":4,"exits":3,"inside":"now"', "inside: expected a finite number or null"),
+        ('"collectives":4,"exits":3,"inside":12', "inside: expected a number within 1e+09..1e+11"),
+        ('"collectives":4,"inside":1764587000', "inside: a collective entered and not left, but exits is None of 4"),
+        ('"collectives":4,"exits":4,"inside":1764587000', "inside: a collective entered and not left, but exits is 4"),
+    ],
+)
+def test_bad_collective_marks_are_refused_naming_the_field(fields: str, why: str) -> None:
+    report, reason = parse_step_report('{"count":5,"window":0,"p50":null,' + fields + "}")
+    assert report is None and why in reason
