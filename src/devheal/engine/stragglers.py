@@ -54,6 +54,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from devheal.engine import lost_nodes
 from devheal.engine.degradation import has_degraded_taint
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK
@@ -167,7 +168,9 @@ class StragglerTracker:
                 slow[f.pod_uid] = rules.replaces
             stalled = stall(members, rules, now) or rendezvous_stall(members, rules, now)
             if stalled is not None:
-                found.append(stalled)
+                found.append(lost_nodes.name_lost_rank(stalled, view, members))
+            elif (lost := lost_nodes.stalled_on_lost_node(members, view, rules.stall.after, now)) is not None:
+                found.append(lost)
         found += failed_runs(view, policies, now)
         for uid in [u for u in self.streaks if u not in seen]:
             del self.streaks[uid]

@@ -115,6 +115,14 @@ class EngineStrategy(Strategy):
             self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
         self._schedule(self.sim.now + FAILED_RUN_SETTLE + SLACK_S)
 
+    def on_fault(self, fault: int) -> None:
+        """A gang member's node went down: the controller manager marks it NotReady after its grace period, and the
+        controller's cache shows it then (``engine.lost_nodes``)."""
+        f = self.sim.faults[fault]
+        unit = self.sim.unit_of(f.node)
+        if f.failure_class.signal is Signal.NODE_DOWN and unit is not None and unit.kind is UnitKind.GANG:
+            self._judge_steps(unit, [self.sim.now + self.sim.costs.node_not_ready_s + SLACK_S])
+
     def on_node_repaired(self, node: int) -> None:
         if node in self.watch:
             self._schedule(self.sim.now)
@@ -196,6 +204,7 @@ class EngineStrategy(Strategy):
         if unit.culprit is not None and unit.culprit in members:
             odd.add(unit.culprit)
         odd |= unit.unreached & members.keys()  # no ``joined`` in their reports
+        odd |= {n for n in members if self.sim.nodes[n].down}  # their nodes NotReady (``engine.lost_nodes``)
         alike = 2 * len(odd) + STEP_SAMPLE
         ordinary = list(islice((n for n in members if n not in odd), alike))
         return sorted(odd) + ordinary

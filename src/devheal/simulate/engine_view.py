@@ -56,6 +56,10 @@ class CacheView:
         self.stepping: frozenset[int] = frozenset()
         """Gangs whose ranks' step reports this round judges (the others' ranks show none)."""
 
+    def not_ready(self, state: NodeState) -> bool:
+        """The node is down and the controller manager has marked it NotReady (after its grace period)."""
+        return state.down and self.sim.now >= state.down_since + self.sim.costs.node_not_ready_s
+
     def visible(self, state: NodeState, delay: float) -> dict[int, int]:
         return visible_faults(self.sim, state, delay)
 
@@ -76,7 +80,7 @@ class CacheView:
             name=name,
             uid=f"uid-{name}",
             labels={},
-            ready=not (state.down or state.repairing),
+            ready=not (self.not_ready(state) or state.repairing),
             unschedulable="cordon" in state.marks,
             taints=self._taints(n, state),
             gpu_capacity=gpus,
@@ -163,7 +167,7 @@ class CacheView:
             tuple(state.faults),
             tuple(sorted(state.marks)),
             state.repairing,
-            state.down,
+            self.not_ready(state),
             pod_uid,
             self.lifts.get(n),
             steps,

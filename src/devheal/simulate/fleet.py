@@ -47,6 +47,8 @@ class NodeState:
     repair_token: int = 0
     down: bool = False
     """NotReady (a node-down fault)."""
+    down_since: float = 0.0
+    """When the node went down (``down``): the controller manager marks it NotReady ``node_not_ready_s`` later."""
     marks: set[str] = field(default_factory=set)
     """What devheal set on the node (``taint``, ``cordon``): new pods stay off it."""
     in_pool: bool = False

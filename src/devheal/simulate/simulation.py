@@ -346,8 +346,10 @@ class Simulation:
             unit.generation += 1
         unit.rendezvous_due = None
         if unit.kind is UnitKind.GANG and self._cut_off(unit):
-            # A member cut off from its peers: the processes start, and the gang goes no further than its rendezvous.
+            # A member cut off from its peers: the processes start, and the gang goes no further than its rendezvous
+            # (a member cut off on the way there stops there too: ``rendezvous_due``).
             self.queue.push(self.now + start, EventKind.RENDEZVOUS, unit.uid, unit.restart_token)
+            unit.rendezvous_due = self.now + start
             return
         if unit.kind is UnitKind.GANG:
             unit.rendezvous_due = self.now + start  # a member cut off before then stops the gang there
@@ -455,6 +457,8 @@ class Simulation:
         elif signal is Signal.SILENT:
             self.queue.push(self.now + costs.sdc_detect_s, EventKind.SDC_DETECTED, fault.node, index)
         elif signal is Signal.NODE_DOWN:
+            if not node.down:
+                node.down_since = self.now
             node.down = True
             if unit is not None:
                 self._stop(unit, fault.cls)
