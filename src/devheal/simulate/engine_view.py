@@ -80,7 +80,8 @@ class CacheView:
             name=name,
             uid=f"uid-{name}",
             labels={},
-            ready=not (self.not_ready(state) or state.repairing),
+            # A node that went down (rebooting by itself too) shows NotReady only after the grace period.
+            ready=not (self.not_ready(state) or (state.repairing and not state.down)),
             unschedulable="cordon" in state.marks,
             taints=self._taints(n, state),
             gpu_capacity=gpus,
