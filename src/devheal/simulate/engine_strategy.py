@@ -159,7 +159,20 @@ class EngineStrategy(Strategy):
                 self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
             self._judge_steps(unit, [unit.rendezvous_at + rules.join_after + SLACK_S])
             return
-        self._judge_steps(unit, [self.sim.now + rules.limit(self.sim.costs.step_s) + SLACK_S])
+        rounds = [self.sim.now + rules.limit(self.sim.costs.step_s) + SLACK_S]
+        if unit.joined_at is not None and self.sim.now - unit.run_start < 2 * self.sim.costs.step_s * unit.slowdown:
+            rounds.append(unit.joined_at + rules.first_step_after + SLACK_S)  # stopped before its first steps
+        self._judge_steps(unit, rounds)
+
+    def on_restart_stopped(self, unit: Unit, fault: int) -> None:
+        """A fault stopped a gang's restart after its ranks met: their launchers acknowledged the restart when their
+        processes started; no step follows. The round after ``stall.firstStepAfter`` judges it
+        (``engine.first_steps``)."""
+        if unit.kind is not UnitKind.GANG or unit.joined_at is None:
+            return
+        if unit.uid in self.cache.generation:
+            self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
+        self._judge_steps(unit, [unit.joined_at + self.policy.stragglers.stall.first_step_after + SLACK_S])
 
     def on_unit_running(self, unit: Unit) -> None:
         """A gang runs again: its launchers acknowledge the restart generation. With a slow rank: rounds at each

@@ -124,6 +124,9 @@ class Unit:
     rendezvous_due: float | None = None
     """When the restart under way reaches its rendezvous, where nothing is scheduled to happen there yet (no member
     was cut off when it began); None otherwise."""
+    joined_at: float | None = None
+    """When the current run's ranks reached their rendezvous (gangs; ``report_joined``), the moment a restart's
+    processes start; None: not reached (a restart stopped before it), or the first run."""
     unreached: frozenset[int] = frozenset()
     """Member nodes whose ranks never reached that rendezvous (cut off from their peers)."""
     by_cause: dict[tuple[str, Loss], float] = field(default_factory=dict)
@@ -243,6 +246,8 @@ class Unit:
         if self.state is UnitState.RESTARTING:
             self.state = UnitState.DOWN
             self.planned = self.planned and planned
+            if self.joined_at is not None and self.joined_at > now:
+                self.joined_at = None  # stopped before its processes met
 
     def can_restart(self) -> bool:
         return self.state is UnitState.DOWN and not self.stuck and self.missing == 0
