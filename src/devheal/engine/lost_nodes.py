@@ -26,12 +26,14 @@ Pure: the view and the members in, findings and pods out.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
 from devheal.model.cluster import ClusterView, Node, Pod
 from devheal.model.node_lifecycle import under_maintenance
 from devheal.model.plan import Finding, FindingKind, FindingSource
+from devheal.model.straggler_policy import StragglerRules
 
 
 def lost(node: Node | None) -> bool:
@@ -52,10 +54,12 @@ def lost_ranks(view: ClusterView, members: Sequence[Pod]) -> list[Pod]:
     return found
 
 
-def stalled_on_lost_node(members: Sequence[Pod], view: ClusterView, limit: float, now: float) -> Finding | None:
+def stalled_on_lost_node(
+    members: Sequence[Pod], view: ClusterView, rules: StragglerRules, now: float
+) -> Finding | None:
     """A ``GangStalled`` naming the rank on a lost node where the step reports alone judge nothing: no rank of
-    the gang has reported a step for ``limit`` (the policy's stall limit, its default ``after`` when no step of
-    the run gives a median), counted from each rank's last step or, before its first, from its run's start. That
+    the gang has reported a step for the policy's stall limit (``stall.after``, or ``stall.steps`` median steps
+    when longer), counted from each rank's last step or, before its first, from its run's start. That
     covers a node lost in the first seconds of a run (the window empty: ``stragglers.stall`` judges nothing yet).
     None while a restart is under way, a launcher holds a failed run (``RankFailed`` acts on it), a rank does not
     report, or any rank stepped within ``limit``: a node NotReady while its gang keeps stepping is not named."""
@@ -76,6 +80,10 @@ def stalled_on_lost_node(members: Sequence[Pod], view: ClusterView, limit: float
             return None
         quiet_since.append(latest)
     progress = max(quiet_since)
+    steps = [r for p in members if (r := p.steps) is not None and r.window > 0]
+    intervals = [r.interval for r in steps if r.interval is not None]
+    medians = intervals or [r.p50 for r in steps if r.p50 is not None]
+    limit = rules.stall.limit(statistics.median(medians) if medians else None)
     if now - progress <= limit:
         return None
     pod = ranks[0]

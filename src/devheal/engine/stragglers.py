@@ -173,7 +173,7 @@ class StragglerTracker:
             )
             if stalled is not None:
                 found.append(lost_nodes.name_lost_rank(stalled, view, members))
-            elif (lost := lost_nodes.stalled_on_lost_node(members, view, rules.stall.after, now)) is not None:
+            elif (lost := lost_nodes.stalled_on_lost_node(members, view, rules, now)) is not None:
                 found.append(lost)
         found += failed_runs(view, policies, now)
         for uid in [u for u in self.streaks if u not in seen]:

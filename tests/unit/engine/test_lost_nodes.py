@@ -13,6 +13,7 @@ from devheal.model.cluster import ClusterView, NodeCondition, Pod
 from devheal.model.plan import FindingKind, FindingSource, Rail
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.steps import StepReport
+from devheal.model.straggler_policy import StragglerRules
 from devheal.simulate.step_streams import EPOCH, GangStream
 
 from .builders import policy
@@ -76,7 +77,18 @@ def test_a_notready_node_whose_gang_keeps_stepping_is_named_by_nothing() -> None
     """A kubelet hiccup (its status late, the ranks running): no stall, no finding."""
     view = gang_view([T, T, T, T], down=frozenset({2}))
     assert StragglerTracker().observe(view, [stalled_policy()], T + 30) == []
-    assert stalled_on_lost_node(members(view), view, 45.0, T + 30) is None
+    assert stalled_on_lost_node(members(view), view, StragglerRules(), T + 30) is None
+
+
+def test_a_gang_with_long_steps_is_not_stalled_between_two_of_them() -> None:
+    """Steps of 20 s: the stall limit is 5 of them (100 s), not ``stall.after``; a node NotReady 60 s after the last
+    step names nothing yet."""
+    view = gang_view([T, T, T, T], down=frozenset({2}))
+    slow = {k: replace(p, steps=replace(p.steps, p50=20.0)) if p.steps else p for k, p in view.pods.items()}
+    view = replace(view, pods=slow)
+    assert stalled_on_lost_node(members(view), view, StragglerRules(), T + 60) is None
+    found = stalled_on_lost_node(members(view), view, StragglerRules(), T + 101)
+    assert found is not None and found.pod_uid == "uid-llm-2"
 
 
 def test_a_node_lost_before_the_runs_first_step_is_named_once_nobody_stepped_for_the_limit() -> None:
