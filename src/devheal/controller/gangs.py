@@ -57,7 +57,7 @@ from devheal.controller.cache import ClusterCache
 from devheal.controller.eviction import eviction, failed_device_grace
 from devheal.controller.projections import MALFORMED_GENERATION, ProjectionError, project_pod
 from devheal.controller.records import REMEDIATIONS
-from devheal.engine import maintenance, pod_groups
+from devheal.engine import lost_nodes, maintenance, pod_groups
 from devheal.engine.degradation import degraded_ranks
 from devheal.engine.findings import detect
 from devheal.engine.placement import Vacancy
@@ -518,6 +518,8 @@ class GangRestarter:
             planned = maintenance.ranks_to_move(view, active) | {action.finding.pod_uid}
             moved |= (planned & {p.uid for p in active}) - broken_uids
         moved |= suspect  # accused by an exit code or a crash loop only: no vacancy on a GPU that looks healthy
+        # On a node that went down (NotReady, nobody else's): its launcher can never acknowledge; no vacancy there.
+        moved |= {p.uid for p in lost_nodes.lost_ranks(view, active)} - broken_uids
         broken_uids |= moved
         # A PodGroup whose members go only together: once one is to go, every member goes (and none alone).
         mode = pod_groups.disruption_mode(view, action.workload)

@@ -57,6 +57,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from devheal.engine import first_steps, lost_nodes
 from devheal.engine.collective_marks import judge_by_marks, waits_inside
 from devheal.engine.degradation import has_degraded_taint
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
@@ -169,9 +170,15 @@ class StragglerTracker:
             for f in self._stragglers(view, members, rules, now, seen):
                 found.append(f)
                 slow[f.pod_uid] = rules.replaces
-            stalled = stall(members, rules, now) or rendezvous_stall(members, rules, now)
+            stalled = (
+                stall(members, rules, now)
+                or rendezvous_stall(members, rules, now)
+                or first_steps.stalled_before_first_step(members, rules, now)
+            )
             if stalled is not None:
-                found.append(stalled)
+                found.append(lost_nodes.name_lost_rank(stalled, view, members))
+            elif (lost := lost_nodes.stalled_on_lost_node(members, view, rules, now)) is not None:
+                found.append(lost)
         found += failed_runs(view, policies, now)
         for uid in [u for u in self.streaks if u not in seen]:
             del self.streaks[uid]

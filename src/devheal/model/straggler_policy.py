@@ -44,6 +44,10 @@ class StallRules:
     join_after: float = 120.0
     """Seconds a rank may run a gang restart's generation without acknowledging it, once every other rank has,
     before the restart replaces it (the launcher's default ``--barrier-timeout``: its peers wait that long)."""
+    first_step_after: float = 600.0
+    """Seconds a run may take from the moment every rank reached its rendezvous to its first step (NCCL set-up,
+    checkpoint load, compilation) before the gang is stalled (PyTorch's default process-group timeout: a rank waiting
+    longer than that in a collective is aborted anyway)."""
 
     def limit(self, median_step: float | None) -> float:
         """Seconds without any rank's step report after which a gang is stalled."""
@@ -69,7 +73,7 @@ class StragglerRules:
 _FIELDS = frozenset(
     {"action", "minSlowdownPercent", "outlierMADs", "minSamples", "sustainedReports", "minRanks", "stall"}
 )
-_STALL_FIELDS = frozenset({"after", "steps", "action", "joinAfter"})
+_STALL_FIELDS = frozenset({"after", "steps", "action", "joinAfter", "firstStepAfter"})
 MAX_PERCENT = 1000
 MAX_COUNT = 10000
 
@@ -98,6 +102,13 @@ def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueErro
         ),
         action=fields.choice(stall_spec.get("action"), StallAction, ds.action, f"{where}.stall.action", error),
         join_after=join_after,
+        first_step_after=fields.duration(
+            stall_spec.get("firstStepAfter"),
+            ds.first_step_after,
+            f"{where}.stall.firstStepAfter",
+            error,
+            positive=True,
+        ),
     )
     return StragglerRules(
         action=fields.choice(spec.get("action"), RankAction, d.action, f"{where}.action", error),

@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
-from devheal.engine.stragglers import STEP_FINDINGS
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, SUSPECT_MARK
 from devheal.model.plan import SUSPECT_FINDINGS, Action, FindingKind, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind, Policy
@@ -71,6 +70,9 @@ class FleetEffects:
         for n in sorted(m for m in unit.stuck if m >= 0):
             if self.cache.visible(self.sim.nodes[n], pod_status):
                 self.sim.release(n, recreate=False, why="devheal:RestartGang (joined)")
+            elif self.cache.not_ready(self.sim.nodes[n]):
+                # ``engine.lost_nodes``: a rank on a node gone NotReady never acknowledges; replaced at once.
+                self.sim.release(n, recreate=False, why="devheal:RestartGang (node lost)")
 
     def apply(self, action: Action) -> None:
         sim = self.sim
@@ -92,8 +94,10 @@ class FleetEffects:
             self._release_pod(n, action.finding.pod, action.finding.pod_uid, recreate=False, cause=cause)
             if unit is not None:
                 self._replace_stragglers(unit)
-            if unit is not None and action.finding.kind in STEP_FINDINGS:
-                sim.restart_in_place(unit)  # a stalled run restarts now, whether or not a rank was replaced
+            if unit is not None:
+                # Every rank's launcher restarts its process at the new generation, whatever the finding: a stalled
+                # or crashed run restarts now, whether or not a rank was replaced.
+                sim.restart_in_place(unit)
             if unit is not None:  # the restarter writes the next restart generation on every rank
                 self.cache.generation[unit.uid] = self.cache.generation.get(unit.uid, 0) + 1
             if action.target_kind is TargetKind.GANG and unit is not None:

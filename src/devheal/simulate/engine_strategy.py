@@ -119,6 +119,14 @@ class EngineStrategy(Strategy):
             self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
         self._schedule(self.sim.now + FAILED_RUN_SETTLE + SLACK_S)
 
+    def on_fault(self, fault: int) -> None:
+        """A gang member's node went down: the controller manager marks it NotReady after its grace period, and the
+        controller's cache shows it then (``engine.lost_nodes``)."""
+        f = self.sim.faults[fault]
+        unit = self.sim.unit_of(f.node)
+        if f.failure_class.signal is Signal.NODE_DOWN and unit is not None and unit.kind is UnitKind.GANG:
+            self._judge_steps(unit, [self.sim.now + self.sim.costs.node_not_ready_s + SLACK_S])
+
     def on_node_repaired(self, node: int) -> None:
         if node in self.watch:
             self._schedule(self.sim.now)
@@ -155,7 +163,20 @@ class EngineStrategy(Strategy):
                 self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
             self._judge_steps(unit, [unit.rendezvous_at + rules.join_after + SLACK_S])
             return
-        self._judge_steps(unit, [self.sim.now + rules.limit(self.sim.costs.step_s) + SLACK_S])
+        rounds = [self.sim.now + rules.limit(self.sim.costs.step_s) + SLACK_S]
+        if unit.joined_at is not None and self.sim.now - unit.run_start < 2 * self.sim.costs.step_s * unit.slowdown:
+            rounds.append(unit.joined_at + rules.first_step_after + SLACK_S)  # stopped before its first steps
+        self._judge_steps(unit, rounds)
+
+    def on_restart_stopped(self, unit: Unit, fault: int) -> None:
+        """A fault stopped a gang's restart after its ranks met: their launchers acknowledged the restart when their
+        processes started; no step follows. The round after ``stall.firstStepAfter`` judges it
+        (``engine.first_steps``)."""
+        if unit.kind is not UnitKind.GANG or unit.joined_at is None:
+            return
+        if unit.uid in self.cache.generation:
+            self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
+        self._judge_steps(unit, [unit.joined_at + self.policy.stragglers.stall.first_step_after + SLACK_S])
 
     def on_unit_running(self, unit: Unit) -> None:
         """A gang runs again: its launchers acknowledge the restart generation. With a slow rank: rounds at each
@@ -200,6 +221,7 @@ class EngineStrategy(Strategy):
         if unit.culprit is not None and unit.culprit in members:
             odd.add(unit.culprit)
         odd |= unit.unreached & members.keys()  # no ``joined`` in their reports
+        odd |= {n for n in members if self.sim.nodes[n].down}  # their nodes NotReady (``engine.lost_nodes``)
         alike = 2 * len(odd) + STEP_SAMPLE
         ordinary = list(islice((n for n in members if n not in odd), alike))
         return sorted(odd) + ordinary

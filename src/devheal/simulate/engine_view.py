@@ -64,6 +64,10 @@ class CacheView:
         self.stepping: frozenset[int] = frozenset()
         """Gangs whose ranks' step reports this round judges (the others' ranks show none)."""
 
+    def not_ready(self, state: NodeState) -> bool:
+        """The node is down and the controller manager has marked it NotReady (after its grace period)."""
+        return state.down and self.sim.now >= state.down_since + self.sim.costs.node_not_ready_s
+
     def visible(self, state: NodeState, delay: float) -> dict[int, int]:
         return visible_faults(self.sim, state, delay)
 
@@ -84,7 +88,8 @@ class CacheView:
             name=name,
             uid=f"uid-{name}",
             labels={},
-            ready=not (state.down or state.repairing),
+            # A node that went down (rebooting by itself too) shows NotReady only after the grace period.
+            ready=not (self.not_ready(state) or (state.repairing and not state.down)),
             unschedulable="cordon" in state.marks,
             taints=self._taints(n, state),
             gpu_capacity=gpus,
@@ -178,7 +183,7 @@ class CacheView:
             tuple(state.faults),
             frozenset(state.marks),
             state.repairing,
-            state.down,
+            self.not_ready(state),
             pod_uid,
             self.lifts.get(n),
             steps,

@@ -47,6 +47,8 @@ class NodeState:
     repair_token: int = 0
     down: bool = False
     """NotReady (a node-down fault)."""
+    down_since: float = 0.0
+    """When the node went down (``down``): the controller manager marks it NotReady ``node_not_ready_s`` later."""
     marks: set[str] = field(default_factory=set)
     """What devheal set on the node (``taint``, ``cordon``): new pods stay off it."""
     in_pool: bool = False
@@ -122,6 +124,9 @@ class Unit:
     rendezvous_due: float | None = None
     """When the restart under way reaches its rendezvous, where nothing is scheduled to happen there yet (no member
     was cut off when it began); None otherwise."""
+    joined_at: float | None = None
+    """When the current run's ranks reached their rendezvous (gangs; ``report_joined``), the moment a restart's
+    processes start; None: not reached (a restart stopped before it), or the first run."""
     unreached: frozenset[int] = frozenset()
     """Member nodes whose ranks never reached that rendezvous (cut off from their peers)."""
     by_cause: dict[tuple[str, Loss], float] = field(default_factory=dict)
@@ -241,6 +246,8 @@ class Unit:
         if self.state is UnitState.RESTARTING:
             self.state = UnitState.DOWN
             self.planned = self.planned and planned
+            if self.joined_at is not None and self.joined_at > now:
+                self.joined_at = None  # stopped before its processes met
 
     def can_restart(self) -> bool:
         return self.state is UnitState.DOWN and not self.stuck and self.missing == 0

@@ -10,6 +10,9 @@ The groups are the simulator's softest numbers (docs/simulator.md marks most of 
 - ``detection times``: every detection delay, people's response and straggler hunt, and the
   training step (the launcher's stall limit is counted in steps);
 - ``spare pool``: the number of spare nodes;
+- ``Young-Daly interval``: every gang checkpoints at the Young-Daly optimum,
+  sqrt(2 x its checkpoint pause x the mean time between its interruptions at the trace's rate)
+  (11.1 min for the llama3-405b preset);
 - ``culprit naming``: the chance that a stalled gang's step reports name the rank that stopped it
   (and that a slow rank stands out): never, half the time, always, where the base case is the
   model calibrated on real gangs (``culprits``).
@@ -83,7 +86,24 @@ def _spares(config: SimConfig, factor: float) -> SimConfig:
     )
 
 
+def young_daly_interval(config: SimConfig, checkpoint_stall_s: float, gpus: int) -> float:
+    """The Young-Daly checkpoint interval of a gang of ``gpus`` GPUs: sqrt(2 x pause x mean time between its
+    interruptions), the interruptions at the trace's failure rate."""
+    between = 3600.0 / (config.trace.rate_per_gpu_hour * gpus)
+    return math.sqrt(2.0 * checkpoint_stall_s * between)
+
+
+def _young_daly(config: SimConfig, _: float) -> SimConfig:
+    gpus = config.fleet.gpus_per_node
+    gangs = tuple(
+        replace(g, checkpoint_interval_s=young_daly_interval(config, g.checkpoint_stall_s, g.nodes * gpus))
+        for g in config.fleet.gangs
+    )
+    return replace(config, fleet=replace(config.fleet, gangs=gangs))
+
+
 CULPRIT_NAMING = "culprit naming"
+YOUNG_DALY = "Young-Daly interval"
 
 GROUPS: dict[str, Callable[[SimConfig, float], SimConfig]] = {
     "mttr": lambda c, f: _costs(c, ("hardware_repair_s", "node_reboot_s"), f),
@@ -91,15 +111,18 @@ GROUPS: dict[str, Callable[[SimConfig, float], SimConfig]] = {
     "restart costs": _restarts,
     "detection times": lambda c, f: _costs(c, DETECTION, f),
     "spare pool": _spares,
+    YOUNG_DALY: _young_daly,
     CULPRIT_NAMING: lambda c, p: replace(c, culprits=named_with(p)),
 }
-GROUP_FACTORS: dict[str, tuple[float, ...]] = {CULPRIT_NAMING: (0.0, 0.5, 1.0)}
-"""Groups whose variants are not ``FACTORS``: culprit naming's are probabilities."""
+GROUP_FACTORS: dict[str, tuple[float, ...]] = {CULPRIT_NAMING: (0.0, 0.5, 1.0), YOUNG_DALY: (1.0,)}
+"""Groups whose variants are not ``FACTORS``: culprit naming's are probabilities; the Young-Daly interval is one."""
 
 
 def variant_name(group: str, factor: float) -> str:
     if group == "base":
         return "base"
+    if group == YOUNG_DALY:
+        return "checkpoint interval Young-Daly"
     if group in GROUP_FACTORS:
         return f"{group} {100 * factor:g}%"
     return f"{group} x{factor:g}"

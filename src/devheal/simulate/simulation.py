@@ -74,6 +74,10 @@ class Strategy:
     def on_unit_stopped(self, unit: Unit, fault: int) -> None:
         """A fault stopped a running workload (whatever its signal)."""
 
+    def on_restart_stopped(self, unit: Unit, fault: int) -> None:
+        """A fault stopped a gang's restart after its ranks met at the rendezvous (``Unit.joined_at``), before its
+        first step: the run hangs while it sets up."""
+
     def on_fault(self, fault: int) -> None:
         """Any fault (index into the trace) just landed on a node not in repair, after Kubernetes' own handling."""
 
@@ -345,12 +349,16 @@ class Simulation:
         if unit.recreate:
             unit.generation += 1
         unit.rendezvous_due = None
+        unit.joined_at = None
         if unit.kind is UnitKind.GANG and self._cut_off(unit):
-            # A member cut off from its peers: the processes start, and the gang goes no further than its rendezvous.
+            # A member cut off from its peers: the processes start, and the gang goes no further than its rendezvous
+            # (a member cut off on the way there stops there too: ``rendezvous_due``).
             self.queue.push(self.now + start, EventKind.RENDEZVOUS, unit.uid, unit.restart_token)
+            unit.rendezvous_due = self.now + start
             return
         if unit.kind is UnitKind.GANG:
             unit.rendezvous_due = self.now + start  # a member cut off before then stops the gang there
+            unit.joined_at = self.now + start
         self.queue.push(self.now + duration, EventKind.RESTART_DONE, unit.uid, unit.restart_token)
 
     def _cut_off_while_restarting(self, unit: Unit | None, fault: Fault) -> bool:
@@ -413,10 +421,13 @@ class Simulation:
             unit.interruptions += 1
             self.lemon_interruptions += fault.lemon
         was_running = unit is not None and unit.state is UnitState.RUNNING
+        was_restarting = unit is not None and unit.state is UnitState.RESTARTING
         self._handle_fault(index, fault, node, signal, unit)
         if unit is not None and was_running and unit.state is not UnitState.RUNNING:
             self._name_culprit(unit, index)
             self.strategy.on_unit_stopped(unit, index)
+        elif unit is not None and was_restarting and unit.state is UnitState.DOWN and unit.joined_at is not None:
+            self.strategy.on_restart_stopped(unit, index)
         self.strategy.on_fault(index)
 
     def _name_culprit(self, unit: Unit, index: int) -> None:
@@ -455,6 +466,8 @@ class Simulation:
         elif signal is Signal.SILENT:
             self.queue.push(self.now + costs.sdc_detect_s, EventKind.SDC_DETECTED, fault.node, index)
         elif signal is Signal.NODE_DOWN:
+            if not node.down:
+                node.down_since = self.now
             node.down = True
             if unit is not None:
                 self._stop(unit, fault.cls)

@@ -16,7 +16,8 @@ would have written by now:
   in the new run, every rank that reached the rendezvous says when (``joined``, as ``report_joined``
   publishes it), the ranks cut off do not;
 - while a restart is under way, or before the new run's first step: a report with an empty
-  window (nothing to judge).
+  window (nothing to judge); once the restart's processes met at the rendezvous and a fault stopped the run
+  before its first step, every rank says when it joined (``joined``, as ``report_joined`` publishes it).
 
 Pure: the unit's state and the time in, the report out.
 """
@@ -62,7 +63,7 @@ def step_report(unit: Unit, node: int, slow: float, step_s: float, publish_s: fl
         pace = step_s * unit.slowdown
         steps = math.floor(unit.steps_by(unit.stalled_at, step_s))
         if steps <= 1:
-            return StepReport(count=base, window=0, p50=None, last=None, run=run)
+            return _before_first_step(unit, base, run)
         if unit.culprit == node:
             steps -= 1
         return StepReport(
@@ -72,4 +73,14 @@ def step_report(unit: Unit, node: int, slow: float, step_s: float, publish_s: fl
             last=unit.stalled_at if unit.culprit != node else unit.stalled_at - pace,
             run=run,
         )
+    if unit.state is UnitState.DOWN and unit.joined_at is not None and unit.joined_at <= now:
+        return _before_first_step(unit, base, run)
     return StepReport(count=base, window=0, p50=None, last=None, run=run)
+
+
+def _before_first_step(unit: Unit, base: int, run: float) -> StepReport:
+    """A run stopped before its first step: its processes started and met at the rendezvous at ``joined_at`` (the
+    same moment here, as at a rendezvous that stopped the gang); nothing to judge by step times."""
+    if unit.joined_at is None:
+        return StepReport(count=base, window=0, p50=None, last=None, run=run)
+    return StepReport(count=base, window=0, p50=None, last=None, run=unit.joined_at, joined=unit.joined_at)

@@ -132,7 +132,13 @@ SECTIONS: dict[str, Any] = {
         "minSamples": (5, 1),
         "sustainedReports": (3, 1),
         "minRanks": (3, 2),
-        "stall": {"after": DURATION, "steps": (5, 1), "action": ("Notify", "RestartGang"), "joinAfter": DURATION},
+        "stall": {
+            "after": DURATION,
+            "steps": (5, 1),
+            "action": ("Notify", "RestartGang"),
+            "joinAfter": DURATION,
+            "firstStepAfter": DURATION,
+        },
     },
     "spares": {"nodeSelector": SELECTOR, "size": (0, 2, 1000, 1001), "promoteIdleNodes": (True, False)},
     "signals": {

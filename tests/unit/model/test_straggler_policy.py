@@ -36,11 +36,11 @@ def test_every_field() -> None:
         "minSamples": 10,
         "sustainedReports": 1,
         "minRanks": 4,
-        "stall": {"after": "1m30s", "steps": 20, "action": "Notify", "joinAfter": "3m"},
+        "stall": {"after": "1m30s", "steps": 20, "action": "Notify", "joinAfter": "3m", "firstStepAfter": "4m"},
     }
     assert violations({"selector": SELECTOR, "stragglers": spec}, spec_schema("RemediationPolicy")) == []
     assert parsed(spec) == StragglerRules(
-        RankAction.REPLACE_NOW, 25, 0, 10, 1, 4, StallRules(90.0, 20, StallAction.NOTIFY, 180.0)
+        RankAction.REPLACE_NOW, 25, 0, 10, 1, 4, StallRules(90.0, 20, StallAction.NOTIFY, 180.0, 240.0)
     )
 
 
@@ -64,6 +64,7 @@ def test_the_stall_limit_is_after_or_steps_of_the_median_step_when_longer() -> N
         ({"stall": {"action": "Drain"}}, "stragglers.stall.action"),
         ({"stall": {"joinAfter": "2 minutes"}}, "stragglers.stall.joinAfter"),
         ({"stall": {"joinAfter": 120}}, "stragglers.stall.joinAfter"),
+        ({"stall": {"firstStepAfter": "10 minutes"}}, "stragglers.stall.firstStepAfter"),
         ({"window": 10}, "stragglers"),
     ],
 )
@@ -92,7 +93,13 @@ def test_the_schema_has_no_unknown_field_pruned() -> None:
         "minRanks",
         "stall",
     }
-    assert set(node["properties"]["stall"]["properties"]) == {"after", "steps", "action", "joinAfter"}
+    assert set(node["properties"]["stall"]["properties"]) == {"after", "steps", "action", "joinAfter", "firstStepAfter"}
+
+
+def test_a_zero_first_step_limit_is_refused_naming_the_field() -> None:
+    expected = r"spec\.stragglers\.stall\.firstStepAfter: expected a duration above 0s, got '0s'"
+    with pytest.raises(PolicyError, match=expected):
+        parsed({"stall": {"firstStepAfter": "0s"}})
 
 
 def test_a_zero_join_limit_is_refused_naming_the_field() -> None:

@@ -40,10 +40,16 @@ def test_a_rank_cut_off_while_its_gang_restarts_is_named_at_that_restarts_rendez
     assert watcher.recoveries_s[0] > 3600 * 0.5
 
 
-def test_a_cut_that_lands_after_the_rendezvous_is_left_as_before() -> None:
-    # 100 s into the restart every rank has met at the rendezvous: the gang hangs in its first step; no report
-    # names the rank (docs/simulator.md, what is not modelled), so a person does.
+def test_a_cut_that_lands_after_the_rendezvous_is_found_once_the_run_has_not_stepped_for_first_step_after() -> None:
+    # 100 s into the restart every rank has met at the rendezvous: the gang hangs before its first step. Once no
+    # rank has stepped for stall.firstStepAfter (600 s) since they met (``engine.first_steps``), the gang restarts
+    # in place, nobody replaced; rank 2 then never reaches that restart's rendezvous and is named there.
     late = [fault(2, node=1, cls="software-bug"), fault(2 + 100 / HOUR, node=2, cls="network")]
     result = run(small_config(), late, EngineStrategy(RECOMMENDED_POLICY))
-    assert result.recoveries_s[0] > 3600 * 0.5
-    assert result.engine["decisions"] == {"devheal:RestartGang": 1}
+    first_step_after = 600.0
+    expected = SETTLE + IN_PLACE + first_step_after + IN_PLACE + JOIN_AFTER + IN_PLACE + GANG_RESTART
+    assert result.recoveries_s == [pytest.approx(expected, abs=0.1)]
+    assert result.engine["decisions"]["devheal:RestartGang"] == 3
+    assert "people:release" not in result.remediations
+    # The pod watcher's gang waits for a person.
+    assert run(small_config(), late, PodWatcher()).recoveries_s[0] > 3600 * 0.5

@@ -70,15 +70,23 @@ def test_a_stall_whose_culprit_nobody_names_restarts_in_place_on_the_faulty_node
     # collectives: every rank waits in the same collective and none stands out (the bench named none under FSDP
     # before the loop timed its layers and counted its collectives). devheal restarts the gang in place, as the
     # live engine does; the faulty node stays, and its rank reaches the rendezvous like the others, so the gang
-    # hangs again in its first step (no step reported in the new run: nothing for the stall check to judge),
-    # until a person acts.
+    # hangs again in its first step (no step reported in the new run: nothing for the stall check to judge). Each
+    # time no rank has stepped for stall.firstStepAfter since they met (``engine.first_steps``) it restarts in place
+    # again, nobody named, which changes nothing, until the gang's restart budget (3 an hour) is spent and a person
+    # acts: the same hour as without those restarts.
     devheal = EngineStrategy(policy("p"))
     result = run(small_config(culprits=CULPRIT_MODELS["never-named"]), [fault(2, node=1, cls="ssd")], devheal)
     assert result.interruptions == 1  # the same fault again is no new interruption
-    first, second = result.recoveries_s
+    first, *again, last = result.recoveries_s
     assert first == pytest.approx(STALL + IN_PLACE + GANG_RESTART, abs=0.1)
-    assert first + 6.0 + second == pytest.approx(3600 + RECREATE + GANG_RESTART)  # one step ran in between
-    assert result.engine["decisions"] == {"devheal:RestartGang": 1}  # nobody named, nobody steered away from
+    first_step_after = 600.0
+    # Each new run met at its rendezvous, loaded for GANG_RESTART, stepped once (6 s), hung; firstStepAfter after the
+    # meeting it restarts in place: the outage is firstStepAfter - GANG_RESTART - 6 s, then IN_PLACE + GANG_RESTART.
+    assert again == [pytest.approx(first_step_after - 6.0 + IN_PLACE, abs=0.1)] * 2
+    steps_between = 6.0 * (len(again) + 1)  # one step ran after each restart
+    assert first + sum(again) + last + steps_between == pytest.approx(3600 + RECREATE + GANG_RESTART)
+    assert result.engine["decisions"]["devheal:RestartGang"] == 3  # nobody named, nobody steered away from
+    assert result.remediations["devheal:blocked:gang-budget"] == 1
     assert result.remediations["people:release"] == 1
 
 

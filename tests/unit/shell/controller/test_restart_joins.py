@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from devheal.kube.client import KubeClient
+from devheal.kube.client import KubeClient, api_path
 from devheal.model.cluster import LAUNCHER_GENERATION_ANNOTATION
 from devheal.model.plan import FindingKind, Phase
 from devheal.model.policy import parse_policy
@@ -127,3 +127,27 @@ async def test_a_replacement_that_does_not_join_either_is_left_to_the_restarts_t
     assert (outcome.phase, outcome.reason) == (Phase.FAILED, "Timeout")
     assert "not back: rank-2" in outcome.message
     assert "replaced for not joining within 120s: rank-2" in outcome.message
+
+
+async def test_a_rank_whose_node_went_notready_is_replaced_at_once_not_after_join_after(
+    api: MemApi, kube: KubeClient
+) -> None:
+    """``engine.lost_nodes``: its launcher can never acknowledge the generation; the restart replaces it on its first
+    pass, with no vacancy left on that node, and the other ranks keep their pods."""
+    for name in ("n0", "n1", "n2"):
+        status = "Unknown" if name == "n2" else "True"  # the controller manager's mark past its grace period
+        conditions = [{"type": "Ready", "status": status, "reason": "NodeStatusUnknown" if status != "True" else ""}]
+        api.create(
+            api_path("v1", "nodes"),
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "status": {"conditions": conditions}},
+        )
+    gang(api, notes=LAUNCHERS)
+    action = step_restart(FindingKind.GANG_STALLED, "")  # a stall whose reports named no rank
+    async with synced(kube) as cache:
+        await until(lambda: len(cache.nodes.store) == 3, "the nodes seen")
+        acting = actuators(kube, cache)
+        outcome = await acting.execute(action)
+    assert (outcome.phase, outcome.reason) == (Phase.IN_PROGRESS, "Restarting")
+    assert evicted(api) == ["rank-2"]
+    assert (generation(api, "rank-0"), generation(api, "rank-1")) == ("1", "1")
+    assert acting.gangs.vacancies == [], "its replacement must not be sent back to the lost node"
