@@ -248,6 +248,7 @@ def main() -> None:
     parser.add_argument("--storm-percent", type=int, default=5, help="with --storm: percent of the nodes failing")
     parser.add_argument("--storm-seconds", type=int, default=60, help="with --storm: seconds they fail within")
     parser.add_argument("--out", type=Path, default=RESULTS / "controller_scale.json")
+    parser.add_argument("--profile", type=Path, help="run the controller under cProfile, its stats to this file")
     parser.add_argument("--role", choices=["main", "serve"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--report", type=Path, help=argparse.SUPPRESS)
@@ -283,9 +284,12 @@ def main() -> None:
             print("starting the controller; faults begin once it watches ...", flush=True)
             load_before = os.getloadavg()[0]
             started = time.monotonic()
+            profiled = ["-m", "cProfile", "-o", str(args.profile.resolve())] if args.profile else []
             controller = subprocess.Popen(
                 [
-                    *DEVHEAL,
+                    sys.executable,
+                    *profiled,
+                    *DEVHEAL[1:],
                     "controller",
                     f"--kubeconfig={kubeconfig}",
                     "--no-leader-elect",

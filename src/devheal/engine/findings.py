@@ -323,20 +323,22 @@ class FindingTracker:
         """The findings with since-when they hold, and ``NodeRecovered`` for clean nodes devheal marked.
         ``narrowed``: ``view`` is narrowed (``devheal.engine.scope``); the quiet nodes it leaves out are clean, and
         are forgotten only once gone from the cluster."""
-        current = list(findings)
-        keys = {f.key for f in current} | {f.key + "/all" for f in current if f.all_devices_failed}
+        current = [(f.key, f) for f in findings]
+        keys = {key for key, _ in current} | {key + "/all" for key, f in current if f.all_devices_failed}
         for key in [k for k in self.first_seen if k not in keys]:
             del self.first_seen[key]
         out = []
-        for f in current:
-            since = min(self.first_seen.setdefault(f.key, f.since), f.since)
-            self.first_seen[f.key] = since
+        for key, f in current:
+            since = min(self.first_seen.setdefault(key, f.since), f.since)
+            self.first_seen[key] = since
             all_failed_since = None
             if f.all_devices_failed:
                 # Remediation waits for "all devices failed" to hold, not for the first failure.
-                all_failed_since = self.first_seen.setdefault(f.key + "/all", now)
-            out.append(replace(f, since=since, all_failed_since=all_failed_since))
-        faulty_nodes = {f.node for f in current if f.kind is FindingKind.NODE_DEVICES_FAILED}
+                all_failed_since = self.first_seen.setdefault(key + "/all", now)
+            if since != f.since or all_failed_since != f.all_failed_since:
+                f = replace(f, since=since, all_failed_since=all_failed_since)
+            out.append(f)
+        faulty_nodes = {f.node for _, f in current if f.kind is FindingKind.NODE_DEVICES_FAILED}
         faulty_nodes |= infrastructure.driver_failed_nodes(view, now)  # a broken driver is no recovery
         self.unknown = frozenset(name for name in view.reports if view.unknown(name, now))
         for name, node in view.nodes.items():

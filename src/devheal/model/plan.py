@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import overload
@@ -140,8 +140,8 @@ class Finding:
     @property
     def key(self) -> str:
         if self.kind in (FindingKind.DRA_DEVICE_FAILED, FindingKind.DRA_DEVICE_RECOVERED):
-            return f"{self.kind}/{self.node}/{self.device_ids[0] if self.device_ids else ''}"
-        return f"{self.kind}/{self.node}/{self.pod}"
+            return f"{self.kind.value}/{self.node}/{self.device_ids[0] if self.device_ids else ''}"
+        return self.kind + "/" + self.node + "/" + self.pod  # (a StrEnum concatenates as its value, fastest)
 
 
 class Phase(StrEnum):
@@ -497,6 +497,9 @@ class InFlightRecords(Sequence[InFlight]):
 
     def __len__(self) -> int:
         return len(self._current)
+
+    def __iter__(self) -> Iterator[InFlight]:
+        return iter(self._current)  # (not through ``__getitem__``: rounds walk these many times)
 
 
 @dataclass(frozen=True, slots=True)
