@@ -126,40 +126,77 @@ def report_mismatches(view: ClusterView, now: float) -> list[ReportMismatch]:
     return sorted(out, key=lambda m: m.key)
 
 
-def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
+@dataclass
+class StatusFindings:
+    """The finding each pod's device health gave at the last ``detect`` (``_pod_findings``), by pod key: found
+    again as it was while the pod is the same object (the cache replaces a pod that changes) and the node agent
+    says the same of its failed devices. A fault storm's open findings are mostly these, unchanged from one round
+    to the next. A finding found again keeps the ``since`` it was first found with, which the ``FindingTracker``
+    would give it anyway, as long as it held at every round since (``keep_only``)."""
+
+    entries: dict[str, tuple[Pod, bool, Finding | None]] = field(default_factory=dict)
+    """Pod key -> (the pod, whether the agent knew only an unknown XID for its failed devices, its finding)."""
+
+    def keep_only(self, seen: Iterable[str]) -> None:
+        """Forget the pods whose finding was not tracked this round (its ``since`` starts again when it is back)."""
+        kept = set(seen)
+        self.entries = {k: e for k, e in self.entries.items() if k in kept}
+
+
+def _status_finding(pod: Pod, bad: tuple[str, ...], only_unknown: bool, now: float) -> Finding:
+    messages = "; ".join(sorted({d.message for d in pod.devices if d.message}))
+    if only_unknown:
+        # The device plugin failed it, the node agent knows only an XID it has no row for: never act
+        # disruptively on a guess (devheal.engine.xids).
+        return Finding(
+            kind=FindingKind.UNKNOWN_XID,
+            node=pod.node,
+            sources=(FindingSource.POD_STATUS,),
+            evidence=f"pod status reports {', '.join(bad)} Unhealthy, but the node agent reports only an "
+            "XID it has no row for (UnknownXid)" + (f" ({messages})" if messages else ""),
+            since=now,
+            pod=pod.key,
+            pod_uid=pod.uid,
+            device_ids=bad,
+        )
+    return Finding(
+        kind=FindingKind.DEVICE_FAILED,
+        node=pod.node,
+        sources=(FindingSource.POD_STATUS,),
+        evidence=f"pod status reports {', '.join(bad)} Unhealthy" + (f" ({messages})" if messages else ""),
+        since=now,
+        pod=pod.key,
+        pod_uid=pod.uid,
+        device_ids=bad,
+    )
+
+
+def _pod_findings(
+    view: ClusterView, policies: Sequence[Policy], now: float, status: StatusFindings | None = None
+) -> list[Finding]:
     found: dict[tuple[FindingKind, str], Finding] = {}
     unknown: set[tuple[str, str]] | None = None
+    entries = status.entries if status is not None else {}
     # (a) KEP-4680 device health in pod status; exits and crash loops. Only pods with such a signal.
     for pod in view.pods_with_signals():
-        bad = tuple(d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY)
-        messages = "; ".join(sorted({d.message for d in pod.devices if d.message})) if bad else ""
+        entry = entries.get(pod.key)
+        same = entry is not None and entry[0] is pod
+        if same and entry is not None and entry[2] is not None:
+            bad = entry[2].device_ids
+        else:
+            bad = tuple(d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY)
         if bad and unknown is None:
             unknown = unknown_xid_devices(view, now)  # once a round, and only when a pod status says Unhealthy
-        if bad and unknown is not None and all((pod.node, d) in unknown for d in bad):
-            # The device plugin failed it, the node agent knows only an XID it has no row for: never act
-            # disruptively on a guess (devheal.engine.xids).
-            found[(FindingKind.UNKNOWN_XID, pod.key)] = Finding(
-                kind=FindingKind.UNKNOWN_XID,
-                node=pod.node,
-                sources=(FindingSource.POD_STATUS,),
-                evidence=f"pod status reports {', '.join(bad)} Unhealthy, but the node agent reports only an "
-                "XID it has no row for (UnknownXid)" + (f" ({messages})" if messages else ""),
-                since=now,
-                pod=pod.key,
-                pod_uid=pod.uid,
-                device_ids=bad,
-            )
-        elif bad:
-            found[(FindingKind.DEVICE_FAILED, pod.key)] = Finding(
-                kind=FindingKind.DEVICE_FAILED,
-                node=pod.node,
-                sources=(FindingSource.POD_STATUS,),
-                evidence=f"pod status reports {', '.join(bad)} Unhealthy" + (f" ({messages})" if messages else ""),
-                since=now,
-                pod=pod.key,
-                pod_uid=pod.uid,
-                device_ids=bad,
-            )
+        only_unknown = bool(bad) and unknown is not None and all((pod.node, d) in unknown for d in bad)
+        if bad:
+            if entry is not None and same and entry[1] == only_unknown and entry[2] is not None:
+                finding = entry[2]
+            else:
+                finding = _status_finding(pod, bad, only_unknown, now)
+            entries[pod.key] = (pod, only_unknown, finding)
+            found[(finding.kind, pod.key)] = finding
+        elif status is not None:
+            entries.pop(pod.key, None)
         if pod.gpu_request <= 0 and not pod.devices:
             continue
         if not any(c.exit_code is not None or c.waiting_reason == "CrashLoopBackOff" for c in pod.containers):
@@ -292,10 +329,13 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
     return found
 
 
-def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
-    """Every current finding, pod-level and node-level, in a stable order."""
+def detect(
+    view: ClusterView, policies: Sequence[Policy], now: float, status: StatusFindings | None = None
+) -> list[Finding]:
+    """Every current finding, pod-level and node-level, in a stable order. ``status``: the pods' device-health
+    findings of the last call, kept between calls (``StatusFindings``)."""
     node_findings = node_signals.with_node_signals(_node_findings(view, policies, now), view, policies, now)
-    findings = _pod_findings(view, policies, now) + node_findings
+    findings = _pod_findings(view, policies, now, status) + node_findings
     findings += infrastructure.detect(view, policies, now)
     findings += dra.detect(view, policies, now)
     findings += maintenance.detect(view, policies)  # gangs to move before planned maintenance

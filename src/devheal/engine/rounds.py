@@ -42,7 +42,7 @@ from devheal.engine import validation
 from devheal.engine.breaker import Breaker, step_breaker
 from devheal.engine.decide import Overdue, Settings, decide, lift_hold_down, overdue
 from devheal.engine.degradation import DegradationTracker
-from devheal.engine.findings import FindingTracker, detect
+from devheal.engine.findings import FindingTracker, StatusFindings, detect
 from devheal.engine.placement import Release, Vacancy, place_gated
 from devheal.engine.scope import Scope, record_nodes
 from devheal.engine.spares import SpareChange, plan_spares, spare_finder
@@ -71,6 +71,8 @@ TIMED_FINDINGS = frozenset(
     {FindingKind.NODE_DEVICES_FAILED, FindingKind.DEGRADATION_RECOVERED, FindingKind.NODE_RECOVERED}
 )
 """The findings ``due_times`` reads a policy duration for."""
+STATUS_KINDS = frozenset({FindingKind.DEVICE_FAILED, FindingKind.UNKNOWN_XID})
+"""The kinds of finding a pod's device health gives (``StatusFindings``)."""
 DUE_SLACK = 1e-3
 """A wake-up for a policy duration comes just after it, so ``now - since >= duration`` holds."""
 
@@ -340,6 +342,8 @@ class DecisionRound:
     """The circuit breaker as of the last round; None: not known, rebuilt from the policies' status."""
     blocked_retry: float | None = None
     """How long after this round a rail's stopped decision is tried again (None: none was stopped last round)."""
+    status: StatusFindings = field(default_factory=StatusFindings)
+    """The pods' device-health findings of the last round, found again while a pod is unchanged."""
     scope: Scope = field(default_factory=Scope)
     """Which nodes are quiet, for rounds told what changed (``devheal.engine.scope``)."""
 
@@ -387,9 +391,10 @@ class DecisionRound:
             view = narrowed.view
             if view is whole:
                 narrowed = None  # not narrowed after all (``Scope.narrow``)
-        detected = detect(view, policies, now) + self.stragglers.observe(view, policies, now)
+        detected = detect(view, policies, now, self.status) + self.stragglers.observe(view, policies, now)
         detected += self.degradation.observe(view, policies, now)
         detected = [f for f in detected if not (f.pod_uid and f.pod_uid in ignore_pods)]
+        self.status.keep_only(f.pod for f in detected if f.kind in STATUS_KINDS)
         findings = self.tracker.observe(detected, view, policies, now, narrowed)
         busy = host.busy()
         # The breaker is stepped over the view the plan is decided over: a narrower view is stricter, and
