@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from unittest import mock
 from dataclasses import dataclass, field, replace
 from typing import Any
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import Phase as HPhase
