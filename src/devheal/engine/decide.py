@@ -30,7 +30,7 @@ from devheal.engine import dra, infrastructure, maintenance, node_signals, pod_g
 from devheal.engine.breaker import Breaker, gpu_fleet, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
-from devheal.model.cluster import ClusterView, Node
+from devheal.model.cluster import ClusterView, Node, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
 from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, lifted_by, takes_node
 from devheal.model.node_lifecycle import describe, under_maintenance
@@ -279,24 +279,22 @@ POD_TARGETED = frozenset({ActionKind.DESCHEDULE, ActionKind.FAIL_POD, ActionKind
 
 
 def _in_hand(
-    f: Finding, view: ClusterView, policies: Sequence[Policy], active: Container[tuple[TargetKind, str]]
+    f: Finding, view: ClusterView, pod_only: Container[WorkloadClass], active: Container[tuple[TargetKind, str]]
 ) -> bool:
     """Whether the decision on ``f`` can only be skipped: a failed device in a pod's status whose one candidate
     (``_candidate_actions``) would target the pod, which a remediation in progress already targets ("one
     remediation at a time per target"). A fault storm's open findings are mostly these (their evictions are under
     way): leaving them out costs nothing of the plan, and saves the policy lookup and the naming of each.
 
-    The candidate targets the pod where every policy's action for the pod's workload class does, and no PodGroup
-    turns ``Deschedule`` into a ``RestartGang`` (``pod_groups.member_action``); ``steer_away`` gives no taint for
-    a failed device (only for a rank its own container or step times accuse)."""
+    The candidate targets the pod where every policy's action for the pod's workload class does (``pod_only``:
+    those classes) and no PodGroup turns ``Deschedule`` into a ``RestartGang`` (``pod_groups.member_action``);
+    ``steer_away`` gives no taint for a failed device (only for a rank its own container or step times accuse)."""
     if f.kind is not FindingKind.DEVICE_FAILED or (TargetKind.POD, f.pod) not in active:
         return False
     pod = view.pods.get(f.pod)
     if pod is None:
         return True  # no candidate at all
-    if pod_groups.group_of(view, pod.workload) is not None:
-        return False
-    return all(p.actions[pod.workload.cls] in POD_TARGETED for p in policies)
+    return pod.workload.cls in pod_only and pod_groups.group_of(view, pod.workload) is None
 
 
 def _candidate_actions(
@@ -548,7 +546,8 @@ def decide(
                 current.append(r)
         existing, in_flight = by_name.get, current
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
-    open_ones = [f for f in findings if not _in_hand(f, view, policies, active_targets)]
+    pod_only = frozenset(c for c in WorkloadClass if all(p.actions.get(c) in POD_TARGETED for p in policies))
+    open_ones = [f for f in findings if not _in_hand(f, view, pod_only, active_targets)]
     candidates = _candidate_actions(view, open_ones, policies, in_flight, now)
     candidates += infrastructure.candidates(view, findings, policies)
     candidates += node_signals.candidates(view, findings, policies)  # other tools' node conditions, taints

@@ -377,7 +377,7 @@ class FindingTracker:
                 all_failed_since = self.first_seen.setdefault(key + "/all", now)
             if since != f.since or all_failed_since != f.all_failed_since:
                 f = replace(f, since=since, all_failed_since=all_failed_since)
-            out.append(f)
+            out.append((key, f))
         faulty_nodes = {f.node for _, f in current if f.kind is FindingKind.NODE_DEVICES_FAILED}
         faulty_nodes |= infrastructure.driver_failed_nodes(view, now)  # a broken driver is no recovery
         self.unknown = frozenset(name for name in view.reports if view.unknown(name, now))
@@ -396,15 +396,14 @@ class FindingTracker:
                         f"no failed GPU since {now - clean_since:.0f}s: NVML's recovery action reads None "
                         f"(no action needed) for {', '.join(none)}, still reported Unhealthy by the node agent"
                     )
-                out.append(
-                    Finding(
-                        kind=FindingKind.NODE_RECOVERED,
-                        node=name,
-                        sources=(FindingSource.NODE_CAPACITY,),
-                        evidence=evidence,
-                        since=clean_since,
-                    )
+                recovered = Finding(
+                    kind=FindingKind.NODE_RECOVERED,
+                    node=name,
+                    sources=(FindingSource.NODE_CAPACITY,),
+                    evidence=evidence,
+                    since=clean_since,
                 )
+                out.append((recovered.key, recovered))
         if narrowed is not None:
             for name in narrowed.quiet_now:
                 if name not in view.nodes:  # (one in view was just seen)
@@ -414,4 +413,5 @@ class FindingTracker:
         else:
             for name in [n for n in self.node_clean_since if n not in view.nodes]:
                 del self.node_clean_since[name]
-        return sorted(out, key=lambda f: f.key)
+        out.sort(key=lambda keyed: keyed[0])
+        return [f for _, f in out]
