@@ -134,7 +134,7 @@ class StatusFindings:
     to the next. A finding found again keeps the ``since`` it was first found with, which the ``FindingTracker``
     would give it anyway, as long as it held at every round since (``keep_only``)."""
 
-    entries: dict[str, tuple[Pod, bool, Finding | None]] = field(default_factory=dict)
+    entries: dict[str, tuple[Pod, bool, Finding]] = field(default_factory=dict)
     """Pod key -> (the pod, whether the agent knew only an unknown XID for its failed devices, its finding)."""
 
     def keep_only(self, seen: Iterable[str]) -> None:
@@ -180,8 +180,9 @@ def _pod_findings(
     # (a) KEP-4680 device health in pod status; exits and crash loops. Only pods with such a signal.
     for pod in view.pods_with_signals():
         entry = entries.get(pod.key)
-        same = entry is not None and entry[0] is pod
-        if same and entry is not None and entry[2] is not None:
+        if entry is not None and entry[0] is not pod:
+            entry = None  # the pod changed
+        if entry is not None:
             bad = entry[2].device_ids
         else:
             bad = tuple(d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY)
@@ -189,7 +190,7 @@ def _pod_findings(
             unknown = unknown_xid_devices(view, now)  # once a round, and only when a pod status says Unhealthy
         only_unknown = bool(bad) and unknown is not None and all((pod.node, d) in unknown for d in bad)
         if bad:
-            if entry is not None and same and entry[1] == only_unknown and entry[2] is not None:
+            if entry is not None and entry[1] == only_unknown:
                 finding = entry[2]
             else:
                 finding = _status_finding(pod, bad, only_unknown, now)
