@@ -26,7 +26,8 @@ buckets).
 Also reported: how long the controller took to sync its cache (from its start to its watches
 all open: the lists are done), its CPU and memory, the in-memory API server's CPU from the first
 fault to the report (the fixture's share of the machine), and the machine's load. Prints a table,
-writes bench/results/controller_scale.json.
+writes bench/results/controller_scale.json. ``--profile FILE`` runs the controller under cProfile and
+leaves its stats in FILE (Python runs slower under it: not for figures).
 """
 
 from __future__ import annotations
