@@ -26,7 +26,8 @@ buckets).
 Also reported: how long the controller took to sync its cache (from its start to its watches
 all open: the lists are done), its CPU and memory, the in-memory API server's CPU from the first
 fault to the report (the fixture's share of the machine), and the machine's load. Prints a table,
-writes bench/results/controller_scale.json.
+writes bench/results/controller_scale.json. ``--profile FILE`` runs the controller under cProfile and
+leaves its stats in FILE (Python runs slower under it: not for figures).
 """
 
 from __future__ import annotations
@@ -248,6 +249,7 @@ def main() -> None:
     parser.add_argument("--storm-percent", type=int, default=5, help="with --storm: percent of the nodes failing")
     parser.add_argument("--storm-seconds", type=int, default=60, help="with --storm: seconds they fail within")
     parser.add_argument("--out", type=Path, default=RESULTS / "controller_scale.json")
+    parser.add_argument("--profile", type=Path, help="run the controller under cProfile, its stats to this file")
     parser.add_argument("--role", choices=["main", "serve"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--report", type=Path, help=argparse.SUPPRESS)
@@ -283,9 +285,12 @@ def main() -> None:
             print("starting the controller; faults begin once it watches ...", flush=True)
             load_before = os.getloadavg()[0]
             started = time.monotonic()
+            profiled = ["-m", "cProfile", "-o", str(args.profile.resolve())] if args.profile else []
             controller = subprocess.Popen(
                 [
-                    *DEVHEAL,
+                    sys.executable,
+                    *profiled,
+                    *DEVHEAL[1:],
                     "controller",
                     f"--kubeconfig={kubeconfig}",
                     "--no-leader-elect",

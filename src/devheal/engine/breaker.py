@@ -180,9 +180,14 @@ def step_breaker(
         return replace(state, open_since=None, reason="", calm_since=None) if state.open else state
     began = dict(prior.recent)
     current: set[str] = set()
+    selected: dict[str, bool] = {}  # node -> a policy selects it (a storm has many findings per node)
     for f in findings:
-        node = view.nodes.get(f.node)
-        if f.kind in DEVICE_FAULTS and node is not None and policy_for_node(policies, node) is not None:
+        if f.kind not in DEVICE_FAULTS:
+            continue
+        if f.node not in selected:
+            node = view.nodes.get(f.node)
+            selected[f.node] = node is not None and policy_for_node(policies, node) is not None
+        if selected[f.node]:
             began[f.node] = max(began.get(f.node, f.since), f.since)
             if state.reset_at is None or f.since > state.reset_at:
                 current.add(f.node)

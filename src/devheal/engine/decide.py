@@ -23,14 +23,14 @@ budget.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from devheal.engine import dra, infrastructure, maintenance, node_signals, pod_groups, recovery, validation
 from devheal.engine.breaker import Breaker, gpu_fleet, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
-from devheal.model.cluster import ClusterView, Node
+from devheal.model.cluster import ClusterView, Node, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
 from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, lifted_by, takes_node
 from devheal.model.node_lifecycle import describe, under_maintenance
@@ -274,6 +274,29 @@ def escalation_step(
     return step, ""
 
 
+POD_TARGETED = frozenset({ActionKind.DESCHEDULE, ActionKind.FAIL_POD, ActionKind.NOTIFY})
+"""Pod actions whose target is the pod itself (``RestartGang`` targets the gang)."""
+
+
+def _in_hand(
+    f: Finding, view: ClusterView, pod_only: Container[WorkloadClass], active: Container[tuple[TargetKind, str]]
+) -> bool:
+    """Whether the decision on ``f`` can only be skipped: a failed device in a pod's status whose one candidate
+    (``_candidate_actions``) would target the pod, which a remediation in progress already targets ("one
+    remediation at a time per target"). A fault storm's open findings are mostly these (their evictions are under
+    way): leaving them out costs nothing of the plan, and saves the policy lookup and the naming of each.
+
+    The candidate targets the pod where every policy's action for the pod's workload class does (``pod_only``:
+    those classes) and no PodGroup turns ``Deschedule`` into a ``RestartGang`` (``pod_groups.member_action``);
+    ``steer_away`` gives no taint for a failed device (only for a rank its own container or step times accuse)."""
+    if f.kind is not FindingKind.DEVICE_FAILED or (TargetKind.POD, f.pod) not in active:
+        return False
+    pod = view.pods.get(f.pod)
+    if pod is None:
+        return True  # no candidate at all
+    return pod.workload.cls in pod_only and pod_groups.group_of(view, pod.workload) is None
+
+
 def _candidate_actions(
     view: ClusterView,
     findings: Iterable[Finding],
@@ -499,11 +522,14 @@ def decide(
     now: float,
     settings: Settings = Settings(),
     breaker: Breaker | None = None,
+    late: Collection[str] | None = None,
 ) -> Plan:
     """Decide what to do now. ``policies`` must be sorted by name (the first selecting policy wins).
 
     ``breaker``: the circuit breaker for this round, already stepped by the caller (``step_breaker``);
-    None: stepped from a closed breaker over this view, so this round's findings alone open it."""
+    None: stepped from a closed breaker over this view, so this round's findings alone open it. ``late``: the
+    names of the remediations past their step timeout (``overdue`` of these records), where the caller has them
+    already; None: found here."""
     findings = list(findings)
     # One pass over every record: each is looked up by name; beyond that only the active and the recent ones
     # count (budgets, intervals, hold-downs), so old records cost little more than their names.
@@ -523,7 +549,9 @@ def decide(
                 current.append(r)
         existing, in_flight = by_name.get, current
     active_targets = {(r.target_kind, r.target) for r in in_flight if r.active}
-    candidates = _candidate_actions(view, findings, policies, in_flight, now)
+    pod_only = frozenset(c for c in WorkloadClass if all(p.actions.get(c) in POD_TARGETED for p in policies))
+    open_ones = [f for f in findings if not _in_hand(f, view, pod_only, active_targets)]
+    candidates = _candidate_actions(view, open_ones, policies, in_flight, now)
     candidates += infrastructure.candidates(view, findings, policies)
     candidates += node_signals.candidates(view, findings, policies)  # other tools' node conditions, taints
     candidates += dra.candidates(view, findings, policies, now)  # DRA devices: device taints (engine.dra)
@@ -553,7 +581,8 @@ def decide(
         for name in sorted(out_nodes - counted)
         if policy_for_node(policies, view.nodes[name]) is not None
     ]
-    late = {o.record.name for o in overdue(in_flight, policies, now)}
+    if late is None:
+        late = {o.record.name for o in overdue(in_flight, policies, now)}
     disrupting = [r for r in in_flight if _disrupts(r, record_policy)]
     concurrent = sum(1 for r in disrupting if r.active and r.name not in late)
     last_disruption: dict[str, float] = {}

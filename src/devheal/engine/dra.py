@@ -239,6 +239,8 @@ def agent_dra_devices(view: ClusterView, node: str) -> frozenset[str]:
 
 def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
     """``DRADeviceFailed`` per failed DRA device, ``DRADeviceRecovered`` per quarantined one published healthy."""
+    if not view.dra_devices:
+        return []  # every claim is of a device no ResourceSlice publishes (``_on_node``): nothing failed or recovered
     failed = failed_devices(view, now)
     found = []
     for device_id, failure in sorted(failed.items()):

@@ -126,40 +126,78 @@ def report_mismatches(view: ClusterView, now: float) -> list[ReportMismatch]:
     return sorted(out, key=lambda m: m.key)
 
 
-def _pod_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
+@dataclass
+class StatusFindings:
+    """The finding each pod's device health gave at the last ``detect`` (``_pod_findings``), by pod key: found
+    again as it was while the pod is the same object (the cache replaces a pod that changes) and the node agent
+    says the same of its failed devices. A fault storm's open findings are mostly these, unchanged from one round
+    to the next. A finding found again keeps the ``since`` it was first found with, which the ``FindingTracker``
+    would give it anyway, as long as it held at every round since (``keep_only``)."""
+
+    entries: dict[str, tuple[Pod, bool, Finding]] = field(default_factory=dict)
+    """Pod key -> (the pod, whether the agent knew only an unknown XID for its failed devices, its finding)."""
+
+    def keep_only(self, seen: Iterable[str]) -> None:
+        """Forget the pods whose finding was not tracked this round (its ``since`` starts again when it is back)."""
+        kept = set(seen)
+        self.entries = {k: e for k, e in self.entries.items() if k in kept}
+
+
+def _status_finding(pod: Pod, bad: tuple[str, ...], only_unknown: bool, now: float) -> Finding:
+    messages = "; ".join(sorted({d.message for d in pod.devices if d.message}))
+    if only_unknown:
+        # The device plugin failed it, the node agent knows only an XID it has no row for: never act
+        # disruptively on a guess (devheal.engine.xids).
+        return Finding(
+            kind=FindingKind.UNKNOWN_XID,
+            node=pod.node,
+            sources=(FindingSource.POD_STATUS,),
+            evidence=f"pod status reports {', '.join(bad)} Unhealthy, but the node agent reports only an "
+            "XID it has no row for (UnknownXid)" + (f" ({messages})" if messages else ""),
+            since=now,
+            pod=pod.key,
+            pod_uid=pod.uid,
+            device_ids=bad,
+        )
+    return Finding(
+        kind=FindingKind.DEVICE_FAILED,
+        node=pod.node,
+        sources=(FindingSource.POD_STATUS,),
+        evidence=f"pod status reports {', '.join(bad)} Unhealthy" + (f" ({messages})" if messages else ""),
+        since=now,
+        pod=pod.key,
+        pod_uid=pod.uid,
+        device_ids=bad,
+    )
+
+
+def _pod_findings(
+    view: ClusterView, policies: Sequence[Policy], now: float, status: StatusFindings | None = None
+) -> list[Finding]:
     found: dict[tuple[FindingKind, str], Finding] = {}
     unknown: set[tuple[str, str]] | None = None
+    entries = status.entries if status is not None else {}
     # (a) KEP-4680 device health in pod status; exits and crash loops. Only pods with such a signal.
     for pod in view.pods_with_signals():
-        bad = tuple(d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY)
-        messages = "; ".join(sorted({d.message for d in pod.devices if d.message})) if bad else ""
+        entry = entries.get(pod.key)
+        if entry is not None and entry[0] is not pod:
+            entry = None  # the pod changed
+        if entry is not None:
+            bad = entry[2].device_ids
+        else:
+            bad = tuple(d.device_id for d in pod.devices if d.health is DeviceHealth.UNHEALTHY)
         if bad and unknown is None:
             unknown = unknown_xid_devices(view, now)  # once a round, and only when a pod status says Unhealthy
-        if bad and unknown is not None and all((pod.node, d) in unknown for d in bad):
-            # The device plugin failed it, the node agent knows only an XID it has no row for: never act
-            # disruptively on a guess (devheal.engine.xids).
-            found[(FindingKind.UNKNOWN_XID, pod.key)] = Finding(
-                kind=FindingKind.UNKNOWN_XID,
-                node=pod.node,
-                sources=(FindingSource.POD_STATUS,),
-                evidence=f"pod status reports {', '.join(bad)} Unhealthy, but the node agent reports only an "
-                "XID it has no row for (UnknownXid)" + (f" ({messages})" if messages else ""),
-                since=now,
-                pod=pod.key,
-                pod_uid=pod.uid,
-                device_ids=bad,
-            )
-        elif bad:
-            found[(FindingKind.DEVICE_FAILED, pod.key)] = Finding(
-                kind=FindingKind.DEVICE_FAILED,
-                node=pod.node,
-                sources=(FindingSource.POD_STATUS,),
-                evidence=f"pod status reports {', '.join(bad)} Unhealthy" + (f" ({messages})" if messages else ""),
-                since=now,
-                pod=pod.key,
-                pod_uid=pod.uid,
-                device_ids=bad,
-            )
+        only_unknown = bool(bad) and unknown is not None and all((pod.node, d) in unknown for d in bad)
+        if bad:
+            if entry is not None and entry[1] == only_unknown:
+                finding = entry[2]
+            else:
+                finding = _status_finding(pod, bad, only_unknown, now)
+            entries[pod.key] = (pod, only_unknown, finding)
+            found[(finding.kind, pod.key)] = finding
+        elif status is not None:
+            entries.pop(pod.key, None)
         if pod.gpu_request <= 0 and not pod.devices:
             continue
         if not any(c.exit_code is not None or c.waiting_reason == "CrashLoopBackOff" for c in pod.containers):
@@ -292,10 +330,13 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
     return found
 
 
-def detect(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
-    """Every current finding, pod-level and node-level, in a stable order."""
+def detect(
+    view: ClusterView, policies: Sequence[Policy], now: float, status: StatusFindings | None = None
+) -> list[Finding]:
+    """Every current finding, pod-level and node-level, in a stable order. ``status``: the pods' device-health
+    findings of the last call, kept between calls (``StatusFindings``)."""
     node_findings = node_signals.with_node_signals(_node_findings(view, policies, now), view, policies, now)
-    findings = _pod_findings(view, policies, now) + node_findings
+    findings = _pod_findings(view, policies, now, status) + node_findings
     findings += infrastructure.detect(view, policies, now)
     findings += dra.detect(view, policies, now)
     findings += maintenance.detect(view, policies)  # gangs to move before planned maintenance
@@ -323,22 +364,22 @@ class FindingTracker:
         """The findings with since-when they hold, and ``NodeRecovered`` for clean nodes devheal marked.
         ``narrowed``: ``view`` is narrowed (``devheal.engine.scope``); the quiet nodes it leaves out are clean, and
         are forgotten only once gone from the cluster."""
-        current = list(findings)
-        keys = {f.key for f in current} | {f.key + "/all" for f in current if f.all_devices_failed}
+        current = [(f.key, f) for f in findings]
+        keys = {key for key, _ in current} | {key + "/all" for key, f in current if f.all_devices_failed}
         for key in [k for k in self.first_seen if k not in keys]:
             del self.first_seen[key]
         out = []
-        for f in current:
-            since = min(self.first_seen.setdefault(f.key, f.since), f.since)
-            self.first_seen[f.key] = since
+        for key, f in current:
+            since = min(self.first_seen.setdefault(key, f.since), f.since)
+            self.first_seen[key] = since
             all_failed_since = None
             if f.all_devices_failed:
                 # Remediation waits for "all devices failed" to hold, not for the first failure.
-                all_failed_since = self.first_seen.setdefault(f.key + "/all", now)
+                all_failed_since = self.first_seen.setdefault(key + "/all", now)
             if since != f.since or all_failed_since != f.all_failed_since:
                 f = replace(f, since=since, all_failed_since=all_failed_since)
-            out.append(f)
-        faulty_nodes = {f.node for f in current if f.kind is FindingKind.NODE_DEVICES_FAILED}
+            out.append((key, f))
+        faulty_nodes = {f.node for _, f in current if f.kind is FindingKind.NODE_DEVICES_FAILED}
         faulty_nodes |= infrastructure.driver_failed_nodes(view, now)  # a broken driver is no recovery
         self.unknown = frozenset(name for name in view.reports if view.unknown(name, now))
         for name, node in view.nodes.items():
@@ -356,15 +397,14 @@ class FindingTracker:
                         f"no failed GPU since {now - clean_since:.0f}s: NVML's recovery action reads None "
                         f"(no action needed) for {', '.join(none)}, still reported Unhealthy by the node agent"
                     )
-                out.append(
-                    Finding(
-                        kind=FindingKind.NODE_RECOVERED,
-                        node=name,
-                        sources=(FindingSource.NODE_CAPACITY,),
-                        evidence=evidence,
-                        since=clean_since,
-                    )
+                recovered = Finding(
+                    kind=FindingKind.NODE_RECOVERED,
+                    node=name,
+                    sources=(FindingSource.NODE_CAPACITY,),
+                    evidence=evidence,
+                    since=clean_since,
                 )
+                out.append((recovered.key, recovered))
         if narrowed is not None:
             for name in narrowed.quiet_now:
                 if name not in view.nodes:  # (one in view was just seen)
@@ -374,4 +414,5 @@ class FindingTracker:
         else:
             for name in [n for n in self.node_clean_since if n not in view.nodes]:
                 del self.node_clean_since[name]
-        return sorted(out, key=lambda f: f.key)
+        out.sort(key=lambda keyed: keyed[0])
+        return [f for _, f in out]

@@ -42,7 +42,7 @@ from devheal.engine import validation
 from devheal.engine.breaker import Breaker, step_breaker
 from devheal.engine.decide import Overdue, Settings, decide, lift_hold_down, overdue
 from devheal.engine.degradation import DegradationTracker
-from devheal.engine.findings import FindingTracker, detect
+from devheal.engine.findings import FindingTracker, StatusFindings, detect
 from devheal.engine.placement import Release, Vacancy, place_gated
 from devheal.engine.scope import Scope, record_nodes
 from devheal.engine.spares import SpareChange, plan_spares, spare_finder
@@ -67,6 +67,12 @@ from devheal.model.policy_set import policy_for_node
 FLEET_RAILS = frozenset({Rail.MAX_UNHEALTHY_NODES, Rail.MAX_UNHEALTHY_NODES_PER_POOL, Rail.CIRCUIT_BREAKER})
 """Rails whose outcome depends on how many nodes the view holds: a plan they stopped over a partial
 view may pass over a wider one."""
+TIMED_FINDINGS = frozenset(
+    {FindingKind.NODE_DEVICES_FAILED, FindingKind.DEGRADATION_RECOVERED, FindingKind.NODE_RECOVERED}
+)
+"""The findings ``due_times`` reads a policy duration for."""
+STATUS_KINDS = frozenset({FindingKind.DEVICE_FAILED, FindingKind.UNKNOWN_XID})
+"""The kinds of finding a pod's device health gives (``StatusFindings``)."""
 DUE_SLACK = 1e-3
 """A wake-up for a policy duration comes just after it, so ``now - since >= duration`` holds."""
 
@@ -180,6 +186,8 @@ def due_times(
     wake: list[float] = []
     by_node: dict[str, list[InFlight]] | None = None
     for f in findings:
+        if f.kind not in TIMED_FINDINGS:
+            continue  # (most of a storm's findings: pods' failed devices)
         node = view.nodes.get(f.node)
         policy = policy_for_node(policies, node) if node is not None else None
         if policy is None:
@@ -244,15 +252,14 @@ def _next_step_waits(record: InFlight) -> str:
 def held_because(record: InFlight, policy: Policy | None, settings: Settings) -> str:
     """Why the next step of a remediation in progress must wait ("": it may go on): a pause or a dry-run,
     controller-wide or of the remediation's policy."""
-    step = _next_step_waits(record)
     if settings.paused:
-        return f"devheal is paused: {step}"
+        return f"devheal is paused: {_next_step_waits(record)}"
     if policy is not None and policy.paused:
-        return f"policy {policy.name} is paused: {step}"
+        return f"policy {policy.name} is paused: {_next_step_waits(record)}"
     if settings.dry_run:
-        return f"devheal runs in dry-run: {step}"
+        return f"devheal runs in dry-run: {_next_step_waits(record)}"
     if policy is not None and policy.dry_run:
-        return f"policy {policy.name} is in dry-run: {step}"
+        return f"policy {policy.name} is in dry-run: {_next_step_waits(record)}"
     return ""
 
 
@@ -341,6 +348,8 @@ class DecisionRound:
     """The circuit breaker as of the last round; None: not known, rebuilt from the policies' status."""
     blocked_retry: float | None = None
     """How long after this round a rail's stopped decision is tried again (None: none was stopped last round)."""
+    status: StatusFindings = field(default_factory=StatusFindings)
+    """The pods' device-health findings of the last round, found again while a pod is unchanged."""
     scope: Scope = field(default_factory=Scope)
     """Which nodes are quiet, for rounds told what changed (``devheal.engine.scope``)."""
 
@@ -388,9 +397,10 @@ class DecisionRound:
             view = narrowed.view
             if view is whole:
                 narrowed = None  # not narrowed after all (``Scope.narrow``)
-        detected = detect(view, policies, now) + self.stragglers.observe(view, policies, now)
+        detected = detect(view, policies, now, self.status) + self.stragglers.observe(view, policies, now)
         detected += self.degradation.observe(view, policies, now)
         detected = [f for f in detected if not (f.pod_uid and f.pod_uid in ignore_pods)]
+        self.status.keep_only(f.pod for f in detected if f.kind in STATUS_KINDS)
         findings = self.tracker.observe(detected, view, policies, now, narrowed)
         busy = host.busy()
         # The breaker is stepped over the view the plan is decided over: a narrower view is stricter, and
@@ -404,20 +414,21 @@ class DecisionRound:
         world = World(decided_over, findings, policies, settings, breaker)
         self._carry_on(host, world, host.in_flight(view), now, busy)
         in_flight = host.in_flight(view)
-        plan = decide(decided_over, findings, policies, in_flight, now, settings, breaker)
+        late = tuple(overdue(in_flight, policies, now))
+        late_names = {item.record.name for item in late}
+        plan = decide(decided_over, findings, policies, in_flight, now, settings, breaker, late_names)
         while stopped_by_fleet_rails(plan):
             wider = next(wider_views, None)
             if wider is None:
                 break
             breaker = step_breaker(prior, wider, findings, policies, now)
-            plan = decide(wider, findings, policies, in_flight, now, settings, breaker)
+            plan = decide(wider, findings, policies, in_flight, now, settings, breaker, late_names)
         self.breaker = breaker
         for action in plan.actions:
             host.start(action, resumed=False)
             # An interrupted first pass is carried on at the same pace as any later one.
             self.next_try[action.name] = now + self._pace(action.kind)
         self._record_blocked(host, plan.blocked, busy)
-        late = tuple(overdue(in_flight, policies, now))
         self._report_overdue(host, late)
         records = host.in_flight(view)  # with this round's decisions
         # Spare pools are kept from every idle node: placement looks at the whole view.

@@ -141,8 +141,8 @@ class Finding:
     @property
     def key(self) -> str:
         if self.kind in (FindingKind.DRA_DEVICE_FAILED, FindingKind.DRA_DEVICE_RECOVERED):
-            return f"{self.kind}/{self.node}/{self.device_ids[0] if self.device_ids else ''}"
-        return f"{self.kind}/{self.node}/{self.pod}"
+            return f"{self.kind.value}/{self.node}/{self.device_ids[0] if self.device_ids else ''}"
+        return self.kind + "/" + self.node + "/" + self.pod  # (a StrEnum concatenates as its value, fastest)
 
 
 class Phase(StrEnum):
@@ -505,7 +505,7 @@ class InFlightRecords(Sequence[InFlight]):
         return len(self._current)
 
     def __iter__(self) -> Iterator[InFlight]:
-        return iter(self._current)  # not Sequence's, one __getitem__ at a time
+        return iter(self._current)  # (not through ``__getitem__``: rounds walk these many times)
 
 
 @dataclass(frozen=True, slots=True)

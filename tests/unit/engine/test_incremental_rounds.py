@@ -18,12 +18,15 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 
+from devheal.engine import decide as decide_module
 from devheal.engine.decide import Overdue, Settings
+from devheal.engine.findings import StatusFindings
 from devheal.engine.rounds import DecisionRound, RoundResult
 from devheal.engine.scope import Scope
 from devheal.model.cluster import (
@@ -559,3 +562,59 @@ def test_a_node_whose_mark_is_gone_but_not_lifted_still_counts_out() -> None:
 
     *_, last = _side_by_side(w, ps, [lambda w: None, fail("n0"), taint_succeeded_then_healed, fail("n1")])
     assert [(b.action.target, b.rail) for b in last.plan.blocked] == [("n1", Rail.MAX_UNHEALTHY_NODES)]
+
+
+@dataclass
+class _Landed:
+    """The part of a host's calls whose work has landed in the cluster (``_apply`` reads ``calls``)."""
+
+    calls: list[tuple[Any, ...]]
+
+
+def _not_in_hand(*_: Any) -> bool:
+    return False
+
+
+@given(worlds(), policies("p0"), st.data())
+@EXAMPLES
+def test_rounds_that_carry_a_backlog_decide_as_rounds_that_carry_nothing(
+    w: World, policy: Policy, data: st.DataObject
+) -> None:
+    """A fault storm's backlog: whole nodes fail at once, and the work of a decision lands in the cluster some
+    rounds later or not at all (the pods with failed devices stay while their remediations are in progress), while
+    records end (budgets free up), the policies change and some pods' findings are left out for a while
+    (``ignore_pods``). A round that keeps its pods' device-health findings
+    between rounds (``StatusFindings``) and leaves out the findings whose pod a remediation in progress already
+    targets (``decide._in_hand``), told what changed, decides as a full round that does neither."""
+    carrying, plain = DecisionRound(), DecisionRound()
+    carrying_host, plain_host = Host(), Host()
+    state: dict[str, Any] = {"policies": [policy]}
+    backlog: list[tuple[Any, ...]] = []
+    for step in range(data.draw(st.integers(4, 14), label="rounds")):
+        view = w.view()
+        ps = state["policies"]
+        changed = None if step == 0 or state.pop("full", False) else frozenset(w.touched | state.pop("sweep", set()))
+        w.touched.clear()
+        for host in (carrying_host, plain_host):
+            host.now, host.calls = w.now, []
+        # Ranks a gang restart just replaced are left out for a while (their findings too).
+        uids = sorted(p.uid for p in w.pods.values())
+        ignore = frozenset(data.draw(st.sets(st.sampled_from(uids), max_size=2), label="ignored")) if uids else None
+        plain.status = StatusFindings()  # nothing kept from the round before
+        with mock.patch.object(decide_module, "_in_hand", _not_in_hand):
+            expected = plain.run(plain_host, view, ps, w.now, Settings(), ignore_pods=ignore or frozenset())
+        got = carrying.run(carrying_host, view, ps, w.now, Settings(), ignore or frozenset(), changed=changed)
+        assert outcome(got) == outcome(expected), f"round {step} ({changed=}): {differ(got, expected)}"
+        assert carrying_host.calls == plain_host.calls, f"round {step}: the hosts were handed other work"
+        assert carrying_host.records == plain_host.records
+        backlog += plain_host.calls
+        landed = data.draw(st.integers(0, len(backlog)), label="work landed")
+        _apply(w, _Landed(backlog[:landed]))  # type: ignore[arg-type]
+        del backlog[:landed]
+        if data.draw(st.booleans(), label="storm"):
+            for name in sorted(w.nodes):
+                for _ in range(w.nodes[name].gpu_capacity):
+                    _fail(data.draw, w, name)
+        for _ in range(data.draw(st.integers(1, 4), label="changes")):
+            _change(data.draw, w, (carrying_host, plain_host), state)
+        _silent_reports_age(w, state)
