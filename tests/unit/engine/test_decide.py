@@ -7,7 +7,7 @@ import pytest
 from devheal.engine.decide import Settings, decide
 from devheal.engine.findings import detect
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
-from devheal.model.plan import FindingKind, Plan
+from devheal.model.plan import FindingKind, InFlight, Phase, Plan
 from devheal.model.policy import ActionKind, Policy
 
 from .builders import NOW, device, gpu_id, node, node_failed, pod, pod_failed, policy, view, workload
@@ -158,3 +158,18 @@ def test_no_steering_for_a_failed_gpu_or_a_rank_left_in_place(health: DeviceHeal
     finding = pod_failed(p, kind=FindingKind.DEVICE_ERROR_EXIT)
     plan = decide(view([node("n1")], [p]), [finding], [policy(actions=actions)], [], NOW)
     assert ActionKind.TAINT_DEGRADED not in [a.kind for a in plan.actions]
+
+
+def test_a_pod_already_targeted_still_gets_its_gangs_restart() -> None:
+    """A failed device under a pod that a remediation already targets is left out of the round only where its one
+    candidate would target that pod too; a gang restart targets the gang, so it is still decided."""
+    p = failing_pod(WorkloadClass.GANG)
+    deleting = InFlight(
+        "delete-p", ActionKind.DELETE_POD, "Pod", p.key, "n1", Phase.IN_PROGRESS, NOW - 5, p.workload.key
+    )
+    restart = decide(
+        view([node("n1")], [p]), [pod_failed(p)], [policy(actions={"gang": "RestartGang"})], [deleting], NOW
+    )
+    assert [a.kind for a in restart.actions] == [ActionKind.RESTART_GANG]
+    fail = decide(view([node("n1")], [p]), [pod_failed(p)], [policy()], [deleting], NOW)
+    assert fail.actions == (), "FailPod would target the pod a remediation already targets"

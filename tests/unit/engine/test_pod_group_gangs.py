@@ -10,7 +10,7 @@ from devheal.engine import pod_groups
 from devheal.engine.decide import decide
 from devheal.engine.workloads import classify
 from devheal.model.cluster import DeviceHealth, OwnerRef, Workload, WorkloadClass
-from devheal.model.plan import Phase, Rail
+from devheal.model.plan import InFlight, Phase, Rail
 from devheal.model.pod_groups import DISRUPTION_REASON, DisruptionMode, PodGroup
 from devheal.model.policy import ActionKind
 
@@ -110,3 +110,14 @@ def test_a_policy_that_deschedules_a_gang_member_restarts_an_all_group_whole_ins
     failing = [policy(actions={"gang": "FailPod"}, node={"taint": False})]
     cluster, finding = gang(DisruptionMode.ALL)
     assert [a.kind for a in decide(cluster, [finding], failing, [], NOW).actions] == [ActionKind.FAIL_POD]
+
+
+def test_an_all_groups_rank_already_targeted_still_gets_the_groups_restart() -> None:
+    """``Deschedule`` of a member of an ``All`` group is the group's restart (it targets the group): a remediation
+    already targeting the broken pod does not leave its finding out of the round."""
+    cluster, finding = gang(DisruptionMode.ALL)
+    rank = cluster.pods[finding.pod]
+    deleting = InFlight("delete-llm-1", ActionKind.DELETE_POD, "Pod", rank.key, "n1", Phase.IN_PROGRESS, NOW - 5)
+    policies = [policy(actions={"gang": "Deschedule"}, node={"taint": False})]
+    (restart,) = decide(cluster, [finding], policies, [deleting], NOW).actions
+    assert restart.kind is ActionKind.RESTART_GANG and restart.target == "train/PodGroup/llm"
