@@ -182,6 +182,7 @@ class CacheView:
         key = (
             tuple(state.faults),
             frozenset(state.marks),
+            self.degraded_effect.get(n),  # escalated from PreferNoSchedule with the same marks
             state.repairing,
             self.not_ready(state),
             pod_uid,
