@@ -678,9 +678,10 @@ def decide(
                             Rail.GANG_BUDGET,
                         )
                     )
-                    # Fail the broken pod instead, so the Job/JobSet's own failure policy decides.
+                    # Fail the broken pod instead, so the Job/JobSet's own failure policy decides; only a rank
+                    # the finding names (a stall that names nobody accuses no pod: failing one would be arbitrary).
                     finding = action.finding
-                    if finding.pod:
+                    if finding.pod and finding.pod_uid:
                         fallback = replace(
                             action,
                             kind=ActionKind.FAIL_POD,

@@ -133,3 +133,18 @@ def test_a_gang_silent_because_a_run_failed_is_not_stalled() -> None:
     assert kinds == [FindingKind.RANK_FAILED]
     quiet = [f.kind for f in StragglerTracker().observe(gang({}), [gang_policy()], T + 600)]
     assert quiet == [FindingKind.GANG_STALLED], "the same silence without a failed run is a stall"
+
+
+def test_a_spent_budget_fails_no_pod_for_a_stall_that_names_nobody() -> None:
+    spent = [gang_policy(budgets={"gangRestartsPerHour": 0})]
+    (stall,) = StragglerTracker().observe(gang({}), spent, T + 600)
+    assert stall.kind is FindingKind.GANG_STALLED and stall.pod_uid == "", "every rank fell silent together"
+    plan = decide(gang({}), [stall], spent, [], T + 600)
+    assert [b.rail.value for b in plan.blocked] == ["gang-budget"]
+    assert plan.actions == (), "no rank is accused: failing one would be arbitrary"
+    # A rank its launcher's held run names is failed instead, for the workload's own failure handling.
+    view = gang({1: (79, T)})
+    plan = decide(view, StragglerTracker().observe(view, spent, T + 3), spent, [], T + 3)
+    assert [(a.kind, a.target) for a in plan.actions if a.kind is ActionKind.FAIL_POD] == [
+        (ActionKind.FAIL_POD, "train/llm-1")
+    ]
