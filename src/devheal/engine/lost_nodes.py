@@ -26,13 +26,13 @@ Pure: the view and the members in, findings and pods out.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
 from devheal.model.cluster import ClusterView, Node, Pod
 from devheal.model.node_lifecycle import under_maintenance
 from devheal.model.plan import Finding, FindingKind, FindingSource
+from devheal.model.steps import gang_step
 from devheal.model.straggler_policy import StragglerRules
 
 
@@ -80,10 +80,7 @@ def stalled_on_lost_node(
             return None
         quiet_since.append(latest)
     progress = max(quiet_since)
-    steps = [r for p in members if (r := p.steps) is not None and r.window > 0]
-    intervals = [r.interval for r in steps if r.interval is not None]
-    medians = intervals or [r.p50 for r in steps if r.p50 is not None]
-    limit = rules.stall.limit(statistics.median(medians) if medians else None)
+    limit = rules.stall.limit(gang_step(r for p in members if (r := p.steps) is not None and r.window > 0))
     if now - progress <= limit:
         return None
     pod = ranks[0]

@@ -66,7 +66,7 @@ from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, F
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node, policy_for_pod
 from devheal.model.rank_action import RankAction
-from devheal.model.steps import StepReport
+from devheal.model.steps import StepReport, gang_step
 from devheal.model.straggler_policy import StallAction, StragglerRules
 from devheal.model.times import format_time
 
@@ -284,11 +284,7 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
         reports.append((pod, r))
     if not reports:
         return None
-    # A step as the gang runs it: the time between reports (waits included) where the launchers publish it; the
-    # reported durations may be the ranks' own work alone (docs/stragglers.md), much shorter than a step.
-    intervals = [r.interval for _, r in reports if r.interval is not None]
-    medians = intervals or [r.p50 for _, r in reports if r.p50 is not None]
-    median_step = statistics.median(medians) if medians else None
+    median_step = gang_step(r for _, r in reports)
     limit = rules.stall.limit(median_step)
     progress = max(r.last for _, r in reports if r.last is not None)
     quiet = now - progress

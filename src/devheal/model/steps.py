@@ -32,6 +32,8 @@ infinite or absurd number) is refused with the reason, and the pod counts as not
 from __future__ import annotations
 
 import json
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from devheal.model.values import finite, json_object, show, whole_number
@@ -92,6 +94,16 @@ class StepReport:
         if self.inside is not None:
             body["inside"] = round(self.inside, 3)
         return json.dumps(body, separators=(",", ":"))
+
+
+def gang_step(reports: Iterable[StepReport]) -> float | None:
+    """A step as the gang runs it: the median time between reports (waits included) where the launchers publish
+    it, else the median reported duration, which may be the ranks' own work alone (docs/stragglers.md), much
+    shorter than a step; None without either."""
+    reports = list(reports)
+    intervals = [r.interval for r in reports if r.interval is not None]
+    medians = intervals or [r.p50 for r in reports if r.p50 is not None]
+    return statistics.median(medians) if medians else None
 
 
 def _seconds(body: dict[str, object], key: str, low: float, high: float) -> tuple[float | None, str]:
