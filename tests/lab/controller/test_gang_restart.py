@@ -32,7 +32,7 @@ async def test_gang_restarts_in_place_replacing_only_broken_ranks(
             },
         }
     )
-    await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("train", ranks=4, indexed=True))
+    await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("train", ranks=4, indexed=True, per_index_backoff=True))
 
     async def ranks() -> dict[str, dict]:
         pods = await pods_of(kube, namespace, "app=train")
@@ -81,7 +81,7 @@ async def test_gang_restarts_in_place_replacing_only_broken_ranks(
     records = await wait_until(
         gang_records,
         lambda rs: len(rs) == 2 and all(r.get("status", {}).get("phase") == "Succeeded" for r in rs),
-        timeout=90,  # a Job backs off before it recreates failed pods
+        timeout=90,  # a Job backs off before it recreates failed pods (10 s per index)
         what="the second gang restart",
     )
     latest = await wait_until(ranks, generation_everywhere("2"), timeout=30, what="generation 2 on every rank")

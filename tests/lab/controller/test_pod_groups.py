@@ -31,7 +31,7 @@ async def gang_of_pod_group(kube: KubeClient, namespace: str, mode: str) -> None
             "spec": {"schedulingPolicy": {"gang": {"minCount": RANKS}}, "disruptionMode": {mode: {}}},
         },
     )
-    job = gpu_job("train", ranks=RANKS, indexed=True)
+    job = gpu_job("train", ranks=RANKS, indexed=True, per_index_backoff=True)
     job["spec"]["template"]["spec"]["schedulingGroup"] = {"podGroupName": "train"}
     await kube.create(api_path("batch/v1", "jobs", namespace=namespace), job)
 
@@ -69,7 +69,7 @@ async def restart_on_a_failed_gpu(
     (record,) = await wait_until(
         restarts,
         lambda rs: len(rs) == 1 and get_path(rs[0], "status", "phase") in ("Succeeded", "Failed"),
-        timeout=120,  # the Job recreates evicted pods after its backoff
+        timeout=120,  # the Job recreates evicted pods after their index's backoff (10 s)
         what="the gang restart to end",
     )
     assert record["status"]["phase"] == "Succeeded", record["status"]
