@@ -32,7 +32,10 @@ async def test_gang_restarts_in_place_replacing_only_broken_ranks(
             },
         }
     )
-    await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("train", ranks=4, indexed=True, per_index_backoff=True))
+    await kube.create(
+        api_path("batch/v1", "jobs", namespace=namespace),
+        gpu_job("train", ranks=4, indexed=True, per_index_backoff=True),
+    )
 
     async def ranks() -> dict[str, dict]:
         pods = await pods_of(kube, namespace, "app=train")
