@@ -22,7 +22,7 @@ def doctor(
     ] = "default",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
-    """Check a cluster for devheal: CRDs, policies, agents, templates, KEP-4680, RestartAllContainers, RBAC.
+    """Check a cluster for devheal: CRDs, policies, agents, templates, KEP-4680, RestartAllContainers, gang Jobs, RBAC.
 
     Reads only. Each check prints ok, warn or fail with what to do. Exits 0 when nothing
     fails, 1 when a check fails, 2 when the cluster cannot be asked.
