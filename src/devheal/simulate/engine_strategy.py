@@ -221,7 +221,8 @@ class EngineStrategy(Strategy):
         if unit.culprit is not None and unit.culprit in members:
             odd.add(unit.culprit)
         odd |= unit.unreached & members.keys()  # no ``joined`` in their reports
-        odd |= {n for n in members if self.sim.nodes[n].down}  # their nodes NotReady (``engine.lost_nodes``)
+        # Their nodes NotReady (``engine.lost_nodes``); a node down has a fault, so it is among the broken few.
+        odd |= {n for n in self.sim.broken if n in members and self.sim.nodes[n].down}
         alike = 2 * len(odd) + STEP_SAMPLE
         ordinary = list(islice((n for n in members if n not in odd), alike))
         return sorted(odd) + ordinary
@@ -297,7 +298,11 @@ class EngineStrategy(Strategy):
             del self.step_until[uid]
         # A gang with a slow rank stays in view: the round keeps judging it, as the controller's would, so a
         # restart for any cause can replace the ranks found straggling (ReplaceAtRestart).
-        slow = {u.uid for u in self.sim.units if u.kind is UnitKind.GANG and self._has_slow(u)}
+        slow = {
+            unit.uid
+            for n in self.sim.slow_nodes
+            if (unit := self.sim.unit_of(n)) is not None and unit.kind is UnitKind.GANG
+        }
         # So does a gang stopped at its rendezvous: a decision a rail stopped is tried again on the same reports.
         slow |= {u.uid for u in self.sim.units if u.rendezvous_at is not None}
         self.cache.stepping = frozenset(self.step_until) | slow
