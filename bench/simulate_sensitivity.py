@@ -3,6 +3,7 @@
     python -m bench.simulate_sensitivity                 # llama3-405b, seeds 0-4, every group at 0.5x and 2x
     python -m bench.simulate_sensitivity --seeds 3 --nodes 1024
     python -m bench.simulate_sensitivity --checkpointing in-memory
+    python -m bench.simulate_sensitivity --jobs 1        # one run at a time (default: one per CPU)
 
 Each group of parameters (``devheal.simulate.sensitivity.GROUPS``: MTTR, checkpoint interval,
 restart costs, detection times, spare pool) at 0.5x and 2x, and the chance that a stalled gang's
@@ -14,6 +15,7 @@ bench/results/simulate_sensitivity.json.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -33,6 +35,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--checkpointing", choices=sorted(CHECKPOINTING), default="periodic")
     parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS))
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="runs at once, each in its own process (default: CPUs)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "simulate_sensitivity.json")
     args = parser.parse_args()
     config = with_checkpointing(build_preset(args.preset, args.nodes, None, args.days), args.checkpointing)
@@ -43,6 +48,7 @@ def main() -> None:
         list(range(args.seeds)),
         groups=args.groups,
         progress=lambda s: print(s, flush=True),
+        jobs=args.jobs,
     )
     seconds = time.perf_counter() - started
     table = markdown(rows)
@@ -58,6 +64,7 @@ def main() -> None:
             "checkpointing": args.checkpointing,
             "seeds": args.seeds,
             "seconds": round(seconds, 1),
+            "jobs": args.jobs,
             "rows": [r.to_json() for r in rows],
             "markdown": table,
         },

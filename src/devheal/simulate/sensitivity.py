@@ -200,8 +200,10 @@ def sensitivity(
     devheal: str = "devheal-default",
     groups: Sequence[str] = tuple(GROUPS),
     progress: Progress | None = None,
+    jobs: int = 1,
 ) -> list[Row]:
-    """The base case, then every group at each of ``FACTORS`` (or its own ``GROUP_FACTORS``)."""
+    """The base case, then every group at each of ``FACTORS`` (or its own ``GROUP_FACTORS``); ``jobs``: runs at
+    once within a variant (``run_comparison``)."""
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:
         raise ValueError(f"sensitivity groups: unknown {', '.join(unknown)}; expected some of {', '.join(GROUPS)}")
@@ -211,7 +213,7 @@ def sensitivity(
     rows = []
     for group, factor, variant in variants:
         variant.validate()
-        comparison = run_comparison(variant, strategies, seeds)
+        comparison = run_comparison(variant, strategies, seeds, jobs=jobs)
         rows.append(row_of(group, factor, comparison.results, devheal))
         if progress is not None:
             progress(f"{group} x{factor:g}")

@@ -42,6 +42,8 @@ def test_a_table_row_per_variant_with_devheals_margin() -> None:
         assert r.margin_min <= r.margin_mean
     table = markdown(rows)
     assert table.splitlines()[0].startswith("| variant | kubernetes-default") and "mttr x0.5" in table
+    # In worker processes: the same rows.
+    assert sensitivity(config, lineup(), seeds=[0, 1], groups=["mttr"], jobs=2) == rows
     with pytest.raises(ValueError, match="unknown lunch"):
         sensitivity(config, lineup(), seeds=[0], groups=["lunch"])
 
