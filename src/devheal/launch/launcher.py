@@ -348,6 +348,7 @@ class Launcher:
                 report.collectives,
                 report.exits,
                 report.inside,
+                report.checkpoint,
             )
             if key == published:
                 continue  # nothing new: the last publication stands (a stall shows as its age)

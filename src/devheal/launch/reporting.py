@@ -249,6 +249,22 @@ def report_joined() -> None:
         _failed(exc, "rendezvous report")
 
 
+def report_checkpoint() -> None:
+    """Report that this rank has saved a checkpoint the gang can resume from: call it once the save is complete
+    (on every rank, or at least once the gang's checkpoint is whole).
+
+    A slow rank is then replaced right after the gang's next checkpoint instead of at once, so the restart rolls
+    back no work (``stragglers.action: ReplaceAtCheckpoint``, docs/stragglers.md). Never raises; does nothing
+    outside a launcher.
+    """
+    try:
+        target = _launcher()
+        if target is not None:
+            _send(*target, {"checkpoint": True}, "checkpoint report")
+    except Exception as exc:
+        _failed(exc, "checkpoint report")
+
+
 def report_collective() -> None:
     """Count that this rank is entering a collective (an all-gather, an all-reduce): call it just before each.
 

@@ -62,6 +62,8 @@ class StepStats:
     inside_since: float | None = None
     """When the current run entered the collective it is inside now (monotonic seconds); None when it is outside
     every collective, or does not mark them."""
+    checkpoint_at: float | None = None
+    """When the current run last reported a checkpoint saved (monotonic seconds), if it did."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -88,6 +90,10 @@ class StepStats:
         """The current run reached its gang's rendezvous (the first report of it counts)."""
         if self.joined_at is None:
             self.joined_at = now
+
+    def checkpointed(self, now: float) -> None:
+        """The current run saved a checkpoint (the latest report counts)."""
+        self.checkpoint_at = now
 
     def entered_collectives(self, count: object) -> None:
         """The current run has entered ``count`` collectives (its running total, never less than before)."""
@@ -122,6 +128,7 @@ class StepStats:
         self.collectives = None
         self.exits = None
         self.inside_since = None
+        self.checkpoint_at = None
 
     def published(self, now: float, wall_now: float, window: int = PUBLISHED_WINDOW) -> StepReport:
         """What the launcher publishes on its pod: the median of the last ``window`` steps of this run, the
@@ -145,6 +152,7 @@ class StepStats:
             collectives=self.collectives,
             exits=self.exits,
             inside=wall(self.inside_since),
+            checkpoint=wall(self.checkpoint_at),
         )
 
     def steps_per_second(self) -> float | None:

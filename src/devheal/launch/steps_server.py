@@ -1,7 +1,8 @@
 """The launcher's loopback HTTP endpoint: the child POSTs step times, anyone in the pod GETs the figures.
 
 ``POST /steps`` with ``{"duration_seconds": float, "step": int | null}`` records a step
-(204), with ``{"joined": true}`` that the run reached its gang's rendezvous (204), with
+(204), with ``{"joined": true}`` that the run reached its gang's rendezvous (204), with ``{"checkpoint": true}``
+that it saved a checkpoint (204), with
 ``{"collectives": int}`` how many collectives the run entered so far (204), with
 ``"exits": int, "inside_seconds": float | null`` also how many it left and how long it has been inside the one it
 is in now (null: outside every collective; ``devheal.launch.collective``);
@@ -97,6 +98,9 @@ class StepsServer:
             return web.Response(status=400, text="expected a JSON object {duration_seconds, step}\n")
         if body.get("joined") is True and "duration_seconds" not in body:
             self.stats.joined(self.clock())
+            return web.Response(status=204)
+        if body.get("checkpoint") is True and "duration_seconds" not in body:
+            self.stats.checkpointed(self.clock())
             return web.Response(status=204)
         if "collectives" in body and "duration_seconds" not in body:
             try:

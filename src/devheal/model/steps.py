@@ -23,7 +23,9 @@ The value is a JSON object::
 - ``collectives``: how many collectives the current run entered (``report_collective``; absent: not counted);
 - ``exits``: how many of them it marked leaving (``devheal.launch.collective``; absent: the run marks no exits);
 - ``inside``: when the run entered the collective it waits in now (Unix seconds; absent: outside every collective,
-  or no exits marked).
+  or no exits marked);
+- ``checkpoint``: when the current run last reported a checkpoint saved (``report_checkpoint``; Unix seconds;
+  absent: none in this run, or not reported).
 
 Pure. ``parse_step_report`` never raises: a value that is not this (wrong type, a negative,
 infinite or absurd number) is refused with the reason, and the pod counts as not reporting.
@@ -70,6 +72,9 @@ class StepReport:
     inside: float | None = None
     """When the current run entered the collective it is inside now, waiting for its peers (Unix seconds); None
     when it is outside every collective or marks no exits."""
+    checkpoint: float | None = None
+    """When the current run last reported a checkpoint saved (``report_checkpoint``); None when it has reported
+    none (or does not report them)."""
 
     @property
     def marks_exits(self) -> bool:
@@ -93,6 +98,8 @@ class StepReport:
             body["exits"] = self.exits
         if self.inside is not None:
             body["inside"] = round(self.inside, 3)
+        if self.checkpoint is not None:
+            body["checkpoint"] = round(self.checkpoint, 3)
         return json.dumps(body, separators=(",", ":"))
 
 
@@ -168,6 +175,9 @@ def parse_step_report(text: object) -> tuple[StepReport | None, str]:
             f"inside: a collective entered and not left, but exits is {show(body.get('exits'))} of "
             f"{show(body.get('collectives'))} collectives"
         )
+    checkpoint, why = _seconds(body, "checkpoint", MIN_TIMESTAMP, MAX_TIMESTAMP)
+    if why:
+        return None, why
     if window > 0 and p50 is None:
         return None, f"p50: null although window is {window}"
     return StepReport(
@@ -181,4 +191,5 @@ def parse_step_report(text: object) -> tuple[StepReport | None, str]:
         collectives=collectives,
         exits=exits,
         inside=inside,
+        checkpoint=checkpoint,
     ), ""

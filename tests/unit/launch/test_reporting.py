@@ -18,6 +18,7 @@ from devheal.launch.reporting import (
     enter_collective,
     leave_collective,
     report_collective,
+    report_checkpoint,
     report_joined,
     report_step,
 )
@@ -65,6 +66,21 @@ async def test_a_run_reports_reaching_its_rendezvous(server: StepsServer, monkey
     assert server.stats.joined_at is None
     await asyncio.to_thread(report_joined)
     assert server.stats.joined_at is not None and server.stats.count == 0, "not a step"
+
+
+async def test_a_run_reports_its_checkpoints(server: StepsServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ADDR_ENV, server.address)
+    assert server.stats.checkpoint_at is None
+    await asyncio.to_thread(report_checkpoint)
+    first = server.stats.checkpoint_at
+    assert first is not None and server.stats.count == 0, "not a step"
+    await asyncio.to_thread(report_checkpoint)
+    assert server.stats.checkpoint_at is not None and server.stats.checkpoint_at >= first, "the latest counts"
+
+
+def test_reporting_a_checkpoint_without_a_launcher_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ADDR_ENV, raising=False)
+    report_checkpoint()  # no launcher: nothing to tell, nothing raised
 
 
 def test_reporting_the_rendezvous_without_a_launcher_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -121,6 +121,17 @@ def test_the_run_reached_its_rendezvous_is_published_once_and_forgotten_by_a_new
     assert stats.published(now=111.0, wall_now=1_900_000_011.0).joined is None
 
 
+def test_the_runs_latest_checkpoint_is_published_and_forgotten_by_a_new_run() -> None:
+    stats = StepStats()
+    stats.new_run(100.0)
+    assert stats.published(now=101.0, wall_now=1_900_000_001.0).checkpoint is None
+    stats.checkpointed(103.0)
+    stats.checkpointed(105.0)  # the latest counts
+    assert stats.published(now=106.0, wall_now=1_900_000_006.0).checkpoint == 1_900_000_005.0
+    stats.new_run(110.0)
+    assert stats.published(now=111.0, wall_now=1_900_000_011.0).checkpoint is None
+
+
 def test_the_runs_collective_count_is_published_never_goes_back_and_is_forgotten_by_a_new_run() -> None:
     stats = StepStats()
     stats.new_run(100.0)
