@@ -561,7 +561,7 @@ def decide(
         candidates += degradation_actions(view, findings, policies, gang_epochs(view), now)
     if any(f.kind in STEP_FINDINGS for f in findings):  # slow ranks, stalled gangs (engine.stragglers)
         restarting = {r.workload for r in in_flight if r.active and r.action is ActionKind.RESTART_GANG}
-        candidates += step_actions(findings, view, policies, gang_epochs(view), restarting)
+        candidates += step_actions(findings, view, policies, gang_epochs(view), now, restarting)
 
     # Circuit breaker: too many GPU nodes faulting within the window stops disruptive actions.
     if breaker is None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from devheal.engine import checkpoints
 from devheal.engine.findings import attribution
 from devheal.engine.xids import needs_repair
 from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice, WorkloadClass
@@ -278,7 +279,7 @@ def _node_actions(f: Finding, view: ClusterView, policy: Policy, now: float) -> 
     return []
 
 
-def _pod_action(f: Finding, pod: Pod, policy: Policy, epoch: int, now: float) -> Action | None:
+def _pod_action(f: Finding, view: ClusterView, pod: Pod, policy: Policy, epoch: int, now: float) -> Action | None:
     base = Action.on_pod(
         ActionKind.NOTIFY,
         pod,
@@ -298,7 +299,12 @@ def _pod_action(f: Finding, pod: Pod, policy: Policy, epoch: int, now: float) ->
             reason=f"inference pod on a degraded GPU for {now - f.since:.0f}s "
             f"(enterAfter + inferenceGrace {rules.enter_after + rules.inference_grace:.0f}s): move it",
         )
-    if cls is WorkloadClass.GANG and rules.gang is RankAction.REPLACE_NOW:
+    when = ""
+    if cls is WorkloadClass.GANG and rules.gang is RankAction.REPLACE_AT_CHECKPOINT:
+        when = checkpoints.restart_now(view, pod, f.since, now, policy.stragglers.checkpoint_within)
+        if not when:
+            return None  # the gang's next checkpoint first: a restart now would roll its work back
+    if cls is WorkloadClass.GANG and rules.gang.restarts:
         return replace(
             base,
             kind=ActionKind.RESTART_GANG,
@@ -306,7 +312,8 @@ def _pod_action(f: Finding, pod: Pod, policy: Policy, epoch: int, now: float) ->
             target=pod.workload.key,
             target_uid=pod.workload.incarnation,
             epoch=epoch,
-            reason=f"rank {pod.key} on a degraded GPU: policy {policy.name} restarts the gang in place, replacing it",
+            reason=f"rank {pod.key} on a degraded GPU: policy {policy.name} restarts the gang in place, replacing it"
+            + (f" ({when})" if when else ""),
         )
     later = (
         "; it is replaced at the gang's next restart"
@@ -331,7 +338,7 @@ def degradation_actions(
             policy = policy_for_pod(policies, pod, view.nodes.get(pod.node))
             if policy is None:
                 continue
-            action = _pod_action(f, pod, policy, epochs.get(pod.workload.key, 0), now)
+            action = _pod_action(f, view, pod, policy, epochs.get(pod.workload.key, 0), now)
             if action is not None:
                 out.append((action, policy))
             continue

@@ -62,13 +62,19 @@ from devheal.model.plan import (
     TargetKind,
 )
 from devheal.model.policy import ActionKind, Policy
-from devheal.model.policy_set import policy_for_node
+from devheal.model.policy_set import policy_for_node, policy_for_pod
+from devheal.model.rank_action import RankAction
 
 FLEET_RAILS = frozenset({Rail.MAX_UNHEALTHY_NODES, Rail.MAX_UNHEALTHY_NODES_PER_POOL, Rail.CIRCUIT_BREAKER})
 """Rails whose outcome depends on how many nodes the view holds: a plan they stopped over a partial
 view may pass over a wider one."""
 TIMED_FINDINGS = frozenset(
-    {FindingKind.NODE_DEVICES_FAILED, FindingKind.DEGRADATION_RECOVERED, FindingKind.NODE_RECOVERED}
+    {
+        FindingKind.NODE_DEVICES_FAILED,
+        FindingKind.DEGRADATION_RECOVERED,
+        FindingKind.NODE_RECOVERED,
+        FindingKind.STRAGGLER,
+    }
 )
 """The findings ``due_times`` reads a policy duration for."""
 STATUS_KINDS = frozenset({FindingKind.DEVICE_FAILED, FindingKind.UNKNOWN_XID})
@@ -182,12 +188,19 @@ def due_times(
     """When a policy duration the decisions wait for comes due (just after it): an idle node's or a fully
     failed node's ``remediateAfter``, a recovered node's hold-down, a degraded node's ``leaveAfter``, the
     timeout of a ladder rung in progress (one that does not bring its node back gives way to the next), and
-    the timeout of a validation in progress (``devheal.engine.validation``)."""
+    the timeout of a validation in progress (``devheal.engine.validation``), and a straggler's
+    ``checkpointWithin`` under ``ReplaceAtCheckpoint`` (``devheal.engine.checkpoints``)."""
     wake: list[float] = []
     by_node: dict[str, list[InFlight]] | None = None
     for f in findings:
         if f.kind not in TIMED_FINDINGS:
             continue  # (most of a storm's findings: pods' failed devices)
+        if f.kind is FindingKind.STRAGGLER:  # the rank's policy decides about it (``stragglers.step_action``)
+            pod = view.pods.get(f.pod)
+            pod_policy = policy_for_pod(policies, pod, view.nodes.get(pod.node)) if pod is not None else None
+            if pod_policy is not None and pod_policy.stragglers.action is RankAction.REPLACE_AT_CHECKPOINT:
+                wake.append(f.since + pod_policy.stragglers.checkpoint_within + DUE_SLACK)
+            continue
         node = view.nodes.get(f.node)
         policy = policy_for_node(policies, node) if node is not None else None
         if policy is None:

@@ -57,7 +57,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from devheal.engine import first_steps, lost_nodes
+from devheal.engine import checkpoints, first_steps, lost_nodes
 from devheal.engine.collective_marks import judge_by_marks, waits_inside
 from devheal.engine.degradation import has_degraded_taint
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
@@ -475,8 +475,11 @@ def failed_runs(view: ClusterView, policies: Sequence[Policy], now: float) -> li
     return found
 
 
-def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy], epoch: int) -> Action | None:
-    """What a policy makes of a step-time finding: a RestartGang that replaces the rank (``ReplaceNow``, a
+def step_action(
+    finding: Finding, view: ClusterView, policies: Sequence[Policy], epoch: int, now: float
+) -> Action | None:
+    """What a policy makes of a step-time finding: a RestartGang that replaces the rank (``ReplaceNow``;
+    ``ReplaceAtCheckpoint`` once the gang saved a checkpoint since, ``engine.checkpoints``: None until then; a
     stall with ``RestartGang``, a failed run with ``actions.gang: RestartGang``), else a Notify on the rank (the
     record and its Event say it)."""
     pod = view.pods.get(finding.pod)
@@ -486,7 +489,12 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
     if policy is None:
         return None
     rules = policy.stragglers
-    gang = finding.kind is FindingKind.STRAGGLER and rules.action is RankAction.REPLACE_NOW
+    when = ""
+    if finding.kind is FindingKind.STRAGGLER and rules.action is RankAction.REPLACE_AT_CHECKPOINT:
+        when = checkpoints.restart_now(view, pod, finding.since, now, rules.checkpoint_within)
+        if not when:
+            return None  # the gang's next checkpoint first: a restart now would roll its work back
+    gang = finding.kind is FindingKind.STRAGGLER and rules.action.restarts
     gang |= finding.kind is FindingKind.GANG_STALLED and rules.stall.action is StallAction.RESTART_GANG
     gang |= finding.kind is FindingKind.RANK_FAILED and policy.actions[pod.workload.cls] is ActionKind.RESTART_GANG
     if gang:
@@ -496,7 +504,8 @@ def step_action(finding: Finding, view: ClusterView, policies: Sequence[Policy],
             finding,
             policy.name,
             epoch=epoch,
-            reason=f"{finding.kind} in gang {pod.workload.key}: policy {policy.name} restarts it in place, {replaced}",
+            reason=f"{finding.kind} in gang {pod.workload.key}: policy {policy.name} restarts it in place, {replaced}"
+            + (f" ({when})" if when else ""),
         )
     later = (
         "; it is replaced at the gang's next restart"
@@ -575,6 +584,7 @@ def step_actions(
     view: ClusterView,
     policies: Sequence[Policy],
     epochs: dict[str, int],
+    now: float,
     restarting: Collection[str] = frozenset(),
 ) -> list[tuple[Action, Policy]]:
     """``step_action`` for each step-time finding, with the policy that decided it. ``restarting``: gangs (workload
@@ -586,7 +596,7 @@ def step_actions(
         if f.kind not in STEP_FINDINGS:
             continue
         pod = view.pods.get(f.pod)
-        action = step_action(f, view, policies, epochs.get(pod.workload.key, 0) if pod is not None else 0)
+        action = step_action(f, view, policies, epochs.get(pod.workload.key, 0) if pod is not None else 0, now)
         if action is None:
             continue
         policy = by_name[action.policy]

@@ -236,15 +236,16 @@ RECOMMENDED_POLICY = Policy(
     name="devheal-recommended",
     actions={**DEFAULT_ACTIONS, WorkloadClass.GANG: ActionKind.RESTART_GANG},
     budgets=Budgets(gang_restarts_per_hour=10),
-    stragglers=StragglerRules(action=RankAction.REPLACE_NOW),
+    stragglers=StragglerRules(action=RankAction.REPLACE_AT_CHECKPOINT),
     node=NodeRules(lemon_after=1),
 )
 """What we recommend a cluster installs (``deploy/examples/recommended-policy.yaml``, which adds a selector),
 and what the simulator runs as devheal: the documented defaults, except that a gang restarts in place
 (``RestartGang``: only the broken rank's pod is replaced; ranks run under ``devheal launch``) up to 10 times an
-hour (a 16,000-GPU gang fails several times a day, and failures come in bursts), and a straggler is replaced at
-once (``ReplaceNow``: one in-place restart costs less than a slow rank holding the gang back until its next
-restart; docs/stragglers.md), and a node that fails again within 30 days of devheal lifting its marks is kept
+hour (a 16,000-GPU gang fails several times a day, and failures come in bursts), and a straggler is replaced
+right after the gang's next checkpoint (``ReplaceAtCheckpoint``: one in-place restart costs less than a slow rank
+holding the gang back until its next restart, and after a checkpoint it rolls back no work; docs/stragglers.md),
+and a node that fails again within 30 days of devheal lifting its marks is kept
 out as a lemon (``node.lemonAfter: 1``)."""
 
 

@@ -3,7 +3,8 @@
 Spec, with defaults (docs/stragglers.md gives each default's rationale)::
 
     stragglers:
-      action: ReplaceAtRestart       # Notify | ReplaceAtRestart | ReplaceNow
+      action: ReplaceAtRestart       # Notify | ReplaceAtRestart | ReplaceNow | ReplaceAtCheckpoint
+      checkpointWithin: 30m          # ReplaceAtCheckpoint: at once when no checkpoint is reported this long
       minSlowdownPercent: 12         # a rank's median step at least 12 % above the gang's median...
       outlierMADs: 5                 # ...and more than 5 scaled MADs above it
       minSamples: 5                  # steps of the current run before a rank is judged
@@ -63,6 +64,9 @@ class StragglerRules:
     sustained_reports: int = 3
     min_ranks: int = 3
     stall: StallRules = StallRules()
+    checkpoint_within: float = 1800.0
+    """``ReplaceAtCheckpoint`` (here and in ``degradation.gang``): seconds from finding the rank after which the gang
+    restarts even though no checkpoint was reported (a workload that reports none, or checkpoints rarely)."""
 
     @property
     def replaces(self) -> bool:
@@ -71,7 +75,16 @@ class StragglerRules:
 
 
 _FIELDS = frozenset(
-    {"action", "minSlowdownPercent", "outlierMADs", "minSamples", "sustainedReports", "minRanks", "stall"}
+    {
+        "action",
+        "minSlowdownPercent",
+        "outlierMADs",
+        "minSamples",
+        "sustainedReports",
+        "minRanks",
+        "stall",
+        "checkpointWithin",
+    }
 )
 _STALL_FIELDS = frozenset({"after", "steps", "action", "joinAfter", "firstStepAfter"})
 MAX_PERCENT = 1000
@@ -118,4 +131,7 @@ def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueErro
         sustained_reports=count("sustainedReports", d.sustained_reports, 1),
         min_ranks=count("minRanks", d.min_ranks, 3),
         stall=stall,
+        checkpoint_within=fields.duration(
+            spec.get("checkpointWithin"), d.checkpoint_within, f"{where}.checkpointWithin", error, positive=True
+        ),
     )

@@ -39,6 +39,7 @@ from devheal.model.cluster import ClusterView
 from devheal.model.degradation_policy import SUSPECT_MARK
 from devheal.model.plan import Action, Blocked, InFlight, InFlightRecords, Phase, Plan, Rail
 from devheal.model.policy import RECOMMENDED_POLICY, Policy
+from devheal.model.rank_action import RankAction
 from devheal.simulate.engine_effects import FleetEffects
 from devheal.simulate.engine_records import RecordStore
 from devheal.simulate.engine_view import CacheView
@@ -65,6 +66,8 @@ class EngineStrategy(Strategy):
         self.hold_failed_s = hold_failed_s
         self.policies = [policy]
         self.name = name or ("devheal-default" if policy is RECOMMENDED_POLICY else f"policy:{policy.name}")
+        self.at_checkpoint = RankAction.REPLACE_AT_CHECKPOINT in (policy.stragglers.action, policy.degradation.gang)
+        """A slow rank waits for its gang's next checkpoint (``engine.checkpoints``)."""
         actions = ", ".join(f"{cls}={kind}" for cls, kind in policy.actions.items())
         self.description = f"devheal engine, policy {policy.name} ({actions}" + (
             ", dry-run)" if policy.dry_run else ")"
@@ -209,6 +212,15 @@ class EngineStrategy(Strategy):
         reports = math.ceil(rules.min_samples / steps_per_report) + rules.sustained_reports + 1
         self._judge_steps(unit, [self.sim.now + k * costs.steps_publish_s + SLACK_S for k in range(1, reports + 1)])
 
+    def _next_checkpoint_round(self, unit: Unit) -> None:
+        """A round at the first publication of the running gang's next checkpoint (``ReplaceAtCheckpoint``)."""
+        if unit.state is not UnitState.RUNNING or unit.checkpoint_s <= 0:
+            return
+        publish = self.sim.costs.steps_publish_s
+        k = math.floor((self.sim.now - unit.run_start) / unit.checkpoint_s + 1e-9) + 1
+        saved = unit.run_start + k * unit.checkpoint_s
+        self._schedule(unit.run_start + math.ceil((saved - unit.run_start) / publish - 1e-9) * publish + SLACK_S)
+
     def _has_slow(self, unit: Unit) -> bool:
         return any(n in unit.members for n in self.sim.slow_nodes)
 
@@ -313,6 +325,9 @@ class EngineStrategy(Strategy):
         self.rounds += 1
         for when in result.wakes:  # a policy duration comes due, or a stopped decision is tried again
             self._schedule(when)
+        if self.at_checkpoint:  # a slow rank waits for its gang's next checkpoint: a round once it is reported
+            for uid in sorted(slow):
+                self._next_checkpoint_round(self.sim.units[uid])
         self._prune_watch()
         return result.plan
 

@@ -8,7 +8,8 @@ would have written by now:
   slowdown (a gray node, or one in a fail-slow episode, computes slower; the others then wait
   for it in the collectives; the count follows the gang's pace as episodes begin and end), the
   window fills one step at a time from the run's start, and the report is rewritten every
-  publish interval;
+  publish interval; it says when the run last saved a checkpoint (every ``checkpoint_s`` from the
+  run's start, as the workload's ``report_checkpoint`` would);
 - once the gang stops mid-run (a fault): every rank's last report is of the step it finished
   when the gang stopped, except the rank on the failing node, which never finished that step
   (its last step is one step older): the rank that stalled first;
@@ -46,12 +47,14 @@ def step_report(unit: Unit, node: int, slow: float, step_s: float, publish_s: fl
         steps = math.floor(made)
         if steps <= 0:
             return StepReport(count=base, window=0, p50=None, last=None, run=run)
+        saved = math.floor((published - unit.run_start) / unit.checkpoint_s + 1e-9) if unit.checkpoint_s > 0 else 0
         return StepReport(
             count=base + steps,
             window=min(steps, WINDOW),
             p50=step_s * slow,
             last=unit.run_start + steps * pace if not unit.paces else published - (made - steps) * pace,
             run=run,
+            checkpoint=unit.run_start + saved * unit.checkpoint_s if saved > 0 else None,
         )
     if unit.state is UnitState.DOWN and unit.rendezvous_at is not None:
         # A new run, stopped at its rendezvous: the processes started (and reached it) at the same moment here.

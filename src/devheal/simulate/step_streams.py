@@ -38,6 +38,8 @@ class GangStream:
     window: int = 10
     """Steps the published median covers (the launcher's short window)."""
     seed: int = 0
+    checkpoint_every: int | None = None
+    """Steps between the checkpoints the ranks report (``report_checkpoint``); None: they report none."""
     namespace: str = "train"
     name: str = "llm"
 
@@ -46,6 +48,7 @@ class GangStream:
         self._recent = [deque[float](maxlen=self.window) for _ in range(self.ranks)]
         self.step = 0
         self.now = EPOCH
+        self.checkpoint_at: float | None = None
         self.workload = Workload(self.namespace, "JobSet", self.name, WorkloadClass.GANG)
 
     def pod_name(self, rank: int) -> str:
@@ -69,6 +72,8 @@ class GangStream:
             self._recent[rank].append(d)
         self.step += 1
         self.now += max(durations)
+        if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+            self.checkpoint_at = self.now
         return durations
 
     def report(self, rank: int) -> StepReport:
@@ -79,6 +84,7 @@ class GangStream:
             p50=statistics.median(recent) if recent else None,
             last=self.now if self.step else None,
             run=EPOCH,
+            checkpoint=self.checkpoint_at,
         )
 
     def view(self) -> ClusterView:

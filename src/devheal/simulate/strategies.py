@@ -17,6 +17,7 @@ people, is common to all strategies and lives in ``simulation``):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -27,6 +28,9 @@ from devheal.simulate.event_queue import Event, EventKind
 from devheal.simulate.failures import Signal
 from devheal.simulate.fleet import Unit, UnitState
 from devheal.simulate.simulation import STRAGGLER_SWAP_CAUSE, Strategy
+
+SWAP_AT_CHECKPOINT = -1
+"""The bound's signal (in place of a fault's index) to swap a slow node out at its gang's checkpoint."""
 
 
 class KubernetesDefault(Strategy):
@@ -78,30 +82,67 @@ class IdealBound(Strategy):
     """Not a product: what no remediation can beat. Every fault is handled the moment it lands (silent
     corruption: the moment the job notices it): the node leaves its workload for a spare and goes to the
     repair a person would choose, the other ranks restart in place; a crash or a hang restarts in place at
-    once; slow nodes are taken out at the start, a fail-slow episode when it begins if it lasts long enough to
-    be worth a restart. What is left is the workload's own cost: rollback to the
-    last checkpoint, checkpoint pauses, the in-place restart and the workload's restart (rendezvous, load)."""
+    once; slow nodes are taken out at the start, a fail-slow episode at once, at the gang's next checkpoint or not
+    at all, whichever costs least (it knows when the episode ends). What is left is the workload's own cost:
+    rollback to the last checkpoint, checkpoint pauses, the in-place restart and the workload's restart
+    (rendezvous, load)."""
 
     name = "ideal-bound"
     description = "a bound: every fault remediated the moment it lands, in place, on a spare"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: dict[int, float] = {}
+        """Slow nodes to swap out at their gang's next checkpoint: the run (its start) that checkpoint is of."""
+
     def on_unit_running(self, unit: Unit) -> None:
         sim = self.sim
         for node in [n for n in sorted(sim.slow_nodes) if sim.nodes[n].unit == unit.uid]:
-            sim.start_repair(node, "repair", None)  # first: the released node must not go straight back to work
-            sim.release(node, recreate=False, why="ideal:swap-slow-node", cause=STRAGGLER_SWAP_CAUSE)
+            self._swap(node)
 
     def on_slowness_changed(self, node: int) -> None:
-        """A fail-slow episode: swapped out at once where what it would cost the gang until it ends (it knows when)
-        is more than a swap does (the restart, and on average half a checkpoint interval of rollback)."""
+        """A fail-slow episode: the cheapest of keeping the slow node until the episode ends (it knows when), swapping
+        it out at once (the restart and the rollback to the last checkpoint) and swapping it out at the gang's next
+        checkpoint (the slowdown until then and the restart, no rollback)."""
         sim = self.sim
         unit = sim.unit_of(node)
         if unit is None or node not in sim.slow_until or unit.state is not UnitState.RUNNING:
             return
-        lost = (sim.slow_until[node] - sim.now) * (1.0 - 1.0 / sim.nodes[node].slow)
-        if lost > sim.costs.inplace_restart_s + unit.restart_s + unit.checkpoint_s / 2:
-            sim.start_repair(node, "repair", None)
-            sim.release(node, recreate=False, why="ideal:swap-slow-node", cause=STRAGGLER_SWAP_CAUSE)
+        self._pending.pop(node, None)
+        slowed = 1.0 - 1.0 / sim.nodes[node].slow
+        end, restart = sim.slow_until[node], sim.costs.inplace_restart_s + unit.restart_s
+        options = [((end - sim.now) * slowed, None), (restart + self._since_checkpoint(unit), sim.now)]
+        if unit.checkpoint_s > 0:
+            interval = unit.checkpoint_s
+            saved = unit.run_start + (math.floor((sim.now - unit.run_start) / interval) + 1) * interval
+            if saved < end:
+                options.append(((saved - sim.now) * slowed + restart, saved))
+        _, when = min(options, key=lambda option: option[0])  # a tie keeps the node, then swaps at once
+        if when == sim.now:
+            self._swap(node)
+        elif when is not None:
+            self._pending[node] = unit.run_start
+            sim.queue.push(when, EventKind.SIGNAL, node, SWAP_AT_CHECKPOINT)
+
+    def _since_checkpoint(self, unit: Unit) -> float:
+        if unit.checkpoint_s <= 0:
+            return self.sim.now - unit.run_start
+        return (self.sim.now - unit.run_start) % unit.checkpoint_s
+
+    def _swap(self, node: int) -> None:
+        self.sim.start_repair(node, "repair", None)  # first: the released node must not go straight back to work
+        self.sim.release(node, recreate=False, why="ideal:swap-slow-node", cause=STRAGGLER_SWAP_CAUSE)
+
+    def _swap_at_checkpoint(self, node: int) -> None:
+        sim = self.sim
+        unit = sim.unit_of(node)
+        run = self._pending.pop(node, None)
+        if unit is None or node not in sim.slow_nodes or unit.state is not UnitState.RUNNING:
+            return  # the episode ended, or the node left its gang meanwhile
+        if run != unit.run_start:
+            self.on_slowness_changed(node)  # the gang restarted meanwhile: its checkpoints moved
+            return
+        self._swap(node)
 
     def on_fault(self, fault: int) -> None:
         sim = self.sim
@@ -111,7 +152,10 @@ class IdealBound(Strategy):
             self._remediate(fault)
 
     def on_signal(self, event: Event) -> None:
-        self._remediate(event.ref)
+        if event.ref == SWAP_AT_CHECKPOINT:
+            self._swap_at_checkpoint(event.target)
+        else:
+            self._remediate(event.ref)
 
     def _remediate(self, fault: int) -> None:
         sim = self.sim

@@ -29,6 +29,7 @@ from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY, 
 from devheal.model.node_devices import Remedy
 from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase
 from devheal.model.policy import ActionKind, Policy, PolicyError
+from devheal.model.steps import StepReport
 
 from .builders import device, gpu_id, node, pod, policy, view, workload
 
@@ -369,3 +370,32 @@ def test_degradation_defaults() -> None:
     assert policy().repair.action.value == "Drain"
     with pytest.raises(PolicyError, match=r"repair.action: expected one of Drain, Notify"):
         policy(repair={"action": "Reset"})
+
+
+def test_a_gang_rank_on_a_degraded_gpu_is_replaced_after_the_gangs_next_checkpoint() -> None:
+    """``ReplaceAtCheckpoint``: nothing while the gang has saved no checkpoint since the GPU was found degraded;
+    the restart once one of its ranks reports one, or once ``stragglers.checkpointWithin`` passed without."""
+
+    def gang(checkpoint: float | None) -> dict[str, Pod]:
+        steps = StepReport(count=10, window=5, p50=1.0, last=T0, run=T0 - 100, checkpoint=checkpoint)
+        rank = replace(pod("train-0", "n1", owner=TRAIN, devices=[device(gpu_id("n1", 0))]), steps=steps)
+        other = replace(pod("train-1", "n1", owner=TRAIN, devices=[device(gpu_id("n1", 1))]), steps=steps)
+        return {rank.key: rank, other.key: other}
+
+    # The ranks' reports stand still here: their stall is only recorded.
+    stragglers = {"checkpointWithin": "20m", "stall": {"action": "Notify"}}
+    rules = {"degradation": {"gang": "ReplaceAtCheckpoint"}, "stragglers": stragglers}
+    for checkpointed, why in ((False, "no checkpoint reported within 1200s"), (True, "the gang saved a checkpoint")):
+        world, rounds = World(policy(**rules)), DecisionRound()
+        world.pods = gang(None)
+        world.devices = (dev(0, reason(T0)), dev(1))
+        run(world, rounds, T0 + 650)
+        assert not [a for a in world.taken if a.kind is ActionKind.RESTART_GANG]
+        # A checkpoint now; or only one from before the GPU was found degraded (at T0): the limit counts from then.
+        world.pods = gang(world.now if checkpointed else T0 - 50)
+        restarted_by = world.now + STEP if checkpointed else T0 + 1200 + STEP
+        run(world, rounds, restarted_by - 2 * STEP)
+        assert not [a for a in world.taken if a.kind is ActionKind.RESTART_GANG], checkpointed
+        run(world, rounds, restarted_by)
+        (restart,) = [a for a in world.taken if a.kind is ActionKind.RESTART_GANG]
+        assert restart.finding.pod == "default/train-0" and why in restart.reason, restart.reason

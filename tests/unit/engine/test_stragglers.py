@@ -192,6 +192,47 @@ def test_replace_now_restarts_the_gang_replacing_the_slow_rank_and_steers_new_po
     assert "PreferNoSchedule" in taint.reason
 
 
+def restart_step(stream: GangStream, policies: list[Policy], steps: int) -> tuple[int | None, Action | None]:
+    """The step after which the gang restart was decided, and that restart (None: none within ``steps``)."""
+    rounds, host = DecisionRound(), RecordingHost()
+    for view in stream.views(steps):
+        rounds.run(host, view, policies, stream.now)
+        restarts = [a for a in host.started if a.kind is ActionKind.RESTART_GANG]
+        if restarts:
+            return stream.step, restarts[0]
+    return None, None
+
+
+def test_replace_at_checkpoint_restarts_the_gang_right_after_its_next_checkpoint() -> None:
+    policies = [straggler_policy(action="ReplaceAtCheckpoint")]
+    found, _ = first_detection(GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7), policies, 60)
+    assert found is not None and 20 + found < 40  # found between the checkpoints at steps 20 and 40
+    stream = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7, checkpoint_every=20)
+    step, action = restart_step(stream, policies, 80)
+    assert step == 40, "the round after the gang's next checkpoint, not at once"
+    assert action is not None and action.finding.pod_uid == "uid-llm-3"
+    assert "saved a checkpoint 0s ago, after the rank was found" in action.reason
+
+
+def test_replace_at_checkpoint_restarts_at_once_without_a_checkpoint_within_the_limit() -> None:
+    within = 15  # seconds: 1 s steps
+    policies = [straggler_policy(action="ReplaceAtCheckpoint", checkpointWithin=f"{within}s")]
+    stream = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7)  # reports no checkpoint
+    found, _ = first_detection(GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7), policies, 60)
+    assert found is not None
+    step, action = restart_step(stream, policies, 80)
+    assert step is not None and action is not None
+    assert 20 + found + within // 2 <= step <= 20 + found + within, "the limit from the finding, in 1-1.3 s steps"
+    assert f"no checkpoint reported within {within}s of finding the rank" in action.reason
+    # The round knows when that comes due: the controller wakes for it with no step report to come.
+    rounds = DecisionRound()
+    quiet = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7)
+    wakes: list[float] = []
+    for view in quiet.views(20 + found):
+        wakes = rounds.run(RecordingHost(), view, policies, quiet.now).wakes
+    assert wakes and wakes[0] <= quiet.now + within
+
+
 def test_replace_at_restart_and_notify_only_record_the_rank() -> None:
     for mode in ("ReplaceAtRestart", "Notify"):
         stream = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7)

@@ -126,7 +126,8 @@ SECTIONS: dict[str, Any] = {
     },
     "devices": {"taint": (True, False), "taintEffect": ("NoSchedule", "NoExecute"), "holdDown": DURATION},
     "stragglers": {
-        "action": ("Notify", "ReplaceAtRestart", "ReplaceNow"),
+        "action": ("Notify", "ReplaceAtRestart", "ReplaceNow", "ReplaceAtCheckpoint"),
+        "checkpointWithin": DURATION,
         "minSlowdownPercent": (12, 1, 1000),
         "outlierMADs": (5, 0),
         "minSamples": (5, 1),
@@ -153,7 +154,7 @@ SECTIONS: dict[str, Any] = {
         "taint": (True, False),
         "inference": ("Deschedule", "Notify"),
         "inferenceGrace": DURATION,
-        "gang": ("Notify", "ReplaceAtRestart", "ReplaceNow"),
+        "gang": ("Notify", "ReplaceAtRestart", "ReplaceNow", "ReplaceAtCheckpoint"),
     },
     "repair": {"action": ("Drain", "Notify")},
 }

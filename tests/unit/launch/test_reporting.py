@@ -17,8 +17,8 @@ from devheal.launch.reporting import (
     collective,
     enter_collective,
     leave_collective,
-    report_collective,
     report_checkpoint,
+    report_collective,
     report_joined,
     report_step,
 )

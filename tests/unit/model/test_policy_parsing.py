@@ -40,7 +40,7 @@ def test_the_recommended_policy_is_the_defaults_with_gangs_restarted_in_place() 
         {
             "actions": {"gang": "RestartGang"},
             "budgets": {"gangRestartsPerHour": 10},
-            "stragglers": {"action": "ReplaceNow"},
+            "stragglers": {"action": "ReplaceAtCheckpoint"},
             "node": {"lemonAfter": 1},
         }
     )

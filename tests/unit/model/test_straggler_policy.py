@@ -9,6 +9,7 @@ import pytest
 
 from devheal.model.policy import PolicyError, parse_policy
 from devheal.model.rank_action import RankAction
+from devheal.model.straggler_policy import _FIELDS as STRAGGLER_FIELDS
 from devheal.model.straggler_policy import StallAction, StallRules, StragglerRules
 from tests.unit.crds.test_crd_manifests import spec_schema, violations
 
@@ -26,11 +27,13 @@ def test_defaults() -> None:
     assert (rules.action, rules.min_slowdown_percent, rules.outlier_mads) == (RankAction.REPLACE_AT_RESTART, 12, 5)
     assert (rules.min_samples, rules.sustained_reports, rules.min_ranks) == (5, 3, 3)
     assert rules.stall == StallRules(45.0, 5, StallAction.RESTART_GANG, 120.0)
+    assert rules.checkpoint_within == 1800.0
 
 
 def test_every_field() -> None:
     spec = {
-        "action": "ReplaceNow",
+        "action": "ReplaceAtCheckpoint",
+        "checkpointWithin": "20m",
         "minSlowdownPercent": 25,
         "outlierMADs": 0,
         "minSamples": 10,
@@ -40,7 +43,14 @@ def test_every_field() -> None:
     }
     assert violations({"selector": SELECTOR, "stragglers": spec}, spec_schema("RemediationPolicy")) == []
     assert parsed(spec) == StragglerRules(
-        RankAction.REPLACE_NOW, 25, 0, 10, 1, 4, StallRules(90.0, 20, StallAction.NOTIFY, 180.0, 240.0)
+        RankAction.REPLACE_AT_CHECKPOINT,
+        25,
+        0,
+        10,
+        1,
+        4,
+        StallRules(90.0, 20, StallAction.NOTIFY, 180.0, 240.0),
+        1200.0,
     )
 
 
@@ -53,6 +63,7 @@ def test_the_stall_limit_is_after_or_steps_of_the_median_step_when_longer() -> N
     ("stragglers", "field"),
     [
         ({"action": "Evict"}, "stragglers.action"),
+        ({"checkpointWithin": "soon"}, "stragglers.checkpointWithin"),
         ({"minSlowdownPercent": 0}, "stragglers.minSlowdownPercent"),
         ({"minSlowdownPercent": "10%"}, "stragglers.minSlowdownPercent"),
         ({"outlierMADs": -1}, "stragglers.outlierMADs"),
@@ -84,15 +95,7 @@ def test_a_zero_stall_is_refused_naming_the_field() -> None:
 def test_the_schema_has_no_unknown_field_pruned() -> None:
     """Each field parse_policy reads is in the schema: the API server would drop any other silently."""
     node = spec_schema("RemediationPolicy")["properties"]["stragglers"]
-    assert set(node["properties"]) == {
-        "action",
-        "minSlowdownPercent",
-        "outlierMADs",
-        "minSamples",
-        "sustainedReports",
-        "minRanks",
-        "stall",
-    }
+    assert set(node["properties"]) == set(STRAGGLER_FIELDS) and "checkpointWithin" in STRAGGLER_FIELDS
     assert set(node["properties"]["stall"]["properties"]) == {"after", "steps", "action", "joinAfter", "firstStepAfter"}
 
 

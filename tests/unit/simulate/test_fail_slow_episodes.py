@@ -45,14 +45,26 @@ def test_an_episode_slows_the_gang_only_while_it_lasts() -> None:
 
 def test_devheal_finds_an_episode_that_starts_mid_run_and_replaces_the_rank_where_its_steps_stand_out() -> None:
     config = small_config(parallelism=Parallelism.DDP)
-    devheal = EngineStrategy(RECOMMENDED_POLICY)
-    sim, result = run_with(config, [SlowEpisode(1, 2 * HOUR, 6 * HOUR, 1.5)], devheal)
-    [restart] = [r for r in devheal.store.records.values() if r.action is ActionKind.RESTART_GANG]
+    now = EngineStrategy(policy("p", actions={"gang": "RestartGang"}, stragglers={"action": "ReplaceNow"}))
+    sim, result = run_with(config, [SlowEpisode(1, 2 * HOUR, 6 * HOUR, 1.5)], now)
+    [restart] = [r for r in now.store.records.values() if r.action is ActionKind.RESTART_GANG]
     assert restart.resume is not None and restart.resume.finding.kind is FindingKind.STRAGGLER
     assert restart.resume.finding.pod == "ml-training/train-1"
     assert 2 * HOUR < restart.started <= 2 * HOUR + 90  # a full window and three outlier reports
     assert 1 not in sim.units[0].members
     assert sum(result.training_loss_by_cause.get("slow-node", {}).values()) < 90 * GPUS / HOUR
+    # The recommended ReplaceAtCheckpoint: the same rank, replaced in the round after the gang's next checkpoint
+    # (every 15 minutes from the run's start here), so the restart rolls back no work.
+    devheal = EngineStrategy(RECOMMENDED_POLICY)
+    sim, result = run_with(config, [SlowEpisode(1, 2 * HOUR, 6 * HOUR, 1.5)], devheal)
+    [restart] = [r for r in devheal.store.records.values() if r.action is ActionKind.RESTART_GANG]
+    assert restart.resume is not None and restart.resume.finding.pod == "ml-training/train-1"
+    saved = 2 * HOUR + config.fleet.gangs[0].checkpoint_interval_s
+    assert saved < restart.started <= saved + config.costs.steps_publish_s + 1, restart.started
+    assert 1 not in sim.units[0].members
+    rolled_back = result.training_loss_by_cause["straggler-swap"].get("rollback", 0.0)
+    assert rolled_back <= GPUS * config.costs.steps_publish_s / HOUR  # at most one publication after the checkpoint
+    assert "saved a checkpoint" in restart.resume.reason
     # Where no rank stands out (FSDP reporting the whole step: the never-named culprit model), nothing is done and
     # the gang waits it out.
     _sim, sharded = run_with(
