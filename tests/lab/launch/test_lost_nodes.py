@@ -77,10 +77,6 @@ async def test_a_rank_on_a_node_gone_down_is_named_by_its_notready_condition_and
             assert len(stopped) == 2, f"rank 1's launcher and training process stopped: {stopped}"
             await asyncio.to_thread(faults.node_down, node)
 
-            # The controller manager's node lifecycle, after its grace period.
-            await wait_until(node_state, lambda s: s[0] == "Unknown", timeout=120, what=f"{node} Ready=Unknown")
-            unknown = time.time() - down
-
             def stalls(rs: list[dict]) -> list[dict]:
                 # The restart (its node's suspect taint, decided from the same finding, is a record of its own).
                 return [
@@ -88,6 +84,13 @@ async def test_a_rank_on_a_node_gone_down_is_named_by_its_notready_condition_and
                     for r in rs
                     if r["spec"]["finding"]["kind"] == "GangStalled" and r["spec"]["action"] == "RestartGang"
                 ]
+
+            # The controller manager's node lifecycle, after its grace period; the gang's stall limit is not up yet.
+            await wait_until(
+                node_state, lambda s: s[0] == "Unknown", timeout=120, what=f"{node} Ready=Unknown", interval=0.5
+            )
+            unknown = time.time() - down
+            assert stalls(await gang.harness.remediations()) == [], "the stall was judged before the node was NotReady"
 
             records = await gang.harness.wait_remediation(
                 lambda rs: bool(stalls(rs)), "a GangStalled remediation", timeout=120
@@ -128,4 +131,5 @@ async def test_a_rank_on_a_node_gone_down_is_named_by_its_notready_condition_and
                 lambda s: s[0] == "True" and not any(t.startswith(UNREACHABLE) for t in s[1]),
                 timeout=90,
                 what=f"{node} Ready again and its unreachable taints gone",
+                interval=0.5,
             )
