@@ -35,9 +35,10 @@ from .torch_gang import CHECKPOINT_EVERY, RANKS, torch_gang
 
 pytest.importorskip("torch", reason="the train extra (scripts/bootstrap installs it)")
 
-STALL_AFTER = 70
-"""Seconds: longer than the node's grace period (50 s from its last heartbeat, which kwok renews every 10 s) and
-the controller manager's 5 s node monitor period, so the node is NotReady when the stall is judged."""
+STALL_AFTER = 75
+"""Seconds: longer than the node's grace period (50 s from its last heartbeat, the fault's own write, as the
+controller manager sees it within its 5 s node monitor period) and one more monitor period, with room to spare:
+the node is NotReady when the stall is judged."""
 UNREACHABLE = "node.kubernetes.io/unreachable"
 
 

@@ -6,6 +6,7 @@ Unknown; here, what the fault writes, and that ``node-up`` removes only a Lease 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from devheal.lab.nodesim.kubelet import DOWN_RECHECK_SECONDS, Kubelet
 from devheal.lab.nodesim.nodestatus import NodeStatus
 from devheal.lab.nodesim.pods import PodView
 from devheal.lab.nodesim.store import NodeStore
+from devheal.model.times import parse_time
 
 NODE = "gpu-node-000"
 
@@ -59,9 +61,15 @@ def lease_calls(client: RecordingClient) -> list[tuple[str, Any]]:
 async def test_node_down_gives_the_lease_away_and_node_up_removes_it(tmp_path: Path) -> None:
     client = RecordingClient({"metadata": {"uid": "u1"}, "spec": {"holderIdentity": "kwok"}})
     api = simulator(tmp_path, client)
+    before = time.time()
     await api.inject(NODE, {"kind": "node-down"})
-    body = {"spec": {"holderIdentity": DOWN_HOLDER, "leaseDurationSeconds": DOWN_LEASE_SECONDS}}
-    assert lease_calls(client) == [("PATCH", body)], "the renew time is left at kwok's last heartbeat"
+    ((method, body),) = lease_calls(client)
+    assert method == "PATCH"
+    spec = body["spec"]
+    assert (spec["holderIdentity"], spec["leaseDurationSeconds"]) == (DOWN_HOLDER, DOWN_LEASE_SECONDS)
+    # Its last heartbeat: renewed now, so the controller manager keeps this version of the Lease as the newest.
+    assert before - 1 <= parse_time(spec["renewTime"]) <= time.time() + 1, spec
+    assert spec["renewTime"].count(".") == 1, "a MicroTime"
     assert api.kubelet.down == {NODE}
 
     client.calls.clear()

@@ -24,6 +24,7 @@ from devheal.lab.nodesim.nodes import NOT_READY_LABEL, node_name
 from devheal.lab.nodesim.nodestatus import NodeStatus
 from devheal.lab.nodesim.store import NodeStore
 from devheal.lab.sharing import SHARING_FAULTS, sharing_fault
+from devheal.model.times import format_time
 
 NODE_LEASES = "kube-node-lease"
 DOWN_HOLDER = "devheal-lab-node-down"
@@ -118,7 +119,7 @@ class FaultAPI:
                 api_path("v1", "nodes", name=node), {"metadata": {"labels": {NOT_READY_LABEL: value}}}
             )
         elif kind == "node-down":
-            await self._stop_heartbeats(node)
+            await self._stop_heartbeats(node, now)
             self.kubelet.down.add(node)
         elif kind == "node-up":
             self.kubelet.down.discard(node)
@@ -135,12 +136,22 @@ class FaultAPI:
             await self.kubelet.republish_holders(node, changed)
         return nd.to_json(time.time())
 
-    async def _stop_heartbeats(self, node: str) -> None:
+    async def _stop_heartbeats(self, node: str, now: float) -> None:
         """kwok stops renewing the node's Lease (its heartbeat) and stops writing the node: the Lease goes to
-        another holder for longer than any test, its renew time left at kwok's last heartbeat. The controller
-        manager's node lifecycle then marks the node's conditions Unknown after its grace period (50 s from
-        that heartbeat) and taints it ``node.kubernetes.io/unreachable``, as for a node whose kubelet died."""
-        body = {"spec": {"holderIdentity": DOWN_HOLDER, "leaseDurationSeconds": DOWN_LEASE_SECONDS}}
+        another holder for longer than any test. The controller manager's node lifecycle then marks the node's
+        conditions Unknown after its grace period (50 s) and taints it ``node.kubernetes.io/unreachable``, as for
+        a node whose kubelet died.
+
+        The write is the node's last heartbeat (its renew time now): the controller manager, whose lease circuit
+        breaker (``NodeControllerLeaseCircuitBreaker``) takes a Lease that changed without being renewed for a
+        stale cache of its own, would otherwise never mark the node."""
+        body = {
+            "spec": {
+                "holderIdentity": DOWN_HOLDER,
+                "leaseDurationSeconds": DOWN_LEASE_SECONDS,
+                "renewTime": format_time(now, micro=True),
+            }
+        }
         try:
             await self.client.patch(lease_path(node), body)
         except errors.NotFound as exc:
