@@ -49,6 +49,7 @@ class RecordingFaults(Faults):
         super().__init__(lab)
         self.touched: set[tuple[str, int]] = set()
         self.not_ready: set[str] = set()
+        self.down: set[str] = set()
 
     def _fault(self, node: str, **body: Any) -> dict[str, Any]:
         result = super()._fault(node, **body)
@@ -56,6 +57,8 @@ class RecordingFaults(Faults):
             self.touched.add((node, int(body["gpu"])))
         if body.get("kind") == "node-notready":
             self.not_ready.add(node)
+        if body.get("kind") == "node-down":
+            self.down.add(node)
         return result
 
     def undo(self) -> None:
@@ -63,6 +66,8 @@ class RecordingFaults(Faults):
             self.recover(node, gpu)
         for node in sorted(self.not_ready):
             self.node_ready(node)
+        for node in sorted(self.down):
+            self.node_up(node)
 
 
 @pytest.fixture

@@ -100,17 +100,19 @@ def stalled_on_lost_node(
 
 def name_lost_rank(finding: Finding, view: ClusterView, members: Sequence[Pod]) -> Finding:
     """``finding`` (a ``GangStalled`` of ``members``' gang) naming the rank on a lost node, or as it was where no
-    member is on one (or half of them or more are)."""
+    member is on one (or half of them or more are). Where the step reports named that rank already, the node's
+    condition is added to the evidence all the same: it is why the rank will never come back by itself."""
     if finding.kind is not FindingKind.GANG_STALLED:
         return finding
     ranks = lost_ranks(view, members)
     if not ranks:
         return finding
     pod = ranks[0]
-    if finding.pod_uid == pod.uid:
-        return finding
     others = f" (and {len(ranks) - 1} more)" if len(ranks) > 1 else ""
-    said = f"; the step reports named {finding.pod}" if finding.pod_uid else ""
+    if finding.pod_uid == pod.uid:
+        said = "; the step reports named it too"
+    else:
+        said = f"; the step reports named {finding.pod}" if finding.pod_uid else ""
     return replace(
         finding,
         node=pod.node,

@@ -139,6 +139,23 @@ class Faults:
             return {"node": node, "kubelet": "running"}
         return self._fault(node, kind="node-ready")
 
+    def node_down(self, node: str) -> dict[str, Any]:
+        """The node goes down (power, chassis, host): its heartbeats stop and nothing on it handles its pods any
+        more. The controller manager's node lifecycle turns its conditions Unknown after its grace period (50 s)
+        and taints it unreachable; its pods keep their phase, and a deleted one stays terminating, until
+        ``node_up``. On a simulated node kwok stops renewing its Lease and the node simulator leaves its pods
+        alone (the processes a test runs for them are the test's to stop); on a real node its kubelet stops."""
+        if self.lab.is_real_node(node):
+            return self.node_not_ready(node)
+        return self._fault(node, kind="node-down")
+
+    def node_up(self, node: str) -> dict[str, Any]:
+        """Undo ``node_down``: the node heartbeats again (kwok reports it Ready within its renew interval, 10 s)
+        and its pods are handled again."""
+        if self.lab.is_real_node(node):
+            return self.node_ready(node)
+        return self._fault(node, kind="node-up")
+
     def share(self, node: str, replicas: int = 1, profile: str = "") -> dict[str, Any]:
         """Reconfigure an idle node's GPUs (``devheal.lab.sharing``): ``replicas`` time-slicing replicas of
         ``nvidia.com/gpu`` each, or with a MIG ``profile`` (``3g.40gb``) that many instances of

@@ -93,6 +93,20 @@ class RankProcesses:
         """The live process of a completion index."""
         return next((r for r in self.live() if r.index == index), None)
 
+    def freeze(self, index: int) -> list[int]:
+        """SIGSTOP every process of a completion index's live rank, its launcher and the training process under
+        it (as when its node goes down: nothing of the rank runs or reports any more); their pids. They stay
+        stopped until their pod is deleted or ``run`` ends: SIGKILL ends a stopped process too."""
+        rank = self.rank(index)
+        if rank is None:
+            raise LookupError(f"job {self.job}: no live process for completion index {index}")
+        stopped = []
+        for group in (rank.proc.pid, *_children(rank.proc.pid)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGSTOP)
+                stopped.append(group)
+        return stopped
+
     async def _sync(self) -> None:
         pods = await pods_of(self.kube, self.namespace, f"job-name={self.job}")
         seen = set()

@@ -14,7 +14,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +86,12 @@ class TorchGang:
         os.kill(training, signum)
         return time.time(), max(self.steps_by_rank().values())
 
+    def freeze_rank(self, rank: int) -> tuple[float, int, list[int]]:
+        """SIGSTOP the rank's launcher and training process (its node went down); when, the gang's newest step
+        then, and the process groups stopped."""
+        stopped = self.processes.freeze(rank)
+        return time.time(), max(self.steps_by_rank().values()), stopped
+
     async def wait_stepping(self, *, started_after: float | None, past: int, timeout: float, what: str) -> None:
         async def read() -> dict[int, int]:
             return self.steps_by_rank(started_after)
@@ -103,14 +109,17 @@ async def torch_gang(
     tmp_path: Path,
     policy: dict[str, Any],
     launcher_args: Sequence[str] = (),
+    edit_job: Callable[[dict[str, Any]], None] | None = None,
 ) -> AsyncIterator[TorchGang]:
     """The gang stepping past its first checkpoint, the controller running with ``policy`` (plus the selector and
-    budgets out of the way); everything stopped afterwards."""
+    budgets out of the way); everything stopped afterwards. ``edit_job`` changes the Job before it is created."""
     await install_crds(kube)
     harness = ControllerHarness(lab, kube, namespace, tmp_path)
     events = tmp_path / "events.jsonl"
     job = gpu_job("llm", ranks=RANKS, indexed=True)
     job["spec"]["backoffLimit"] = 10
+    if edit_job is not None:
+        edit_job(job)
     processes = RankProcesses(
         lab,
         kube,

@@ -64,6 +64,21 @@ def test_a_stalled_gang_names_the_rank_on_the_notready_node_whatever_its_reports
     assert f.pod_uid == "uid-llm-2" and "the step reports named train/llm-0" in f.evidence
 
 
+def test_a_rank_the_reports_named_already_has_its_notready_node_in_the_evidence_too() -> None:
+    """Rank 2 stopped first (its last step the oldest) and its node is NotReady: the reports name it, and the
+    record says why it will not come back by itself."""
+    view = gang_view([T, T, T - 1.0, T], down=frozenset({2}))
+    (f,) = StragglerTracker().observe(view, [stalled_policy()], T + 60)
+    assert (f.kind, f.pod_uid, f.node) == (FindingKind.GANG_STALLED, "uid-llm-2", "gpu-002")
+    assert "rank train/llm-2 stalled first" in f.evidence, f.evidence
+    assert "rank train/llm-2's node gpu-002 is NotReady; the step reports named it too" in f.evidence
+    assert f.sources == (FindingSource.STEP_TIMES, FindingSource.NODE_LIFECYCLE)
+    # The same stall with the node Ready: the reports' finding alone.
+    (alone,) = StragglerTracker().observe(gang_view([T, T, T - 1.0, T]), [stalled_policy()], T + 60)
+    assert alone.pod_uid == "uid-llm-2" and "NotReady" not in alone.evidence
+    assert alone.sources == (FindingSource.STEP_TIMES,)
+
+
 def test_the_gang_restarts_in_place_replacing_only_that_rank() -> None:
     view = gang_view([T, T, T, T], down=frozenset({2}))
     policies = [stalled_policy()]

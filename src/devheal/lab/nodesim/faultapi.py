@@ -3,12 +3,14 @@
 Tests, the demo and the benchmarks break GPUs on purpose (``devheal.lab.faults`` is the
 client). A fault changes the node's devices, then everything a real node would show for
 it: the Node's allocatable, the device health in the holding pods' status, the node's
-readiness (through kwok's not-ready stage). Bad input is answered 400 with what was
+readiness (through kwok's not-ready stage, or, for a node that goes down, through the controller manager's
+node lifecycle once its heartbeats stop). Bad input is answered 400 with what was
 expected, an unknown node 404, a refused API write 502.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,19 @@ from devheal.lab.nodesim.nodes import NOT_READY_LABEL, node_name
 from devheal.lab.nodesim.nodestatus import NodeStatus
 from devheal.lab.nodesim.store import NodeStore
 from devheal.lab.sharing import SHARING_FAULTS, sharing_fault
+from devheal.model.times import format_time
+
+NODE_LEASES = "kube-node-lease"
+DOWN_HOLDER = "devheal-lab-node-down"
+"""The holder a down node's Lease is given: kwok renews only leases it holds, and leaves the node alone."""
+DOWN_LEASE_SECONDS = 7 * 24 * 3600
+"""The down node's Lease duration: kwok takes a lease back once it expires, which must not happen in a test."""
+
+
+def lease_path(node: str) -> str:
+    """The node's heartbeat Lease."""
+    return api_path("coordination.k8s.io/v1", "leases", namespace=NODE_LEASES, name=node)
+
 
 FAULT_KINDS = (
     "xid",
@@ -31,6 +46,8 @@ FAULT_KINDS = (
     "plugin-restart",
     "node-notready",
     "node-ready",
+    "node-down",
+    "node-up",
     "nvml",
     "kills-hang",
 )
@@ -101,6 +118,12 @@ class FaultAPI:
             await self.client.patch(
                 api_path("v1", "nodes", name=node), {"metadata": {"labels": {NOT_READY_LABEL: value}}}
             )
+        elif kind == "node-down":
+            await self._stop_heartbeats(node, now)
+            self.kubelet.down.add(node)
+        elif kind == "node-up":
+            self.kubelet.down.discard(node)
+            await self._resume_heartbeats(node)
         elif kind in SHARING_FAULTS:  # time-slicing / MIG reconfiguration, a MIG instance's fault
             changed |= sharing_fault(nd, str(kind), body)
         else:
@@ -112,6 +135,41 @@ class FaultAPI:
         if changed:
             await self.kubelet.republish_holders(node, changed)
         return nd.to_json(time.time())
+
+    async def _stop_heartbeats(self, node: str, now: float) -> None:
+        """kwok stops renewing the node's Lease (its heartbeat) and stops writing the node: the Lease goes to
+        another holder for longer than any test. The controller manager's node lifecycle then marks the node's
+        conditions Unknown after its grace period (50 s) and taints it ``node.kubernetes.io/unreachable``, as for
+        a node whose kubelet died.
+
+        The write is the node's last heartbeat (its renew time now): the controller manager, whose lease circuit
+        breaker (``NodeControllerLeaseCircuitBreaker``) takes a Lease that changed without being renewed for a
+        stale cache of its own, would otherwise never mark the node."""
+        body = {
+            "spec": {
+                "holderIdentity": DOWN_HOLDER,
+                "leaseDurationSeconds": DOWN_LEASE_SECONDS,
+                "renewTime": format_time(now, micro=True),
+            }
+        }
+        try:
+            await self.client.patch(lease_path(node), body)
+        except errors.NotFound as exc:
+            raise ValueError(f"node {node} has no Lease in {NODE_LEASES} yet (kwok creates it): try again") from exc
+
+    async def _resume_heartbeats(self, node: str) -> None:
+        """Undo ``_stop_heartbeats``: the Lease is removed; kwok creates it anew within its renew interval
+        (10 s), manages the node again and reports it Ready. A Lease kwok holds is left alone."""
+        path = lease_path(node)
+        try:
+            lease = await self.client.get(path)
+        except errors.NotFound:
+            return
+        if (lease.get("spec") or {}).get("holderIdentity") != DOWN_HOLDER:
+            return
+        uid = lease["metadata"]["uid"]
+        with contextlib.suppress(errors.NotFound, errors.Conflict):
+            await self.client.delete(path, {"preconditions": {"uid": uid}})
 
     def http_app(self) -> web.Application:
         app = web.Application()

@@ -41,6 +41,9 @@ HUNG_RECHECK_SECONDS = 1.0
 CLAIM_RETRY_SECONDS = 0.5
 """How soon a pod whose claims are not allocated to it yet is looked at again."""
 
+DOWN_RECHECK_SECONDS = 1.0
+"""How often a pod on a node that is down (``Kubelet.down``) is looked at again."""
+
 
 @dataclass
 class Kubelet:
@@ -52,6 +55,9 @@ class Kubelet:
     running: dict[str, RunningPod] = field(default_factory=dict)  # pod uid -> record
     queue: WorkQueue = field(default_factory=WorkQueue)
     pods: Reflector[PodView] | None = None
+    down: set[str] = field(default_factory=set)
+    """Nodes that went down (the ``node-down`` fault): their pods are left as they are, nothing admitted, stopped,
+    deleted or reported, as with a kubelet that stopped; until ``node-up``."""
 
     def watch(self) -> Reflector[PodView]:
         """The pod informer, feeding this kubelet's queue; the caller runs it."""
@@ -94,6 +100,8 @@ class Kubelet:
                 self._forget(uid, record.view.node)
         if pod.node not in self.store.nodes:
             return None
+        if pod.node in self.down:
+            return DOWN_RECHECK_SECONDS
         nd = self.store.nodes[pod.node]
         if pod.deleting:
             return await self._stop(pod, nd)
@@ -289,7 +297,9 @@ class Kubelet:
             self.store.schedule_save()
 
     async def republish_holders(self, node: str, device_ids: set[str]) -> None:
-        """Rewrite the status of pods holding these devices (their health changed)."""
+        """Rewrite the status of pods holding these devices (their health changed); none on a node that is down."""
+        if node in self.down:
+            return
         nd = self.store.nodes[node]
         holders = {d.holder.uid for d in nd.devices if d.holder is not None and d.uuid in device_ids}
         if nd.sharing is not None:  # pods on a replica or MIG instance of a changed GPU
