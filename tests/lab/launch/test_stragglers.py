@@ -3,8 +3,9 @@
 The whole path: ``faults.degrade`` slows the pod holding the GPU (the trainer reads the
 simulator's device state), the rank's launcher publishes its step times on its pod
 (``devheal.io/steps``), the controller's cache reads them, the round finds the rank a
-``Straggler`` and, with ``stragglers.action: ReplaceNow``, restarts the gang in place
-replacing that rank, whose Job recreates it, away from the node devheal tainted
+``Straggler`` and, with ``stragglers.action: ReplaceAtCheckpoint``, restarts the gang in place
+right after a checkpoint the ranks reported (``report_checkpoint``), replacing that rank, whose Job
+recreates it, away from the node devheal tainted
 ``devheal.io/device-degraded:PreferNoSchedule``. And a hung gang (every training process
 stopped) is found from the same reports, and the rank that stalled first replaced.
 """
@@ -24,12 +25,15 @@ from devheal.lab.slowdown import DEVICES_ENV, POD_ENV
 from devheal.lab.workloads import get_path, gpu_job, pods_of, wait_until
 from devheal.model.degradation_policy import DEGRADED_TAINT_KEY
 from devheal.model.steps import STEPS_ANNOTATION, parse_step_report
+from devheal.model.times import parse_time
 from tests.lab.conftest import RecordingFaults
 from tests.lab.controller.conftest import ControllerHarness
 
 from .conftest import GangHarness
 
 INDEX = "batch.kubernetes.io/job-completion-index"
+CHECKPOINT_ENV = "TRAINER_CHECKPOINT_EVERY"
+"""Steps between the checkpoints ``trainer.py`` reports (unset: none)."""
 
 
 async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
@@ -43,7 +47,7 @@ async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
                 "selector": {"namespaces": [namespace]},
                 "actions": {"gang": "RestartGang"},
                 "node": {"taint": False},
-                "stragglers": {"action": "ReplaceNow", "sustainedReports": 2},
+                "stragglers": {"action": "ReplaceAtCheckpoint", "sustainedReports": 2},
                 "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
             }
         )
@@ -58,9 +62,11 @@ async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
             }
 
         before = await wait_until(ranks, lambda r: len(r) == 4, timeout=60, what="4 running ranks")
-        for pod in before.values():
+        for rank, pod in before.items():
             name = pod["metadata"]["name"]
             env = {DEVICES_ENV: str(lab.devices_path), POD_ENV: f"{namespace}/{name}"}
+            if rank == "0":  # rank 0 alone saves, every 10 s (200 steps of 50 ms), as a DDP job does
+                env[CHECKPOINT_ENV] = "200"
             gang.launch(name, "--gang-label", "job-name", "--steps-publish-interval", "1", env=env)
 
         async def reports() -> dict[str, object]:
@@ -95,6 +101,18 @@ async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
         (record,) = restarts(records)
         assert record["spec"]["target"]["kind"] == "Gang", json.dumps(record)
         assert slow["metadata"]["name"] in record["spec"]["finding"]["evidence"]
+        # Not at once: once rank 0 reported its first checkpoint after the rank was found (times in whole seconds;
+        # at once, the restart would start 2-3 s after the finding, within 10 s of checkpoints).
+        found = parse_time(record["spec"]["finding"]["since"])
+        started = parse_time(record["status"]["startedAt"])
+        assert found is not None and started is not None, record
+        saved = [
+            float(line.split()[1])
+            for line in gang.launched[before["0"]["metadata"]["name"]].starts_file.read_text().splitlines()
+            if line.startswith("checkpoint ")
+        ]
+        first = min((t for t in saved if t >= found - 1), default=None)
+        assert first is not None and first - 1 <= started <= first + 10, (found, started, saved)
         after = await wait_until(
             ranks,
             lambda r: "2" in r and r["2"]["metadata"]["uid"] != slow["metadata"]["uid"],

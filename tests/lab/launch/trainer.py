@@ -1,7 +1,8 @@
 """A fake training loop for launcher tests: ``trainer.py STARTS_FILE MODE``.
 
 Appends ``start <time> <pid> <launcher address>`` to STARTS_FILE when it starts, reports a
-step every 50 ms, and on SIGTERM takes 0.5 s (a checkpoint) before it appends ``stop`` and
+step every 50 ms (and, with ``$TRAINER_CHECKPOINT_EVERY`` set, a checkpoint every that many steps,
+appending ``checkpoint <time> <pid> -``), and on SIGTERM takes 0.5 s (a checkpoint) before it appends ``stop`` and
 exits 0. MODE ``exitN`` exits with code N after a few steps instead. With
 ``$DEVHEAL_LAB_DEVICES`` and ``$DEVHEAL_LAB_POD`` set, each step takes as much longer as the
 lab's GPUs of that pod are slowed (``faults.degrade``; ``devheal.lab.slowdown``).
@@ -13,7 +14,9 @@ import sys
 import time
 
 from devheal.lab.slowdown import PodSlowdown
-from devheal.launch import report_step
+from devheal.launch import report_checkpoint, report_step
+
+checkpoint_every = int(os.environ.get("TRAINER_CHECKPOINT_EVERY", "0"))
 
 path, mode = sys.argv[1], sys.argv[2]
 
@@ -40,5 +43,8 @@ while True:
     time.sleep(0.05 * gpus.factor())  # the rank's own compute, before any collective
     step += 1
     report_step(time.monotonic() - began, step)
+    if checkpoint_every and step % checkpoint_every == 0:
+        report_checkpoint()
+        append(f"checkpoint {time.time()} {os.getpid()} -")
     if mode.startswith("exit") and step >= 5:
         sys.exit(int(mode[4:]))
