@@ -241,12 +241,7 @@ def report_joined() -> None:
     then named when its gang stalls at a restart (docs/stragglers.md). Never raises; does nothing outside a
     launcher.
     """
-    try:
-        target = _launcher()
-        if target is not None:
-            _send(*target, {"joined": True}, "rendezvous report")
-    except Exception as exc:
-        _failed(exc, "rendezvous report")
+    _tell({"joined": True}, "rendezvous report")
 
 
 def report_checkpoint() -> None:
@@ -257,12 +252,17 @@ def report_checkpoint() -> None:
     back no work (``stragglers.action: ReplaceAtCheckpoint``, docs/stragglers.md). Never raises; does nothing
     outside a launcher.
     """
+    _tell({"checkpoint": True}, "checkpoint report")
+
+
+def _tell(body: dict[str, object], what: str) -> None:
+    """Post one event of the run (``body``) to the launcher, if there is one; never raises."""
     try:
         target = _launcher()
         if target is not None:
-            _send(*target, {"checkpoint": True}, "checkpoint report")
+            _send(*target, body, what)
     except Exception as exc:
-        _failed(exc, "checkpoint report")
+        _failed(exc, what)
 
 
 def report_collective() -> None:
