@@ -24,6 +24,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,6 +34,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -151,8 +153,39 @@ def default_lab_dir() -> Path:
     return (Path(state) if state else Path.home() / ".local" / "state") / "devheal" / "lab"
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LAB_PORTS = 12000
+"""How many ports below the kernel's ephemeral range the lab chooses its listeners' ports from."""
+_handed_out: deque[int] = deque(maxlen=2000)
+"""Ports this process chose lately: two components started together never get the same one."""
+
+
+def _ephemeral_low() -> int:
+    try:
+        return max(2048, int(EPHEMERAL_RANGE.read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A free loopback port for a component to listen on, below the kernel's ephemeral range. A port the kernel
+    hands out for port 0 could be taken between this choice and the component's own bind, by a process that
+    listens on port 0 or by any outgoing connection; the component then fails to start while another process
+    answers its health check (seen: a kube-controller-manager that never ran, every later test failing)."""
+    low = _ephemeral_low()
+    floor = max(1024, low - LAB_PORTS)
+    for _ in range(500):
+        port = random.randrange(floor, low)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.append(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # that whole range taken: any free port
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
