@@ -333,6 +333,10 @@ class Lab:
             self._wait_real_nodes_ready(state, deadline, say)
             if spec.kueue:
                 self._start_kueue(state, deadline, say)
+            # A component that exited once its health check passed (another process answering on its port).
+            for component, proc in self._children.items():
+                if proc.poll() is not None:
+                    raise self._failure(component, f"exited with code {proc.returncode} during start-up")
         except BaseException:
             self._teardown_real_nodes(state)
             self._stop(state.pids)
