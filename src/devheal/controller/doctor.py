@@ -214,7 +214,7 @@ async def _gang_jobs(kube: KubeClient, policies: list[Policy]) -> Check:
     if not policies:
         return Check("gang-jobs", OK, "no policy selects any Job")
     jobs, _ = await kube.list_all(api_path("batch/v1", "jobs"))
-    selected = advised = 0
+    selected = 0
     findings: list[str] = []
     for job in jobs:
         meta = job.get("metadata") or {}
@@ -229,14 +229,12 @@ async def _gang_jobs(kube: KubeClient, policies: list[Policy]) -> Check:
         advice = gang_job_advice(job)
         selected += 1
         if advice:
-            advised += 1
             findings.append(f"Job {namespace}/{name}: {'; '.join(advice)}")
     if findings:
         return Check(
             "gang-jobs",
             WARN,
-            f"{advised} of {selected} selected Jobs: {'. '.join(findings[:3])}"
-            + (f" (and {advised - 3} more)" if advised > 3 else "")
+            f"{len(findings)} of {selected} selected Jobs: {_names(findings, 3)}"
             + " (docs/gangs.md: backoffLimitPerIndex and a podFailurePolicy for gangs)",
         )
     return Check(
