@@ -104,12 +104,7 @@ def workload_gpus(view: ClusterView, action: Action) -> int:
         pod = view.pods.get(action.target)
         return pod.gpu_request if pod is not None else 0
     if action.target_kind is TargetKind.GANG and action.workload is not None:
-        key = action.workload.key
-        if view.gangs is not None:
-            members = [view.pods[k] for k in view.gangs.get(key, ()) if k in view.pods]
-        else:
-            members = [p for p in view.pods.values() if p.workload.key == key and p.active]
-        return sum(p.gpu_request for p in members if p.active)
+        return sum(p.gpu_request for p in view.workload_pods(action.workload.key) if p.active)
     return 0
 
 

@@ -20,11 +20,7 @@ def newest_checkpoint(view: ClusterView, pod: Pod) -> float | None:
     """When a rank of ``pod``'s gang (its active members) last reported a checkpoint of its current run; None when
     none did. One rank's report is enough: with DDP only rank 0 saves, and a workload reports once its checkpoint is
     whole (docs/stragglers.md)."""
-    key = pod.workload.key
-    if view.gangs is not None and key in view.gangs:
-        ranks = [view.pods[k] for k in view.gangs[key] if k in view.pods]
-    else:
-        ranks = [p for p in view.pods.values() if p.workload.key == key]
+    ranks = view.workload_pods(pod.workload.key)
     saved = [p.steps.checkpoint for p in ranks if p.active and p.steps is not None and p.steps.checkpoint is not None]
     return max(saved) if saved else None
 

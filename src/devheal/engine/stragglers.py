@@ -436,11 +436,7 @@ def failed_runs(view: ClusterView, policies: Sequence[Policy], now: float) -> li
     failed_gangs = sorted({p.workload.key for p in view.pods.values() if p.run_failure and p.workload.cls is gang})
     found = []
     for key in failed_gangs:
-        if view.gangs is not None and key in view.gangs:
-            pods = [view.pods[k] for k in view.gangs[key] if k in view.pods]
-        else:
-            pods = [p for p in view.pods.values() if p.workload.key == key]
-        members = sorted((p for p in pods if p.active), key=lambda p: p.key)
+        members = sorted((p for p in view.workload_pods(key) if p.active), key=lambda p: p.key)
         failed = sorted(
             ((p, p.run_failure) for p in members if holds_failed_run(p) and p.run_failure is not None),
             key=lambda pf: (pf[1].at, pf[0].key),

@@ -367,6 +367,14 @@ class ClusterView:
             return [p for p in self.pods.values() if p.signalled]
         return [self.pods[k] for k in sorted(self.signalled) if k in self.pods]
 
+    def workload_pods(self, key: str) -> list[Pod]:
+        """The view's pods of the workload ``key`` (``Workload.key``) that may be active: its gang's active members
+        from ``gangs`` where the view indexes it, else every pod of it (one pass over every pod). Callers keep the
+        active ones."""
+        if self.gangs is not None and key in self.gangs:
+            return [self.pods[k] for k in self.gangs[key] if k in self.pods]
+        return [p for p in self.pods.values() if p.workload.key == key]
+
     def pods_at_gate(self) -> Iterable[Pod]:
         """The active pods waiting at devheal's placement gate: those in ``gated``, or every pod without it."""
         if self.gated is None:
