@@ -81,22 +81,43 @@ def policy_of(policies: Sequence[Policy]) -> PolicyOf:
     return lambda r: by_name.get(r.policy)
 
 
-def _disrupts(r: InFlight, policy: PolicyOf) -> bool:
-    """Carried out (not dry-run, Blocked, Skipped) and stops running work under its policy (the worst case of
-    its kind when the policy is gone)."""
-    return r.carried_out and disrupts(r.effects(policy(r)))
+class Disrupting:
+    """Whether a record stops running work: carried out (not dry-run, Blocked, Skipped) and disruptive under its
+    policy (the worst case of its kind when the policy is gone). What the policy makes of a kind is worked out once
+    per (kind, policy name), as a storm's rounds ask it of tens of thousands of records."""
+
+    __slots__ = ("_by_name", "_kinds")
+
+    def __init__(self, policies: Sequence[Policy]) -> None:
+        self._by_name = {p.name: p for p in policies}
+        self._kinds: dict[tuple[ActionKind, str], bool] = {}
+
+    def __call__(self, r: InFlight) -> bool:
+        if r.dry_run or r.phase is Phase.BLOCKED or r.phase is Phase.SKIPPED:
+            return False  # (``InFlight.carried_out``, inlined: called for every record of every round)
+        key = (r.action, r.policy)
+        found = self._kinds.get(key)
+        if found is None:
+            found = self._kinds[key] = disrupts(r.effects(self._by_name.get(r.policy)))
+        return found
 
 
 def overdue(in_flight: Iterable[InFlight], policies: Sequence[Policy], now: float) -> list[Overdue]:
     """Active disruptive remediations past the step timeout of their policy (the defaults when the policy is
     gone), oldest first."""
     policy = policy_of(policies)
+    disrupting = Disrupting(policies)
+    timeouts: dict[tuple[ActionKind, str], float | None] = {}
     found = []
     for r in in_flight:
-        if not (r.active and _disrupts(r, policy)):
+        if not (r.active and disrupting(r)):
             continue
-        own = policy(r)
-        timeout = (own.budgets if own is not None else Budgets()).step_timeout(r.action)
+        key = (r.action, r.policy)
+        if key in timeouts:
+            timeout = timeouts[key]
+        else:
+            own = policy(r)
+            timeout = timeouts[key] = (own.budgets if own is not None else Budgets()).step_timeout(r.action)
         if timeout is None or now - r.started <= timeout:
             continue
         found.append(
@@ -583,7 +604,7 @@ def decide(
     ]
     if late is None:
         late = {o.record.name for o in overdue(in_flight, policies, now)}
-    disrupting = [r for r in in_flight if _disrupts(r, record_policy)]
+    disrupting = list(filter(Disrupting(policies), in_flight))
     concurrent = sum(1 for r in disrupting if r.active and r.name not in late)
     last_disruption: dict[str, float] = {}
     gang_restarts: Counter[str] = Counter(

@@ -132,17 +132,21 @@ class Finding:
     """Node findings: since when every device has been unhealthy (kept by the FindingTracker)."""
     node_idle: bool = False
     """Node findings: no active pod uses a GPU on the node."""
+    key: str = field(init=False, repr=False, compare=False)
+    """What the finding is about (kind, node, pod or device), the same from round to round: the tracker keeps
+    since-when by it, and findings are ordered by it. Made once (a storm's rounds read it of every finding)."""
+
+    def __post_init__(self) -> None:
+        if self.kind in (FindingKind.DRA_DEVICE_FAILED, FindingKind.DRA_DEVICE_RECOVERED):
+            key = f"{self.kind.value}/{self.node}/{self.device_ids[0] if self.device_ids else ''}"
+        else:
+            key = self.kind + "/" + self.node + "/" + self.pod  # (a StrEnum concatenates as its value, fastest)
+        object.__setattr__(self, "key", key)
 
     @property
     def source(self) -> str:
         """``sources`` as records, Events and evidence show them: joined by commas (``pod-status,nodedevices``)."""
         return ",".join(self.sources)
-
-    @property
-    def key(self) -> str:
-        if self.kind in (FindingKind.DRA_DEVICE_FAILED, FindingKind.DRA_DEVICE_RECOVERED):
-            return f"{self.kind.value}/{self.node}/{self.device_ids[0] if self.device_ids else ''}"
-        return self.kind + "/" + self.node + "/" + self.pod  # (a StrEnum concatenates as its value, fastest)
 
 
 class Phase(StrEnum):
