@@ -465,7 +465,7 @@ class MemApi:
                 watch.queue.put_nowait(("ADDED", self.store.get(Ref(*key))))
         else:
             try:
-                backlog = self.store.events_after(int(since))
+                backlog = self.store.events_after(int(since), (ref.prefix, ref.plural))
             except ValueError as exc:
                 raise ApiError(400, "BadRequest", f"invalid resourceVersion {since!r}") from exc
             except ApiError as exc:

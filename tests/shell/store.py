@@ -3,8 +3,11 @@
 Objects are stored by resource (``/api/v1`` or ``/apis/group/version``, plural) and
 namespace/name. Every write takes the next value of one global ``resourceVersion``
 counter and is appended to an event log; the log keeps the last ``window`` events, so a
-watch or a list continuation from an older version is answered 410 Gone, as after an
-etcd compaction. The registry's rules that devheal relies on are kept: ``uid`` and
+list continuation from an older version is answered 410 Gone, as after an etcd compaction.
+A watch is answered 410 Gone only when its own collection's history no longer reaches back
+(an event of that resource was dropped after its version, or ``compact`` ran), as the API
+server's watch cache keeps a history per resource: a busy resource's writes (a storm's
+pods) never expire a quiet one's watch (the nodes'). The registry's rules that devheal relies on are kept: ``uid`` and
 ``creationTimestamp`` set on create, ``generation`` bumped on spec changes, optimistic
 concurrency on ``metadata.resourceVersion`` (and ``uid`` preconditions), the status
 subresource (writes to an object leave its status alone and the other way round),
@@ -177,6 +180,11 @@ class Store:
         self.log: list[Event] = []
         self.horizon = 0
         """Events with a resourceVersion above this are all in ``log``; older ones are forgotten."""
+        self.compacted = 0
+        """The version of the last ``compact``: no watch reaches back past it."""
+        self.dropped: dict[tuple[str, str], int] = {}
+        """Per resource (api prefix, plural), the version of its last event dropped from ``log``: its own history
+        reaches back to there."""
         self.listeners: list[Callable[[Event], None]] = []
         self._uids = 0
         self._listed: dict[tuple[int, str, str, str], list[Key]] = {}
@@ -205,6 +213,8 @@ class Store:
             dropped = self.log[: len(self.log) - self.window]
             del self.log[: len(dropped)]
             self.horizon = dropped[-1].rv
+            for old in dropped:
+                self.dropped[old.key[:2]] = old.rv
         for listener in list(self.listeners):
             listener(event)
         return clone(obj)
@@ -212,12 +222,15 @@ class Store:
     def compact(self) -> None:
         """Forget every event so far (an etcd compaction): older versions answer 410 Gone."""
         self.log.clear()
-        self.horizon = self.rv
+        self.horizon = self.compacted = self.rv
 
-    def events_after(self, rv: int) -> list[Event]:
-        if rv < self.horizon:
-            raise gone(f"too old resource version: {rv} ({self.horizon + 1})")
-        return [e for e in self.log if e.rv > rv]
+    def events_after(self, rv: int, resource: tuple[str, str] | None = None) -> list[Event]:
+        """The events after ``rv``; of one ``resource`` (api prefix, plural) only when given, and then 410 Gone only
+        where that resource's own history no longer reaches back."""
+        horizon = self.horizon if resource is None else max(self.compacted, self.dropped.get(resource, 0))
+        if rv < horizon:
+            raise gone(f"too old resource version: {rv} ({horizon + 1})")
+        return [e for e in self.log if e.rv > rv and (resource is None or e.key[:2] == resource)]
 
     def snapshot(self, rv: int) -> dict[Key, Obj]:
         """All objects as they were at ``rv`` (410 Gone where the log no longer reaches back)."""

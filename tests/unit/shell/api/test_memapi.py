@@ -352,6 +352,23 @@ async def test_the_history_keeps_a_window_of_events(api: MemApi, kube: KubeClien
         await collect(kube, PODS, first["metadata"]["resourceVersion"], 1)
 
 
+async def test_each_resource_keeps_its_own_history(api: MemApi, kube: KubeClient) -> None:
+    """As the API server's watch cache: a busy resource's writes expire only its own watches' versions."""
+    api.store.window = 2
+    await kube.create(NODES, {"metadata": {"name": "n1"}})
+    _, quiet = await kube.list_all(NODES)
+    busy = await kube.create(PODS, pod("a"))
+    for name in "bcd":
+        await kube.create(PODS, pod(name))
+    with pytest.raises(errors.Gone):  # the pods' own history no longer reaches back
+        await collect(kube, PODS, busy["metadata"]["resourceVersion"], 1)
+    await kube.create(NODES, {"metadata": {"name": "n2"}})
+    assert await collect(kube, NODES, quiet, 1) == [("ADDED", "n2")]
+    api.compact()
+    with pytest.raises(errors.Gone):  # a compaction reaches every resource
+        await collect(kube, NODES, quiet, 1)
+
+
 async def test_a_failed_watch_request_maps_its_status(api: MemApi, kube: KubeClient) -> None:
     api.fail_next(500, verb="watch")
     with pytest.raises(errors.Unavailable):
