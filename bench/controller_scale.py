@@ -25,7 +25,8 @@ buckets).
 
 Also reported: how long the controller took to sync its cache (from its start to its watches
 all open: the lists are done), its CPU and memory, the in-memory API server's CPU from the first
-fault to the report (the fixture's share of the machine), and the machine's load. Prints a table,
+fault to the report (the fixture's share of the machine), how many lists the controller began
+once the faults began (its relists: none where every watch holds), and the machine's load. Prints a table,
 writes bench/results/controller_scale.json. ``--profile FILE`` runs the controller under cProfile and
 leaves its stats in FILE (Python runs slower under it: not for figures).
 """
@@ -206,6 +207,10 @@ async def serve(args: argparse.Namespace, kubeconfig: Path) -> None:
             "nodes_acted_on": len(nodes_acted),
             "metrics_before_faults": before,
             "server_cpu_after_start": time.process_time() - cpu_at_start,
+            # Lists begun (first pages) once the faults began: the controller's relists (410 Gone, a watch broken).
+            "relists_during_faults": sum(
+                1 for c in api.requests if c.verb == "list" and c.at >= started and "continue" not in c.params
+            ),
         }
         # To a file: a storm's latencies (20,000 of them) would fill the stdout pipe nobody reads meanwhile.
         args.report.write_text(json.dumps(report))
@@ -351,6 +356,7 @@ def main() -> None:
         "mean_round_ms": round(1000 * scraped.get("devheal_round_seconds_sum", 0.0) / max(1.0, rounds), 1),
         "controller_cpu_seconds": round(cpu.user + cpu.system, 1),
         "server_cpu_during_faults_seconds": round(report["server_cpu_after_start"], 1),
+        "relists_during_faults": report["relists_during_faults"],
         "controller_wall_seconds": round(wall, 1),
         "controller_rss_mb": round(rss / 2**20, 1),
         "controller_peak_rss_mb": round(max(peak, rss) / 2**20, 1),
