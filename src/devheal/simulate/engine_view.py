@@ -43,8 +43,8 @@ class CacheView:
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
-        self.settled: dict[int, tuple[tuple[Any, ...], Objects]] = {}
-        """Per node, what it was built from and what was built, while nothing can change it."""
+        self.settled: dict[int, tuple[tuple[Any, ...], tuple[Any, ...], Objects]] = {}
+        """Per node, what its node and its pod were built from and what was built, while nothing can change it."""
         self.workloads: dict[int, tuple[Workload, dict[str, str]]] = {}
         self.generation: dict[int, int] = {}
         """Per gang, the restart generation devheal last wrote on its ranks (one more per RestartGang)."""
@@ -173,34 +173,45 @@ class CacheView:
 
     def _objects(self, n: int) -> Objects:
         """A watched node as the cache shows it. Reused while nothing about the node changed and every
-        fault on it is older than the slowest signal (so time alone changes nothing either)."""
+        fault on it is older than the slowest signal (so time alone changes nothing either); when only its pod
+        changed (a step report, a restart generation), the node and its agent's report are kept."""
         state = self.sim.nodes[n]
         unit = self.sim.unit_of(n)
+        now = self.sim.now
+        faults = self.sim.faults
+        slowest = self.slowest
+        settled = all(now >= faults[i].time + slowest for i in state.faults)
         pod_uid = unit.pod_uid(unit.members[n]) if unit is not None else ""
-        settled = not state.faults or all(self.sim.now >= self.sim.faults[i].time + self.slowest for i in state.faults)
-        steps = self._steps(n, unit)
-        key = (
+        node_key = (
             tuple(state.faults),
             frozenset(state.marks),
             self.degraded_effect.get(n),  # escalated from PreferNoSchedule with the same marks
             state.repairing,
             self.not_ready(state),
-            pod_uid,
+            pod_uid,  # the agent's report names the pod
             self.lifts.get(n),
+        )
+        steps = self._steps(n, unit)
+        pod_key = (
             steps,
             self.generation.get(unit.uid, 0) if unit is not None else 0,
             self.acknowledged.get(unit.uid, 0) if unit is not None else 0,
             self._exit_code(pod_uid),
             unit.held_runs.get(pod_uid) if unit is not None else None,
         )
-        cached = self.settled.get(n)
-        if settled and cached is not None and cached[0] == key:
-            return cached[1]
-        node = self._node(n)
-        pod = self._pod(n, steps)
-        records = (node, pod, agent_report(self.sim, self.sim.nodes[n], pod), pod is not None and pod.signalled)
+        cached = self.settled.get(n) if settled else None
+        if cached is not None and cached[0] == node_key:
+            if cached[1] == pod_key:
+                return cached[2]
+            node, _, report, _ = cached[2]
+            pod = self._pod(n, steps)
+        else:
+            node = self._node(n)
+            pod = self._pod(n, steps)
+            report = agent_report(self.sim, state, pod)
+        records = (node, pod, report, pod is not None and pod.signalled)
         if settled:
-            self.settled[n] = (key, records)
+            self.settled[n] = (node_key, pod_key, records)
         return records
 
     def view(self, watched: list[int], whole: bool = False) -> ClusterView:
