@@ -16,8 +16,9 @@ from devheal.model.policy import Policy
 def policy_for_node(policies: Sequence[Policy], node: Node) -> Policy | None:
     """The first policy (by name) whose node selector matches; None: devheal must not touch the node."""
     labels = node.labels
-    for policy in policies:  # ``policy_for_labels``, one call less: asked many times per node every round
-        if policy.selects_node(labels):
+    for policy in policies:  # ``policy_for_labels`` without two calls: asked many times per node every round
+        selector = policy.node_selector
+        if not (selector.match_labels or selector.requirements) or selector.matches(labels):
             return policy
     return None
 

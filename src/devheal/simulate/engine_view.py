@@ -63,6 +63,8 @@ class CacheView:
         """The slowest signal's delay: a node whose faults are all older shows what it will show until it changes."""
         self.stepping: frozenset[int] = frozenset()
         """Gangs whose ranks' step reports this round judges (the others' ranks show none)."""
+        self.named: dict[int, list[int]] = {}
+        """Per gang, its slow ranks that stand out (``Simulation.named_slow``), as of the view being built."""
 
     def not_ready(self, state: NodeState) -> bool:
         """The node is down and the controller manager has marked it NotReady (after its grace period)."""
@@ -110,7 +112,11 @@ class CacheView:
         if unit is None or unit.uid not in self.stepping:
             return None
         costs = self.sim.costs
-        return step_report(unit, n, self.sim.reported_slow(n), costs.step_s, costs.steps_publish_s, self.sim.now)
+        named = self.named.get(unit.uid)
+        if named is None:
+            named = self.named[unit.uid] = self.sim.named_slow(unit)
+        slow = self.sim.reported_slow(n, named)
+        return step_report(unit, n, slow, costs.step_s, costs.steps_publish_s, self.sim.now)
 
     def _pod(self, n: int, steps: StepReport | None = None) -> Pod | None:
         unit = self.sim.unit_of(n)
@@ -219,6 +225,7 @@ class CacheView:
         (``ClusterView.rest``), for the rails that count the fleet: unwatched nodes show no GPU fault and carry
         no mark, so their pods and reports add nothing, and none is out of service. ``whole``: the other nodes
         are in the view itself (what a narrowed view stands for, to check it against)."""
+        self.named = {}
         nodes: dict[str, Node] = {}
         if whole:
             watching = set(watched)

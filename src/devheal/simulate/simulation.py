@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from devheal.simulate.config import CostModel, SimConfig
@@ -292,17 +292,23 @@ class Simulation:
             return False
         return not any(self.faults[i].failure_class.signal in SCHEDULER_VISIBLE for i in state.faults)
 
-    def reported_slow(self, node: int) -> float:
+    def reported_slow(self, node: int, named: Collection[int] | None = None) -> float:
         """The step-time multiple the rank on ``node`` reports: a slow rank that stands out in its gang's step
         times (``CulpritModel.names_slow``) reports its node's own, the others a healthy pace; where no slow rank
-        stands out, every rank reports the gang's pace (each waits for the slowest inside its step)."""
+        stands out, every rank reports the gang's pace (each waits for the slowest inside its step). ``named``:
+        the gang's ``named_slow`` when the caller has it (one look-up for every rank of a round)."""
         unit = self.unit_of(node)
         if unit is None or unit.kind is not UnitKind.GANG:
             return self.nodes[node].slow
-        named = [n for n in self._slow_members(unit) if self.culprits.names_slow(unit.parallelism, n)]
+        if named is None:
+            named = self.named_slow(unit)
         if named:
             return self.nodes[node].slow if node in named else 1.0
         return unit.slowdown
+
+    def named_slow(self, unit: Unit) -> list[int]:
+        """The gang's slow ranks that stand out in its step times (``CulpritModel.names_slow``)."""
+        return [n for n in self._slow_members(unit) if self.culprits.names_slow(unit.parallelism, n)]
 
     def repair_kind_for(self, node: int) -> str:
         faults = self.nodes[node].faults
