@@ -29,7 +29,7 @@ from enum import StrEnum
 from devheal.engine import dra, infrastructure, maintenance, node_signals, recovery, sharing
 from devheal.engine.scope import Narrowed
 from devheal.engine.xids import only_unknown_xid, unknown_xid_devices
-from devheal.model.cluster import ClusterView, DeviceHealth, NodeDevicesReport, Pod, ReportedDevice
+from devheal.model.cluster import ClusterView, DeviceHealth, Node, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARKS
 from devheal.model.gpu_resources import shares_physical
 from devheal.model.plan import Finding, FindingKind, FindingSource
@@ -272,9 +272,26 @@ def _failed_in_pod_status(view: ClusterView, now: float) -> dict[str, set[str]]:
     return failed
 
 
-def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) -> list[Finding]:
+@dataclass
+class NodeFindings:
+    """The ``NodeDevicesFailed`` finding each node gave at the last ``detect``, by node name: found again as it was
+    while what it was built from is the same (the same Node and agent report objects, the cache replaces them when
+    they change; the same policy, devices failed in pod status, idleness and held capacity gap). A node stays
+    faulty for many rounds (until its repair), and building its finding is most of detection's work."""
+
+    entries: dict[str, tuple[Node, NodeDevicesReport | None, Policy, frozenset[str], bool, bool, Finding]] = field(
+        default_factory=dict
+    )
+
+
+def _node_findings(
+    view: ClusterView, policies: Sequence[Policy], now: float, cache: NodeFindings | None = None
+) -> list[Finding]:
     found = []
     in_pod_status = _failed_in_pod_status(view, now)
+    # DRA devices the agent reports depend on the view's claims, not only on the node and its report: not kept.
+    kept = cache.entries if cache is not None and not view.dra_devices else {}
+    entries: dict[str, tuple[Node, NodeDevicesReport | None, Policy, frozenset[str], bool, bool, Finding]] = {}
     for node in view.nodes.values():
         failed = set(in_pod_status.get(node.name, ()))
         report = view.report(node.name, now)  # None when stale: its devices say nothing any more
@@ -287,8 +304,25 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
         policy = policy_for_node(policies, node)
         if policy is None:
             continue
-        sources: list[FindingSource] = []
         pods = view.pods_on(node.name)
+        idle = not any(p.active and p.gpu_request > 0 for p in pods)
+        in_status = frozenset(failed)
+        gap = node.gpu_gap
+        gap_may_hold = gap > 0 and node.gap_since is not None and now - node.gap_since >= policy.node.capacity_gap_after
+        entry = kept.get(node.name)
+        if (
+            entry is not None
+            and entry[0] is node
+            and entry[1] is report
+            and entry[2] is policy
+            and entry[3] == in_status
+            and entry[4] == idle
+            and entry[5] == gap_may_hold
+        ):
+            entries[node.name] = entry
+            found.append(entry[6])
+            continue
+        sources: list[FindingSource] = []
         if failed:
             sources.append(FindingSource.POD_STATUS)
         since_candidates = []
@@ -298,9 +332,9 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
             sources.append(FindingSource.NODE_DEVICES)
             since_candidates += [d.since for d in unhealthy if d.since is not None]
         # A GPU the device plugin took away for an unknown XID is no failed GPU either.
-        guessed = sum(1 for d in report.devices if only_unknown_xid(d)) if report is not None and node.gpu_gap else 0
-        gap = max(0, node.gpu_gap - guessed)
-        gap_held = gap > 0 and node.gap_since is not None and now - node.gap_since >= policy.node.capacity_gap_after
+        guessed = sum(1 for d in report.devices if only_unknown_xid(d)) if report is not None and gap else 0
+        gap = max(0, gap - guessed)
+        gap_held = gap > 0 and gap_may_hold
         if node.gap_since is not None:
             since_candidates.append(node.gap_since)
         failed_count = max(len(failed), gap)
@@ -308,34 +342,40 @@ def _node_findings(view: ClusterView, policies: Sequence[Policy], now: float) ->
             continue
         if gap_held:
             sources.append(FindingSource.NODE_CAPACITY)
-        idle = not any(p.active and p.gpu_request > 0 for p in pods)
         total = max(node.gpu_capacity, len(report.devices) if report is not None else 0)
         asked = recovery.requested(report, failed)
-        found.append(
-            Finding(
-                kind=FindingKind.NODE_DEVICES_FAILED,
-                node=node.name,
-                sources=tuple(sources),
-                evidence=(
-                    f"{failed_count} of {total} GPUs failed; allocatable {node.gpu_allocatable}/{node.gpu_capacity}"
-                    + ("; node idle" if idle else "; node busy")
-                    + (f"; NVML recovery action: {recovery.describe(asked)}" if asked else "")
-                ),
-                since=min(since_candidates) if since_candidates else now,
-                device_ids=tuple(sorted(failed)),
-                all_devices_failed=total > 0 and failed_count >= total,
-                node_idle=idle,
-            )
+        finding = Finding(
+            kind=FindingKind.NODE_DEVICES_FAILED,
+            node=node.name,
+            sources=tuple(sources),
+            evidence=(
+                f"{failed_count} of {total} GPUs failed; allocatable {node.gpu_allocatable}/{node.gpu_capacity}"
+                + ("; node idle" if idle else "; node busy")
+                + (f"; NVML recovery action: {recovery.describe(asked)}" if asked else "")
+            ),
+            since=min(since_candidates) if since_candidates else now,
+            device_ids=tuple(sorted(failed)),
+            all_devices_failed=total > 0 and failed_count >= total,
+            node_idle=idle,
         )
+        found.append(finding)
+        if since_candidates and not view.dra_devices:  # (one found since now is found since a later now next round)
+            entries[node.name] = (node, report, policy, in_status, idle, gap_may_hold, finding)
+    if cache is not None:
+        cache.entries = entries
     return found
 
 
 def detect(
-    view: ClusterView, policies: Sequence[Policy], now: float, status: StatusFindings | None = None
+    view: ClusterView,
+    policies: Sequence[Policy],
+    now: float,
+    status: StatusFindings | None = None,
+    nodes: NodeFindings | None = None,
 ) -> list[Finding]:
     """Every current finding, pod-level and node-level, in a stable order. ``status``: the pods' device-health
-    findings of the last call, kept between calls (``StatusFindings``)."""
-    node_findings = node_signals.with_node_signals(_node_findings(view, policies, now), view, policies, now)
+    findings of the last call, kept between calls (``StatusFindings``); ``nodes``: the nodes' (``NodeFindings``)."""
+    node_findings = node_signals.with_node_signals(_node_findings(view, policies, now, nodes), view, policies, now)
     findings = _pod_findings(view, policies, now, status) + node_findings
     findings += infrastructure.detect(view, policies, now)
     findings += dra.detect(view, policies, now)

@@ -42,7 +42,7 @@ from devheal.engine import validation
 from devheal.engine.breaker import Breaker, step_breaker
 from devheal.engine.decide import Overdue, Settings, decide, lift_hold_down, overdue
 from devheal.engine.degradation import DegradationTracker
-from devheal.engine.findings import FindingTracker, StatusFindings, detect
+from devheal.engine.findings import FindingTracker, NodeFindings, StatusFindings, detect
 from devheal.engine.placement import Release, Vacancy, place_gated
 from devheal.engine.scope import Scope, record_nodes
 from devheal.engine.spares import SpareChange, plan_spares, spare_finder
@@ -368,6 +368,8 @@ class DecisionRound:
     """How long after this round a rail's stopped decision is tried again (None: none was stopped last round)."""
     status: StatusFindings = field(default_factory=StatusFindings)
     """The pods' device-health findings of the last round, found again while a pod is unchanged."""
+    node_findings: NodeFindings = field(default_factory=NodeFindings)
+    """The nodes' failed-device findings of the last round, found again while a node and its report are unchanged."""
     scope: Scope = field(default_factory=Scope)
     """Which nodes are quiet, for rounds told what changed (``devheal.engine.scope``)."""
 
@@ -415,7 +417,8 @@ class DecisionRound:
             view = narrowed.view
             if view is whole:
                 narrowed = None  # not narrowed after all (``Scope.narrow``)
-        detected = detect(view, policies, now, self.status) + self.stragglers.observe(view, policies, now)
+        detected = detect(view, policies, now, self.status, self.node_findings)
+        detected += self.stragglers.observe(view, policies, now)
         detected += self.degradation.observe(view, policies, now)
         detected = [f for f in detected if not (f.pod_uid and f.pod_uid in ignore_pods)]
         self.status.keep_only(f.pod for f in detected if f.kind in STATUS_KINDS)
