@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from devheal.engine import decide as decide_module
 from devheal.engine.decide import Overdue, Settings
-from devheal.engine.findings import StatusFindings
+from devheal.engine.findings import NodeFindings, StatusFindings
 from devheal.engine.rounds import DecisionRound, RoundResult
 from devheal.engine.scope import Scope
 from devheal.model.cluster import (
@@ -583,9 +583,9 @@ def test_rounds_that_carry_a_backlog_decide_as_rounds_that_carry_nothing(
     """A fault storm's backlog: whole nodes fail at once, and the work of a decision lands in the cluster some
     rounds later or not at all (the pods with failed devices stay while their remediations are in progress), while
     records end (budgets free up), the policies change and some pods' findings are left out for a while
-    (``ignore_pods``). A round that keeps its pods' device-health findings
-    between rounds (``StatusFindings``) and leaves out the findings whose pod a remediation in progress already
-    targets (``decide._in_hand``), told what changed, decides as a full round that does neither."""
+    (``ignore_pods``). A round that keeps its pods' device-health findings and its nodes' failed-device findings
+    between rounds (``StatusFindings``, ``NodeFindings``) and leaves out the findings whose pod a remediation in
+    progress already targets (``decide._in_hand``), told what changed, decides as a full round that does neither."""
     carrying, plain = DecisionRound(), DecisionRound()
     carrying_host, plain_host = Host(), Host()
     state: dict[str, Any] = {"policies": [policy]}
@@ -600,7 +600,7 @@ def test_rounds_that_carry_a_backlog_decide_as_rounds_that_carry_nothing(
         # Ranks a gang restart just replaced are left out for a while (their findings too).
         uids = sorted(p.uid for p in w.pods.values())
         ignore = frozenset(data.draw(st.sets(st.sampled_from(uids), max_size=2), label="ignored")) if uids else None
-        plain.status = StatusFindings()  # nothing kept from the round before
+        plain.status, plain.node_findings = StatusFindings(), NodeFindings()  # nothing kept from the round before
         with mock.patch.object(decide_module, "_in_hand", _not_in_hand):
             expected = plain.run(plain_host, view, ps, w.now, Settings(), ignore_pods=ignore or frozenset())
         got = carrying.run(carrying_host, view, ps, w.now, Settings(), ignore or frozenset(), changed=changed)

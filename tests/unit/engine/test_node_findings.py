@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from devheal.engine.findings import detect
+from devheal.engine.findings import NodeFindings, detect
 from devheal.model.cluster import DeviceHealth
 from devheal.model.plan import Finding, FindingKind
 
@@ -94,3 +94,35 @@ def test_a_healthy_cluster_has_no_findings() -> None:
     pods = [pod(f"p{i}", "n1", devices=[device(gpu_id("n1", i))]) for i in range(2)]
     r = report("n1", *(reported(gpu_id("n1", i), i, DeviceHealth.HEALTHY) for i in range(2)))
     assert detect(view([node("n1"), node("n2")], pods, [r]), [policy()], NOW) == []
+
+
+def test_a_node_finding_kept_between_calls_is_found_again_while_nothing_it_was_built_from_changed() -> None:
+    kept = NodeFindings()
+    r = report("n1", reported(gpu_id("n1", 0), 0, since=NOW - 50))
+    n1, user = node("n1", gpus=2), pod("user", "n1", devices=[device(gpu_id("n1", 1))])
+    ps = [policy()]
+    [first] = node_findings(detect(view([n1], [user], [r]), ps, NOW, nodes=kept))
+    [again] = node_findings(detect(view([n1], [user], [r]), ps, NOW + 30, nodes=kept))
+    assert again is first
+    assert again == node_findings(detect(view([n1], [user], [r]), ps, NOW + 30))[0]
+    # The pod left: the node is idle now, the finding is built again and says so.
+    [idle] = node_findings(detect(view([n1], [], [r]), ps, NOW + 60, nodes=kept))
+    assert idle.node_idle and not first.node_idle
+    # Another report object (one more failed GPU): built again.
+    r2 = report("n1", reported(gpu_id("n1", 0), 0, since=NOW - 50), reported(gpu_id("n1", 1), 1, since=NOW))
+    [both] = node_findings(detect(view([n1], [], [r2]), ps, NOW + 90, nodes=kept))
+    assert both.device_ids == (gpu_id("n1", 0), gpu_id("n1", 1)) and both.all_devices_failed
+
+
+def test_a_kept_node_finding_follows_a_capacity_gap_that_comes_to_hold_and_a_finding_since_now() -> None:
+    kept = NodeFindings()
+    p = policy(node={"capacityGapAfter": "2m"})
+    gap = node("n1", gpus=4, allocatable=2, gap_since=NOW - 119)
+    assert node_findings(detect(view([gap]), [p], NOW, nodes=kept)) == []
+    [held] = node_findings(detect(view([gap]), [p], NOW + 2, nodes=kept))
+    assert held == node_findings(detect(view([gap]), [p], NOW + 2))[0]
+    # Failed in pod status only: found since the call's time, so never kept.
+    bad = pod("p", "n2", devices=[device(gpu_id("n2", 0), BAD)])
+    [now] = node_findings(detect(view([node("n2")], [bad]), [p], NOW, nodes=kept))
+    [later] = node_findings(detect(view([node("n2")], [bad]), [p], NOW + 10, nodes=kept))
+    assert (now.since, later.since) == (NOW, NOW + 10)
