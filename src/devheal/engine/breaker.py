@@ -169,7 +169,7 @@ def step_breaker(
     """The breaker after this round: reset, opened, kept open, or closed after its cool-down. The first policy
     by name sets it for the cluster; a new reset annotation value on any policy resets it."""
     requested = tuple(sorted((p.name, p.breaker_reset) for p in policies if p.breaker_reset))
-    state = replace(prior, resets=requested)
+    state = prior if prior.resets == requested else replace(prior, resets=requested)
     if any(prior.reset_seen(name) != value for name, value in requested):
         state = Breaker(closed_at=now if prior.open else prior.closed_at, reset_at=now, resets=requested)
     if not policies:
@@ -196,7 +196,9 @@ def step_breaker(
         for name, since in began.items()
         if now - since <= budgets.breaker_window and (state.reset_at is None or since > state.reset_at)
     }
-    state = replace(state, recent=tuple(sorted(recent.items())))
+    window = tuple(sorted(recent.items()))
+    if window != state.recent:  # (every round asks: most keep the same faults)
+        state = replace(state, recent=window)
     # Faults that began within the window, and faults still current however long ago they began: a storm that
     # persists keeps the breaker open (a reset forgets the faults seen before it, current or not).
     faulty = set(recent) | current

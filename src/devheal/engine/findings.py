@@ -428,7 +428,7 @@ class FindingTracker:
                 continue
             clean_since = self.node_clean_since.setdefault(name, now)
             # devheal's degraded taint has a recovery of its own (DegradationRecovered, devheal.engine.degradation).
-            if node.owned - DEGRADED_MARKS and policy_for_node(policies, node) is not None:
+            if node.owned and not node.owned <= DEGRADED_MARKS and policy_for_node(policies, node) is not None:
                 report = view.report(name, now)
                 none = [d.device_id for d in report.unhealthy if recovery.cleared(d)] if report is not None else []
                 evidence = f"all {node.gpu_capacity} GPUs healthy since {now - clean_since:.0f}s"

@@ -335,9 +335,12 @@ class EngineStrategy(Strategy):
         busy = self.store.busy_nodes()
         for n in sorted(self.watch):
             state = self.sim.nodes[n]
-            has_gpu_fault = any(self.sim.faults[i].failure_class.signal is Signal.DEVICE for i in state.faults)
+            if state.marks or state.name in busy:
+                continue
+            if any(self.sim.faults[i].failure_class.signal is Signal.DEVICE for i in state.faults):
+                continue
             unit = self.sim.unit_of(n)
             pod_uid = unit.pod_uid(unit.members[n]) if unit is not None else ""
             exited = unit is not None and (pod_uid in self.sim.exited or pod_uid in unit.held_runs)
-            if not (has_gpu_fault or state.marks or state.name in busy or exited):
+            if not exited:
                 self.watch.discard(n)
