@@ -588,6 +588,8 @@ def decide(
     if breaker is None:
         breaker = step_breaker(Breaker(), view, findings, policies, now)
     breaker_open, breaker_reason = breaker.open, breaker.reason
+    if not candidates:  # nothing to weigh against the budgets (most rounds)
+        return Plan((), (), breaker_open, breaker_reason)
 
     # Budget state from what is already in flight or already taken out; a remediation past its step
     # timeout no longer holds the concurrency budget. The node budgets count GPU nodes, and any node

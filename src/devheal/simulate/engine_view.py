@@ -31,7 +31,7 @@ from devheal.model.run_failure import RunFailure
 from devheal.model.steps import StepReport
 from devheal.simulate.fleet import NodeState, Unit, UnitKind
 from devheal.simulate.simulation import Simulation
-from devheal.simulate.step_reports import step_report
+from devheal.simulate.step_reports import rank_standing, step_report
 from devheal.simulate.view_objects import agent_report, gpu_id, unit_workload, visible_faults
 
 Objects = tuple[Node, Pod | None, NodeDevicesReport | None, bool]
@@ -65,6 +65,8 @@ class CacheView:
         """Gangs whose ranks' step reports this round judges (the others' ranks show none)."""
         self.named: dict[int, list[int]] = {}
         """Per gang, its slow ranks that stand out (``Simulation.named_slow``), as of the view being built."""
+        self.reports: dict[tuple[int, float, tuple[bool, bool]], StepReport] = {}
+        """(gang, reported pace, ``rank_standing``) -> its ranks' step report, as of the view being built."""
 
     def not_ready(self, state: NodeState) -> bool:
         """The node is down and the controller manager has marked it NotReady (after its grace period)."""
@@ -116,7 +118,12 @@ class CacheView:
         if named is None:
             named = self.named[unit.uid] = self.sim.named_slow(unit)
         slow = self.sim.reported_slow(n, named)
-        return step_report(unit, n, slow, costs.step_s, costs.steps_publish_s, self.sim.now)
+        # Ranks alike in pace and standing publish the same report: one object for them all (most of a gang).
+        key = (unit.uid, slow, rank_standing(unit, n))
+        report = self.reports.get(key)
+        if report is None:
+            report = self.reports[key] = step_report(unit, n, slow, costs.step_s, costs.steps_publish_s, self.sim.now)
+        return report
 
     def _pod(self, n: int, steps: StepReport | None = None) -> Pod | None:
         unit = self.sim.unit_of(n)
@@ -225,7 +232,7 @@ class CacheView:
         (``ClusterView.rest``), for the rails that count the fleet: unwatched nodes show no GPU fault and carry
         no mark, so their pods and reports add nothing, and none is out of service. ``whole``: the other nodes
         are in the view itself (what a narrowed view stands for, to check it against)."""
-        self.named = {}
+        self.named, self.reports = {}, {}
         nodes: dict[str, Node] = {}
         if whole:
             watching = set(watched)

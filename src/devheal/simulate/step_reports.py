@@ -36,8 +36,15 @@ RUN_COUNT = 10_000_000
 """Step counts of successive runs are kept apart by this much, so a new run's count is always new."""
 
 
+def rank_standing(unit: Unit, node: int) -> tuple[bool, bool]:
+    """What a rank's report shows of its own beyond its pace: whether its rank stalled first (the culprit) and
+    whether it never reached the rendezvous. ``step_report`` reads ``node`` only through these, so ranks alike in
+    them and in pace have equal reports."""
+    return unit.culprit == node, node in unit.unreached
+
+
 def step_report(unit: Unit, node: int, slow: float, step_s: float, publish_s: float, now: float) -> StepReport:
-    """The report the launcher of ``unit``'s rank on ``node`` last published, as of ``now``."""
+    """The report the launcher of ``unit``'s rank on ``node`` last published, as of ``now`` (``rank_standing``)."""
     base = unit.restart_token * RUN_COUNT
     run = unit.run_start  # times are the simulation's clock, as the engine's ``now`` is
     if unit.state is UnitState.RUNNING:
