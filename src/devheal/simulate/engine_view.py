@@ -34,8 +34,9 @@ from devheal.simulate.simulation import Simulation
 from devheal.simulate.step_reports import rank_standing, step_report
 from devheal.simulate.view_objects import agent_report, gpu_id, unit_workload, visible_faults
 
-Objects = tuple[Node, Pod | None, NodeDevicesReport | None, bool]
-"""A watched node, its pod, its agent's report, and whether the pod has a signal to judge (``Pod.signalled``)."""
+Objects = tuple[Node, Pod | None, NodeDevicesReport | None, bool, frozenset[str], dict[tuple[str, str], str]]
+"""A watched node, its pod, its agent's report, whether the pod has a signal to judge (``Pod.signalled``), and the
+pod's entries of the view's indexes (the pods on the node, the pod holding each device)."""
 
 
 class CacheView:
@@ -188,41 +189,50 @@ class CacheView:
         """A watched node as the cache shows it. Reused while nothing about the node changed and every
         fault on it is older than the slowest signal (so time alone changes nothing either); when only its pod
         changed (a step report, a restart generation), the node and its agent's report are kept."""
-        state = self.sim.nodes[n]
-        unit = self.sim.unit_of(n)
-        now = self.sim.now
-        faults = self.sim.faults
+        sim = self.sim
+        state = sim.nodes[n]
+        unit = sim.unit_of(n)
+        now = sim.now
+        faults = sim.faults
         slowest = self.slowest
         settled = all(now >= faults[i].time + slowest for i in state.faults)
-        pod_uid = unit.pod_uid(unit.members[n]) if unit is not None else ""
         node_key = (
             tuple(state.faults),
             frozenset(state.marks),
             self.degraded_effect.get(n),  # escalated from PreferNoSchedule with the same marks
             state.repairing,
             self.not_ready(state),
-            pod_uid,  # the agent's report names the pod
+            unit.pod_uid(unit.members[n]) if unit is not None else "",  # the agent's report names the pod
             self.lifts.get(n),
         )
-        steps = self._steps(n, unit)
-        pod_key = (
-            steps,
-            self.generation.get(unit.uid, 0) if unit is not None else 0,
-            self.acknowledged.get(unit.uid, 0) if unit is not None else 0,
-            self._exit_code(pod_uid),
-            unit.held_runs.get(pod_uid) if unit is not None else None,
-        )
+        if unit is None:
+            pod_key: tuple[Any, ...] = ()
+            steps = None
+        else:
+            pod_uid = node_key[5]
+            steps = self._steps(n, unit)
+            pod_key = (
+                steps,
+                self.generation.get(unit.uid, 0),
+                self.acknowledged.get(unit.uid, 0),
+                self._exit_code(pod_uid),
+                unit.held_runs.get(pod_uid),
+            )
         cached = self.settled.get(n) if settled else None
         if cached is not None and cached[0] == node_key:
             if cached[1] == pod_key:
                 return cached[2]
-            node, _, report, _ = cached[2]
+            node, _, report, _, _, _ = cached[2]
             pod = self._pod(n, steps)
         else:
             node = self._node(n)
             pod = self._pod(n, steps)
-            report = agent_report(self.sim, state, pod)
-        records = (node, pod, report, pod is not None and pod.signalled)
+            report = agent_report(sim, state, pod)
+        if pod is None:
+            records: Objects = (node, None, report, False, frozenset(), {})
+        else:
+            holds = {(node.name, d.device_id): pod.key for d in pod.devices}
+            records = (node, pod, report, pod.signalled, frozenset({pod.key}), holds)
         if settled:
             self.settled[n] = (node_key, pod_key, records)
         return records
@@ -246,14 +256,14 @@ class CacheView:
         by_device: dict[tuple[str, str], str] = {}
         signalled: set[str] = set()
         for n in watched:
-            node, pod, report, signals = self._objects(n)
+            node, pod, report, signals, on_node, holds = self._objects(n)
             nodes[node.name] = node
             if pod is not None:
                 pods[pod.key] = pod
                 if signals:
                     signalled.add(pod.key)
-                by_node[node.name] = frozenset({pod.key})
-                by_device.update(dict.fromkeys([(node.name, d.device_id) for d in pod.devices], pod.key))
+                by_node[node.name] = on_node
+                by_device.update(holds)
             if report is not None:
                 reports[node.name] = report
         taken = frozenset(watched)
