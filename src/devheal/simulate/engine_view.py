@@ -222,17 +222,19 @@ class CacheView:
         if cached is not None and cached[0] == node_key:
             if cached[1] == pod_key:
                 return cached[2]
-            node, _, report, _, _, _ = cached[2]
+            # The same pod (its name and devices) in a new state: the view's index entries stay.
+            node, _, report, _, on_node, holds = cached[2]
             pod = self._pod(n, steps)
+            records: Objects = (node, pod, report, pod is not None and pod.signalled, on_node, holds)
         else:
             node = self._node(n)
             pod = self._pod(n, steps)
             report = agent_report(sim, state, pod)
-        if pod is None:
-            records: Objects = (node, None, report, False, frozenset(), {})
-        else:
-            holds = {(node.name, d.device_id): pod.key for d in pod.devices}
-            records = (node, pod, report, pod.signalled, frozenset({pod.key}), holds)
+            if pod is None:
+                records = (node, None, report, False, frozenset(), {})
+            else:
+                holds = {(node.name, d.device_id): pod.key for d in pod.devices}
+                records = (node, pod, report, pod.signalled, frozenset({pod.key}), holds)
         if settled:
             self.settled[n] = (node_key, pod_key, records)
         return records
