@@ -75,11 +75,12 @@ class RecordStore:
             self.unread.add(name)
             self.by_target[self.records[name].target].discard(name)
         names = set(self.active)
+        none: frozenset[str] = frozenset()
         for name in view.nodes:
-            names |= self.by_node.get(name, set())
-        for pod in view.pods.values():
-            names |= self.by_target.get(pod.key, set())
-            names |= self.by_target.get(pod.workload.key, set())
+            names |= self.by_node.get(name, none)
+        for key, pod in view.pods.items():
+            names |= self.by_target.get(key, none)
+            names |= self.by_target.get(pod.workload.key, none)
         names |= {name for _, name in self.recent if name not in self.unread}
         found = InFlightRecords([self.records[n] for n in sorted(names)], self.records, filtered=False)
         self.last = (view, now, self.version, found)
