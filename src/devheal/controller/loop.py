@@ -258,6 +258,10 @@ class Controller:
         """Key -> the latest work submitted for it; removed once that work ends."""
         self._local: dict[str, InFlight] = {}
         """Decisions this process made whose records the watch has not delivered yet."""
+        self._in_round = False
+        self._round_records: InFlightRecords | None = None
+        """``in_flight`` as built within the current round, until a decision of the round changes ``_local``
+        (a round asks for it several times; a storm's holds tens of thousands of records)."""
         self._workers: asyncio.Task[None] | None = None
         self._now = clock()
         self._next_wake: float | None = None
@@ -303,7 +307,11 @@ class Controller:
 
     def in_flight(self, view: ClusterView) -> InFlightRecords:
         """Recorded remediations, plus decisions whose records are on their way or behind them (a local copy
-        wins until the watch catches up): the active and recent ones to walk through, any of them by name."""
+        wins until the watch catches up): the active and recent ones to walk through, any of them by name.
+        Within a round it is built once, and again after a decision of the round (the watch delivers nothing
+        while a round runs)."""
+        if self._round_records is not None:
+            return self._round_records
         recorded = self.cache.remediations.store
         for name, local in list(self._local.items()):
             # Once the watch has delivered the record as this decision made it, the local copy is no longer
@@ -318,7 +326,10 @@ class Controller:
         self._current.refresh(recorded, relevance_horizon(self._policies), self._now)
         current = dict(self._current.items)
         current.update(self._local)  # a local copy left is newer than the watch's
-        return InFlightRecords(list(current.values()), ChainMap(self._local, recorded))
+        records = InFlightRecords(list(current.values()), ChainMap(self._local, recorded))
+        if self._in_round:
+            self._round_records = records
+        return records
 
     def busy(self) -> Container[str]:
         return self.queue
@@ -327,6 +338,7 @@ class Controller:
         if action.name in self.queue:
             return
         self._local[action.name] = InFlight.of(action, Phase.IN_PROGRESS, self._now)
+        self._round_records = None
         log.log(
             logging.DEBUG if resumed else logging.INFO,
             "%s %s %s %s: %s",
@@ -353,6 +365,7 @@ class Controller:
     def record_blocked(self, item: Blocked) -> None:
         name = item.action.name
         self._local[name] = InFlight.of(item.action, Phase.BLOCKED, self._now)
+        self._round_records = None
         self._submit(name, lambda: self.actuators.record_blocked(item))
 
     def hold(self, record: InFlight, why: str, rail: Rail = Rail.PAUSED) -> None:
@@ -385,6 +398,14 @@ class Controller:
     # ---- one decision round --------------------------------------------------------------------
 
     def reconcile_once(self, now: float) -> None:
+        self._in_round = True
+        try:
+            self._reconcile_once(now)
+        finally:
+            self._in_round = False
+            self._round_records = None
+
+    def _reconcile_once(self, now: float) -> None:
         metrics.RECONCILES.inc()
         self._now = now
         self._next_wake = None  # a round that raises asks for nothing

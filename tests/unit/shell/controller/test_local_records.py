@@ -14,7 +14,8 @@ from dataclasses import replace
 import pytest
 
 from devheal.kube.client import KubeClient
-from devheal.model.plan import Phase
+from devheal.model.plan import Action, Finding, FindingKind, FindingSource, Phase, TargetKind
+from devheal.model.policy import ActionKind
 from tests.shell.fixtures import unix_clock
 from tests.shell.memapi import MemApi
 from tests.shell.waiting import until
@@ -48,3 +49,30 @@ async def test_a_blocked_record_acted_on_reads_under_way_until_its_new_status_ar
         current = controller.in_flight(controller.cache.view())
         assert name not in controller._local
         assert [r.phase for r in current if r.name == name] == [Phase.IN_PROGRESS]
+
+
+@virtual_time
+async def test_a_round_reads_its_records_once_and_again_after_each_of_its_decisions(
+    api: MemApi, kube: KubeClient
+) -> None:
+    add_record(api, "notify-n1-3", "InProgress", unix_clock() - 60)
+    async with running(kube) as run:
+        controller = run.controller
+        await until(lambda: "notify-n1-3" in controller.cache.remediations.store, "the record in the cache")
+        view = controller.cache.view()
+        finding = Finding(FindingKind.NODE_DEVICES_FAILED, "n1", (FindingSource.NODE_CAPACITY,), "gone", unix_clock())
+        decision = Action(ActionKind.NOTIFY, TargetKind.NODE, "n1", "n1", finding, "p", epoch=4)
+        controller._in_round = True  # (as ``reconcile_once`` runs a round; nothing awaits within one)
+        try:
+            first = controller.in_flight(view)
+            assert controller.in_flight(view) is first  # built once while nothing changed
+            controller.start(decision, resumed=False)
+            after = controller.in_flight(view)
+            assert after is not first and after.get(decision.name) is not None
+            assert [r.phase for r in after if r.name == decision.name] == [Phase.IN_PROGRESS]
+        finally:
+            controller._in_round = False
+            controller._round_records = None
+        # Outside a round every call reads the records as they are.
+        controller._local.pop(decision.name, None)
+        assert controller.in_flight(view).get(decision.name) is None
