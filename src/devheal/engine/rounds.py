@@ -262,23 +262,25 @@ def _next_step_waits(record: InFlight) -> str:
     return f"{record.action} {record.target} stays {record.phase}, its next step waits"
 
 
-def _holds(policy: Policy, settings: Settings) -> bool:
-    """Whether the next steps of remediations under ``policy`` wait (``held_because`` says why)."""
-    return settings.paused or settings.dry_run or policy.paused or policy.dry_run
+def _hold(policy: Policy | None, settings: Settings) -> str:
+    """Why the next steps of remediations under ``policy`` wait ("": they may go on): a pause or a dry-run,
+    controller-wide or of the policy."""
+    if settings.paused:
+        return "devheal is paused"
+    if policy is not None and policy.paused:
+        return f"policy {policy.name} is paused"
+    if settings.dry_run:
+        return "devheal runs in dry-run"
+    if policy is not None and policy.dry_run:
+        return f"policy {policy.name} is in dry-run"
+    return ""
 
 
 def held_because(record: InFlight, policy: Policy | None, settings: Settings) -> str:
     """Why the next step of a remediation in progress must wait ("": it may go on): a pause or a dry-run,
     controller-wide or of the remediation's policy."""
-    if settings.paused:
-        return f"devheal is paused: {_next_step_waits(record)}"
-    if policy is not None and policy.paused:
-        return f"policy {policy.name} is paused: {_next_step_waits(record)}"
-    if settings.dry_run:
-        return f"devheal runs in dry-run: {_next_step_waits(record)}"
-    if policy is not None and policy.dry_run:
-        return f"policy {policy.name} is in dry-run: {_next_step_waits(record)}"
-    return ""
+    hold = _hold(policy, settings)
+    return f"{hold}: {_next_step_waits(record)}" if hold else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,10 +489,9 @@ class DecisionRound:
         # Nor does a capacity gap not yet held for capacityGapAfter (a restarted controller's first rounds).
         faulty |= {node.name for node in world.view.nodes.values() if node.gpu_gap > 0}
         by_name = {p.name: p for p in world.policies}
-        # Policies none of whose steps is held now (no pause, no dry-run): with the breaker closed, their records
-        # that end only by their own steps go on when due, without asking why they would wait (a storm's rounds
-        # carry tens of thousands of evictions in progress).
-        free = set() if world.breaker.open else {p.name for p in world.policies if not _holds(p, world.settings)}
+        # Policies none of whose steps is held now (no pause, no dry-run, the breaker closed): their records are
+        # carried on without asking why they would wait (a storm's rounds carry tens of thousands of evictions).
+        free = set() if world.breaker.open else {p.name for p in world.policies if not _hold(p, world.settings)}
         active = set()
         held: dict[str, str] = {}
         for record in in_flight:
@@ -508,18 +509,15 @@ class DecisionRound:
             ends_outside = record.action is ActionKind.REMEDIATE_NODE and record.phase is Phase.IN_PROGRESS
             if not ends_outside and record.resume is None:
                 continue  # nothing this round could carry on
-            if not ends_outside and record.policy in free:
-                if record.resume is not None and now >= self.next_try.get(record.name, 0.0):
-                    self.next_try[record.name] = now + self._pace(record.action)
-                    host.start(record.resume, resumed=True)
-                continue
             # Ending one is no disruption. A rung taken because a validation failed runs its whole timeout.
             ending = ends_outside and record.node not in faulty
             ending = ending and not validation.runs_its_timeout(record, by_name.get(record.policy), now)
-            why, rail = held_because(record, by_name.get(record.policy), world.settings), Rail.PAUSED
-            stopped = record.carried_out and stopped_by_breaker(record.effects(by_name.get(record.policy)))
-            if not why and world.breaker.open and stopped and record.resume is not None and not ending:
-                why, rail = f"{world.breaker.reason}: {_next_step_waits(record)}", Rail.CIRCUIT_BREAKER
+            why, rail = "", Rail.PAUSED
+            if record.policy not in free:
+                why = held_because(record, by_name.get(record.policy), world.settings)
+                stopped = record.carried_out and stopped_by_breaker(record.effects(by_name.get(record.policy)))
+                if not why and world.breaker.open and stopped and record.resume is not None and not ending:
+                    why, rail = f"{world.breaker.reason}: {_next_step_waits(record)}", Rail.CIRCUIT_BREAKER
             if why:
                 held[record.name] = why
                 if self.held_seen.get(record.name) != why:
