@@ -79,12 +79,15 @@ that keeps failing never has the process restarted in a crash loop."""
 ROUND_FAILURES_UNREADY = 3
 """Failed rounds in a row from which /readyz fails."""
 WAKE_FLOOR = 0.01
+"""The shortest wait for a round's wake time: one that has just passed (the round ran a moment before it) never
+makes the loop spin."""
 COALESCE = 0.02
 """Seconds the loop waits after a round before the next, at least: a burst of events makes one round."""
 PAUSE_MAX = 2.0
-"""Seconds the loop waits after a round, at most (``Controller._pause``): far below the liveness limit."""
-"""The shortest wait for a round's wake time: one that has just passed (the round ran a moment before it) never
-makes the loop spin."""
+"""Seconds the loop waits after a round, at most (``pause_after``): far below the liveness limit."""
+BACKLOG_PAUSE = 3.0
+"""While more work waits in the queue than its workers take at once, the loop waits this many times as long as
+the last round took (``pause_after``): rounds take at most a quarter of the loop, not half."""
 
 
 @dataclass
@@ -581,11 +584,7 @@ class Controller:
         return min(max(self._next_wake - self.clock(), WAKE_FLOOR), self.options.tick)
 
     def _pause(self) -> float:
-        """Seconds to wait after a round before the next: ``COALESCE``, or as long as the last round took when that
-        was longer (at most ``PAUSE_MAX``). Rounds then take at most half of the loop, the other half serves the
-        watches and the work queue: under a backlog (many findings whose work waits in the queue, each round
-        deciding them all again) rounds back to back would starve the work that ends the backlog."""
-        return min(max(COALESCE, self._last_round), PAUSE_MAX)
+        return pause_after(self._last_round, waiting=len(self.queue), workers=self.options.max_parallel_actions)
 
     def _guarded_round(self) -> bool:
         """One decision round; False when it raised (logged with its traceback when the error is new, counted)."""
@@ -614,6 +613,19 @@ class Controller:
         delay = min(self.options.tick * 2 ** min(self.round_failures.count - 1, 10), ROUND_BACKOFF_MAX)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=delay)
+
+
+def pause_after(last_round: float, waiting: int, workers: int) -> float:
+    """Seconds to wait after a round that took ``last_round`` before the next: ``COALESCE``, or as long as the round
+    took when that was longer, so rounds take at most half of the loop and the other half serves the watches and the
+    work queue; ``BACKLOG_PAUSE`` times as long while more work is ``waiting`` in the queue than its ``workers`` take
+    at once. At most ``PAUSE_MAX``.
+
+    Under a backlog (a storm: many findings whose work waits in the queue, each round deciding them all again), rounds
+    back to back would starve the work that ends the backlog; and while work waits, a round's new decisions only
+    join the end of the queue, so a later round costs them little."""
+    share = BACKLOG_PAUSE if waiting > workers else 1.0
+    return min(max(COALESCE, last_round * share), PAUSE_MAX)
 
 
 def _names(view: ClusterView) -> set[str]:

@@ -64,11 +64,34 @@ class PodActuator:
             return None  # replaced: the pod we decided about is gone
         return pod
 
+    async def marked_pod(self, action: Action, record: Obj) -> tuple[Obj | None, bool]:
+        """The pod decided about, with the DeviceFailed condition set (before any failing or deleting), and whether
+        this call set it; None when the pod is gone or was replaced.
+
+        A record's first pass (no status yet, so no earlier attempt of it can have set the condition) writes the
+        condition at once, with the pod's UID as its precondition, and takes the pod from the answer: one request
+        instead of a read and a write, for each pod of a storm. A later pass reads the pod first, so the condition
+        an earlier attempt set keeps its time."""
+        if (record.get("status") or {}).get("phase"):
+            pod = await self.current_pod(action)
+            if pod is None:
+                return None, False
+            return pod, await self.mark_device_failed(action, pod)
+        try:
+            return await self._write_condition(action), True
+        except (errors.NotFound, errors.Conflict):
+            return None, False  # gone, or replaced (the UID precondition failed)
+
     async def mark_device_failed(self, action: Action, pod: Obj) -> bool:
         """Set the DeviceFailed condition (before any failing or deleting); False if it was there."""
         for cond in (pod.get("status") or {}).get("conditions") or []:
             if cond.get("type") == DEVICE_FAILED_CONDITION and cond.get("status") == "True":
                 return False
+        await self._write_condition(action)
+        return True
+
+    async def _write_condition(self, action: Action) -> Obj:
+        """Write the DeviceFailed condition on the pod of ``action.target_uid``; returns the pod written."""
         ns, name = split_key(action.target)
         condition = {
             "type": DEVICE_FAILED_CONDITION,
@@ -77,12 +100,11 @@ class PodActuator:
             "message": action.finding.evidence[:1000],
             "lastTransitionTime": format_time(self.clock()),
         }
-        await self.client.patch(
+        return await self.client.patch(
             api_path("v1", "pods", namespace=ns, name=name, subresource="status"),
             {"metadata": {"uid": action.target_uid}, "status": {"conditions": [condition]}},
             content_type=STRATEGIC_PATCH,
         )
-        return True
 
 
 class Deschedule(PodActuator):
@@ -97,16 +119,14 @@ class Deschedule(PodActuator):
         self.requests = EvictionRequests(client, clock)
 
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
-        pod = await self.current_pod(action)
+        pod, marked = await self.marked_pod(action, record)
         ns, name = split_key(action.target)
         if pod is None:
             asked = await self._asked(ns, action.target_uid) if await self.requests.served() else None
             if asked is not None:  # gone after devheal asked: its responder let it go
                 return await self._let_go(ns, action, asked, [], "gone")
             return _gone(action), []
-        steps = []
-        if await self.mark_device_failed(action, pod):
-            steps.append("condition")
+        steps = ["condition"] if marked else []
         asked = await self._asked(ns, action.target_uid) if responders(pod) and await self.requests.served() else None
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             if asked is not None:
@@ -203,13 +223,11 @@ class FailPod(PodActuator):
     """Set the pod's phase to Failed (reason DeviceFailed), after the condition, so its Job's podFailurePolicy acts."""
 
     async def act(self, action: Action, record: Obj) -> tuple[Outcome, Steps]:
-        pod = await self.current_pod(action)
+        # The condition first, in its own write: a Job's podFailurePolicy sees it on the failed pod.
+        pod, marked = await self.marked_pod(action, record)
         if pod is None:
             return _gone(action), []
-        steps = []
-        # The condition first, in its own write: a Job's podFailurePolicy sees it on the failed pod.
-        if await self.mark_device_failed(action, pod):
-            steps.append("condition")
+        steps = ["condition"] if marked else []
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Failed", "Succeeded"):
             return Outcome(

@@ -118,6 +118,26 @@ async def test_an_eviction_refused_by_a_disruption_budget_is_retried_not_forced(
     assert api.get(f"{REMEDIATIONS}/{action.name}")["status"]["attempts"] == 2
 
 
+async def test_a_first_pass_writes_the_condition_without_reading_the_pod_and_a_retry_keeps_its_time(
+    api: MemApi, kube: KubeClient
+) -> None:
+    """A storm's pods: the condition's write (UID precondition) answers with the pod, so the first pass reads none.
+    A later pass of the same record reads the pod and leaves the condition an earlier pass wrote as it is."""
+    pod = train_pod(api)
+    action = deschedule(pod)
+    api.fail_next(429, verb="create", path=f"{PODS}/train-0/eviction")
+    clock = iter([1000.0, 2000.0, 3000.0, 4000.0, 5000.0, 6000.0, 7000.0, 8000.0])
+    acting = Actuators(kube, lambda: {"p": policy()}, lambda: next(clock))
+    assert (await acting.execute(action)).reason == "EvictionBlocked"
+    assert not api.calls("get", f"{PODS}/train-0")
+    [marked] = [c for c in api.get(f"{PODS}/train-0")["status"]["conditions"] if c["type"] == DEVICE_FAILED_CONDITION]
+    assert (await acting.execute(action)).reason == "Evicted"
+    assert len(api.calls("get", f"{PODS}/train-0")) == 1
+    assert len(api.calls("patch", f"{PODS}/train-0/status")) == 1, "the condition is written once"
+    deleted = [e for e in api.store.log if e.type == "DELETED"][-1].obj
+    assert [c for c in deleted["status"]["conditions"] if c["type"] == DEVICE_FAILED_CONDITION] == [marked]
+
+
 async def test_a_policy_that_allows_delete_deletes_that_incarnation_when_eviction_is_refused(
     api: MemApi, kube: KubeClient
 ) -> None:

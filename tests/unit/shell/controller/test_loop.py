@@ -16,7 +16,13 @@ from typing import Any
 
 import pytest
 
-from devheal.controller.loop import COALESCE, LOCAL_RECORD_TTL, PAUSE_MAX, Controller, ControllerOptions
+from devheal.controller.loop import (
+    COALESCE,
+    LOCAL_RECORD_TTL,
+    PAUSE_MAX,
+    Controller,
+    ControllerOptions,
+)
 from devheal.kube.client import KubeClient, api_path
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import DEVICE_FAILED_CONDITION, GPU_RESOURCE
