@@ -8,12 +8,16 @@ launchers publish when their run last saved a checkpoint (``devheal.launch.repor
 ``devheal.io/steps``), the gang restarts once one is newer than the finding; where none comes within the policy's
 ``stragglers.checkpointWithin`` of the finding (the workload reports none, or checkpoints rarely), at once.
 
+Until then the restart is decided with what it waits for (``waiting_for``) and recorded Blocked
+(``Rail.NEXT_CHECKPOINT``), so ``kubectl get remediations`` shows the slow rank in hand, not forgotten.
+
 Pure: the view, the finding's time and the rule in, the reason to restart now (or "") out.
 """
 
 from __future__ import annotations
 
 from devheal.model.cluster import ClusterView, Pod
+from devheal.model.times import format_time
 
 
 def newest_checkpoint(view: ClusterView, pod: Pod) -> float | None:
@@ -34,3 +38,12 @@ def restart_now(view: ClusterView, pod: Pod, since: float, now: float, within: f
     if now - since >= within:
         return f"no checkpoint reported within {within:.0f}s of finding the rank"
     return ""
+
+
+def waiting_for(pod: Pod, since: float, within: float) -> str:
+    """Why the gang restart that replaces ``pod`` (found at ``since``) waits: the same words every round it waits
+    (a Blocked record is written again only when its reason changes)."""
+    return (
+        f"replacing rank {pod.key} waits for gang {pod.workload.key}'s next checkpoint, so the restart rolls no "
+        f"work back: at most until {format_time(since + within)} (stragglers.checkpointWithin {within:.0f}s)"
+    )

@@ -642,6 +642,9 @@ def decide(
         if held_off:
             blocked.append(Blocked(action, held_off, Rail.NODE_MAINTENANCE))
             continue
+        if action.waits:  # its policy's own timing: recorded, so operators see what it waits for
+            blocked.append(Blocked(action, action.waits, Rail.NEXT_CHECKPOINT))
+            continue
         if dry:
             actions.append(action)
             planned_targets.add(target)

@@ -299,11 +299,12 @@ def _pod_action(f: Finding, view: ClusterView, pod: Pod, policy: Policy, epoch: 
             reason=f"inference pod on a degraded GPU for {now - f.since:.0f}s "
             f"(enterAfter + inferenceGrace {rules.enter_after + rules.inference_grace:.0f}s): move it",
         )
-    when = ""
+    when = waits = ""
     if cls is WorkloadClass.GANG and rules.gang is RankAction.REPLACE_AT_CHECKPOINT:
-        when = checkpoints.restart_now(view, pod, f.since, now, policy.stragglers.checkpoint_within)
-        if not when:
-            return None  # the gang's next checkpoint first: a restart now would roll its work back
+        within = policy.stragglers.checkpoint_within
+        when = checkpoints.restart_now(view, pod, f.since, now, within)
+        if not when:  # the gang's next checkpoint first: a restart now would roll its work back
+            waits = checkpoints.waiting_for(pod, f.since, within)
     if cls is WorkloadClass.GANG and rules.gang.restarts:
         return replace(
             base,
@@ -314,6 +315,7 @@ def _pod_action(f: Finding, view: ClusterView, pod: Pod, policy: Policy, epoch: 
             epoch=epoch,
             reason=f"rank {pod.key} on a degraded GPU: policy {policy.name} restarts the gang in place, replacing it"
             + (f" ({when})" if when else ""),
+            waits=waits,
         )
     later = (
         "; it is replaced at the gang's next restart"

@@ -462,8 +462,10 @@ class DecisionRound:
         return RoundResult(tuple(findings), plan, breaker, late, releases, vacancies, changes, when, looked)
 
     def _blocked_retry(self, plan: Plan, now: float) -> list[float]:
-        """While a rail stops a decision, a round after a wait that doubles each round in a row it does."""
-        if not plan.blocked:
+        """While a rail stops a decision, a round after a wait that doubles each round in a row it does. A restart
+        waiting for its gang's next checkpoint needs none: the checkpoint's report is a change, and its limit a due
+        time (``due_times``)."""
+        if not any(b.rail is not Rail.NEXT_CHECKPOINT for b in plan.blocked):
             self.blocked_retry = None
             return []
         wait = self.blocked_retry if self.blocked_retry is not None else self.pacing.blocked_first

@@ -55,7 +55,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from devheal.engine import checkpoints, first_steps, lost_nodes
 from devheal.engine.collective_marks import judge_by_marks, waits_inside
@@ -475,9 +475,9 @@ def step_action(
     finding: Finding, view: ClusterView, policies: Sequence[Policy], epoch: int, now: float
 ) -> Action | None:
     """What a policy makes of a step-time finding: a RestartGang that replaces the rank (``ReplaceNow``;
-    ``ReplaceAtCheckpoint`` once the gang saved a checkpoint since, ``engine.checkpoints``: None until then; a
-    stall with ``RestartGang``, a failed run with ``actions.gang: RestartGang``), else a Notify on the rank (the
-    record and its Event say it)."""
+    ``ReplaceAtCheckpoint`` once the gang saved a checkpoint since, ``engine.checkpoints``, and until then the same
+    restart with ``waits`` set, which ``decide`` records Blocked; a stall with ``RestartGang``, a failed run with
+    ``actions.gang: RestartGang``), else a Notify on the rank (the record and its Event say it)."""
     pod = view.pods.get(finding.pod)
     if pod is None or not pod.active:
         return None
@@ -485,17 +485,17 @@ def step_action(
     if policy is None:
         return None
     rules = policy.stragglers
-    when = ""
+    when = waits = ""
     if finding.kind is FindingKind.STRAGGLER and rules.action is RankAction.REPLACE_AT_CHECKPOINT:
         when = checkpoints.restart_now(view, pod, finding.since, now, rules.checkpoint_within)
-        if not when:
-            return None  # the gang's next checkpoint first: a restart now would roll its work back
+        if not when:  # the gang's next checkpoint first: a restart now would roll its work back
+            waits = checkpoints.waiting_for(pod, finding.since, rules.checkpoint_within)
     gang = finding.kind is FindingKind.STRAGGLER and rules.action.restarts
     gang |= finding.kind is FindingKind.GANG_STALLED and rules.stall.action is StallAction.RESTART_GANG
     gang |= finding.kind is FindingKind.RANK_FAILED and policy.actions[pod.workload.cls] is ActionKind.RESTART_GANG
     if gang:
         replaced = f"replace rank {pod.key}" if finding.pod_uid else "replace no rank"
-        return Action.on_gang(
+        action = Action.on_gang(
             pod,
             finding,
             policy.name,
@@ -503,6 +503,7 @@ def step_action(
             reason=f"{finding.kind} in gang {pod.workload.key}: policy {policy.name} restarts it in place, {replaced}"
             + (f" ({when})" if when else ""),
         )
+        return replace(action, waits=waits) if waits else action
     later = (
         "; it is replaced at the gang's next restart"
         if finding.kind is FindingKind.STRAGGLER and rules.replaces
@@ -596,6 +597,9 @@ def step_actions(
         if action is None:
             continue
         policy = by_name[action.policy]
+        if action.waits:  # recorded Blocked: its node is steered away from once the restart is taken
+            out.append((action, policy))
+            continue
         stopping = f.kind is FindingKind.GANG_STALLED and pod is not None and pod.workload.key in restarting
         taint = None if stopping else steer_away(f, view, policy, policies)
         if taint is not None:  # first: the node is tainted before the rank's replacement is scheduled

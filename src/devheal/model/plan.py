@@ -202,6 +202,9 @@ class Rail(StrEnum):
     WORKLOAD_INTERVAL = "workload-interval"
     NODE_MAINTENANCE = "node-maintenance"
     """The node is under someone else's maintenance (``devheal.model.node_lifecycle``): no node-level action."""
+    NEXT_CHECKPOINT = "next-checkpoint"
+    """``ReplaceAtCheckpoint``: the gang restart that replaces a slow rank waits for the gang's next checkpoint
+    (``devheal.engine.checkpoints``), at most the policy's ``stragglers.checkpointWithin``."""
 
     @property
     def reason(self) -> RemediationReason:
@@ -227,6 +230,7 @@ class RemediationReason(StrEnum):
     GANG_BUDGET = "GangBudget"
     WORKLOAD_INTERVAL = "WorkloadInterval"
     NODE_MAINTENANCE = "NodeMaintenance"
+    NEXT_CHECKPOINT = "NextCheckpoint"
     # Pod actions.
     EVICTED = "Evicted"
     EVICTION_REQUESTED = "EvictionRequested"
@@ -305,6 +309,9 @@ class Action:
     effects: frozenset[Effect] | None = field(default=None, compare=False)
     """What it does to the cluster under its policy (``effects_of``), set by ``decide``; None: not decided yet,
     its kind's worst case (``cluster_effects``). Derived from the kind and the policy, so not part of equality."""
+    waits: str = field(default="", compare=False)
+    """Why it is not taken yet although its policy calls for it (a slow rank's gang waiting for its next
+    checkpoint, ``Rail.NEXT_CHECKPOINT``): ``decide`` records it Blocked with this reason until it is ""."""
 
     @classmethod
     def on_node(

@@ -27,7 +27,7 @@ from devheal.model.cluster import (
 )
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_TAINT_KEY, SUSPECT_MARK, DegradationRules
 from devheal.model.node_devices import Remedy
-from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase
+from devheal.model.plan import Action, Blocked, FindingKind, InFlight, Phase, Rail
 from devheal.model.policy import ActionKind, Policy, PolicyError
 from devheal.model.steps import StepReport
 
@@ -78,6 +78,7 @@ class World:
     devices: tuple[ReportedDevice, ...] = ()
     records: dict[str, InFlight] = field(default_factory=dict)
     taken: list[Action] = field(default_factory=list)
+    blocked: list[Blocked] = field(default_factory=list)
     now: float = T0
 
     def view(self) -> ClusterView:
@@ -116,7 +117,7 @@ class World:
         pass
 
     def record_blocked(self, item: Blocked) -> None:
-        pass
+        self.blocked.append(item)
 
     def hold(self, record: InFlight, why: str, rail: object = None) -> None:
         pass
@@ -391,6 +392,9 @@ def test_a_gang_rank_on_a_degraded_gpu_is_replaced_after_the_gangs_next_checkpoi
         world.devices = (dev(0, reason(T0)), dev(1))
         run(world, rounds, T0 + 650)
         assert not [a for a in world.taken if a.kind is ActionKind.RESTART_GANG]
+        # Recorded Blocked meanwhile (once: the same reason every round), so the wait shows.
+        (waiting,) = [b for b in world.blocked if b.rail is Rail.NEXT_CHECKPOINT]
+        assert waiting.action.kind is ActionKind.RESTART_GANG and "next checkpoint" in waiting.why
         # A checkpoint now; or only one from before the GPU was found degraded (at T0): the limit counts from then.
         world.pods = gang(world.now if checkpointed else T0 - 50)
         restarted_by = world.now + STEP if checkpointed else T0 + 1200 + STEP
@@ -399,3 +403,4 @@ def test_a_gang_rank_on_a_degraded_gpu_is_replaced_after_the_gangs_next_checkpoi
         run(world, rounds, restarted_by)
         (restart,) = [a for a in world.taken if a.kind is ActionKind.RESTART_GANG]
         assert restart.finding.pod == "default/train-0" and why in restart.reason, restart.reason
+        assert restart.name == waiting.action.name, "the Blocked record is the one taken up"

@@ -11,7 +11,7 @@ from devheal.engine.rounds import DecisionRound
 from devheal.engine.stragglers import StragglerTracker, _Streak, gangs, outlier_bound, rendezvous_stall, stall
 from devheal.model.cluster import ClusterView, DeviceHealth, DeviceStatus, NodeDevicesReport, Pod, ReportedDevice
 from devheal.model.degradation_policy import DEGRADED_MARK
-from devheal.model.plan import SUSPECT_FINDINGS, Action, Blocked, FindingKind, InFlight, Phase, TargetKind
+from devheal.model.plan import SUSPECT_FINDINGS, Action, Blocked, FindingKind, InFlight, Phase, Rail, TargetKind
 from devheal.model.policy import ActionKind, Policy
 from devheal.model.steps import StepReport
 from devheal.model.straggler_policy import StragglerRules
@@ -212,6 +212,24 @@ def test_replace_at_checkpoint_restarts_the_gang_right_after_its_next_checkpoint
     assert step == 40, "the round after the gang's next checkpoint, not at once"
     assert action is not None and action.finding.pod_uid == "uid-llm-3"
     assert "saved a checkpoint 0s ago, after the rank was found" in action.reason
+
+
+def test_replace_at_checkpoint_records_the_restart_blocked_until_the_checkpoint_then_takes_it() -> None:
+    """While the gang waits for its next checkpoint the restart is recorded Blocked, once (the same reason every
+    round), with the limit it waits until; the restart taken at the checkpoint is that very record (same name)."""
+    policies = [straggler_policy(action="ReplaceAtCheckpoint")]
+    stream = GangStream(ranks=8, slowdown={3: 1.3}, slow_from=20, noise=0.1, seed=7, checkpoint_every=20)
+    rounds, host = DecisionRound(), RecordingHost()
+    for view in stream.views(80):
+        rounds.run(host, view, policies, stream.now)
+        if host.started:
+            break
+    (waited,) = host.blocked
+    (restart,) = [a for a in host.started if a.kind is ActionKind.RESTART_GANG]
+    assert waited.rail is Rail.NEXT_CHECKPOINT and waited.rail.reason == "NextCheckpoint"
+    assert waited.action.name == restart.name and waited.action.finding.pod_uid == "uid-llm-3"
+    assert "next checkpoint" in waited.why and "stragglers.checkpointWithin" in waited.why
+    assert not restart.waits
 
 
 def test_replace_at_checkpoint_restarts_at_once_without_a_checkpoint_within_the_limit() -> None:

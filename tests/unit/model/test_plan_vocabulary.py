@@ -27,6 +27,7 @@ def test_target_kinds_are_the_crds_enum_and_serialise_as_strings() -> None:
         (Rail.GANG_BUDGET, "GangBudget"),
         (Rail.WORKLOAD_INTERVAL, "WorkloadInterval"),
         (Rail.NODE_MAINTENANCE, "NodeMaintenance"),
+        (Rail.NEXT_CHECKPOINT, "NextCheckpoint"),
     ],
 )
 def test_each_rail_blocks_with_the_documented_reason(rail: Rail, reason: str) -> None:
