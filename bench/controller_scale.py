@@ -10,7 +10,9 @@ cluster. Inference pods (Deployments of 100 replicas, one GPU each, 8 per node) 
 nodes; once the controller watches, the server marks GPUs of random pods Unhealthy in their
 pod status (KEP-4680), ``--rate`` per second for ``--seconds``. Latency per fault: from the
 server storing the Unhealthy status to the server storing the controller's Remediation for
-that pod (one clock, the server's). What is not here: the kubelet's and the API server's own
+that pod (one clock, the server's): the decision on record; and (``ended_*``) to that
+Remediation's outcome (phase Succeeded or Failed: the pod evicted). The settle window waits
+for the outcomes. What is not here: the kubelet's and the API server's own
 delays (see bench.controller_latency for the lab).
 
 With ``--storm``, ``--storm-percent`` of the nodes (5 %) fail within ``--storm-seconds`` (60 s)
@@ -61,6 +63,8 @@ GOAL_STORM_ROUND_S = 1.0
 STORM_MAX_UNHEALTHY_PERCENT = 10
 STORM_BREAKER_PERCENT = 30
 DEVHEAL = (sys.executable, "-m", "devheal")
+ENDED = ("Succeeded", "Failed")
+"""A Remediation's phases once its work is done."""
 WATCHED = ("/api/v1/nodes", "/api/v1/pods", "/apis/devheal.io/v1alpha1/remediations")
 
 
@@ -147,14 +151,20 @@ async def serve(args: argparse.Namespace, kubeconfig: Path) -> None:
         faulted: dict[str, float] = {}
         fault_nodes: dict[str, str] = {}
         acted: dict[str, float] = {}
+        ended: dict[str, float] = {}
         remediations = 0
 
         def on_event(event: Event) -> None:
             nonlocal remediations
-            if event.type == "ADDED" and event.key[1] == "remediations":
+            if event.key[1] != "remediations" or event.type == "DELETED":
+                return
+            target = event.obj["spec"]["target"]
+            key = f"{target.get('namespace')}/{target['name']}"
+            if event.type == "ADDED":
                 remediations += 1
-                target = event.obj["spec"]["target"]
-                acted.setdefault(f"{target.get('namespace')}/{target['name']}", loop.time())
+                acted.setdefault(key, loop.time())
+            if (event.obj.get("status") or {}).get("phase") in ENDED:
+                ended.setdefault(key, loop.time())
 
         def fault(i: int) -> None:
             pod = inference_pod(i, args.nodes)
@@ -194,14 +204,16 @@ async def serve(args: argparse.Namespace, kubeconfig: Path) -> None:
                 await asyncio.sleep(max(0.0, started + n / args.rate - loop.time()))
                 fault(i)
         deadline = loop.time() + args.settle
-        while len(acted) < len(faulted) and loop.time() < deadline:  # noqa: ASYNC110
+        while len(ended) < len(faulted) and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         latencies = [acted[k] - t for k, t in faulted.items() if k in acted]
+        done = [ended[k] - t for k, t in faulted.items() if k in ended]
         nodes_acted = {fault_nodes[k] for k in acted if k in fault_nodes}
         report = {
             "faults": len(faulted),
             "acted": len(latencies),
             "latencies": latencies,
+            "ended_latencies": done,
             "synced_at": synced_at,
             "remediations": remediations,
             "nodes_acted_on": len(nodes_acted),
@@ -331,6 +343,7 @@ def main() -> None:
         raise SystemExit("the in-memory API server wrote no report")
     report = json.loads(line)
     latencies = sorted(1000 * x for x in report["latencies"])
+    done = sorted(1000 * x for x in report["ended_latencies"])
     if not latencies:
         raise SystemExit("the controller acted on none of the faults")
     rounds = scraped.get("devheal_round_seconds_count", 0.0)
@@ -348,12 +361,23 @@ def main() -> None:
         "p50_ms": round(statistics.median(latencies), 1),
         "p99_ms": round(percentile(latencies, 99), 1),
         "max_ms": round(latencies[-1], 1),
+        # The remediations carried out: from the fault to the Remediation's outcome (the pod evicted).
+        "ended": len(done),
+        "ended_p50_ms": round(statistics.median(done), 1) if done else None,
+        "ended_p99_ms": round(percentile(done, 99), 1) if done else None,
+        "ended_max_ms": round(done[-1], 1) if done else None,
         "cache_sync_seconds": round(report["synced_at"] - started, 1),
         "longest_round_ms": round(1000 * scraped.get("devheal_round_seconds_max", 0.0), 1),
         "longest_round_before_faults_ms": round(1000 * before.get("devheal_round_seconds_max", 0.0), 1),
         "rounds_over_1s_during_faults": int(over_1s - over_1s_before),
         "rounds": int(rounds),
         "mean_round_ms": round(1000 * scraped.get("devheal_round_seconds_sum", 0.0) / max(1.0, rounds), 1),
+        # How long the controller's work waited for a worker (devheal_work_queue_wait_seconds), on average.
+        "mean_work_queue_wait_s": round(
+            scraped.get("devheal_work_queue_wait_seconds_sum", 0.0)
+            / max(1.0, scraped.get("devheal_work_queue_wait_seconds_count", 0.0)),
+            2,
+        ),
         "controller_cpu_seconds": round(cpu.user + cpu.system, 1),
         "server_cpu_during_faults_seconds": round(report["server_cpu_after_start"], 1),
         "relists_during_faults": report["relists_during_faults"],

@@ -256,7 +256,7 @@ class Controller:
             on_change=self._on_leadership,
         )
         self._policies: list[Policy] = []
-        self.queue = WorkQueue()
+        self.queue = WorkQueue(waited=metrics.WORK_QUEUE_WAIT.observe)
         self._work: dict[str, Work] = {}
         """Key -> the latest work submitted for it; removed once that work ends."""
         self._local: dict[str, InFlight] = {}
@@ -438,6 +438,7 @@ class Controller:
         for name, size in self.cache.sizes().items():
             metrics.CACHE_OBJECTS.labels(kind=name).set(size)
         metrics.BREAKER_OPEN.set(1 if result.breaker.open else 0)
+        metrics.WORK_QUEUE_DEPTH.set(len(self.queue))  # with this round's work
         self._publish_policy_status(result.breaker)
         # Agents' claims the cluster contradicts, once each. A quiet node's agent claims nothing (``engine.scope``):
         # the narrowed view's reports are every claim, judged against the whole cluster (the pod a claim names
@@ -510,7 +511,7 @@ class Controller:
 
     def _start_workers(self) -> None:
         if self._workers is None or self._workers.done():
-            self.queue = WorkQueue()
+            self.queue = WorkQueue(waited=metrics.WORK_QUEUE_WAIT.observe)
             self._work.clear()
             self._workers = asyncio.create_task(
                 run_workers(

@@ -48,6 +48,16 @@ ROUND_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 LONGEST_ROUND = Gauge("devheal_round_seconds_max", "The longest decision round since the controller started")
+WORK_QUEUE_DEPTH = Gauge(
+    "devheal_work_queue_depth",
+    "Work waiting in the controller's work queue for a worker (remediations to carry out or on, blocked decisions "
+    "to record, gates to release): a storm's backlog",
+)
+WORK_QUEUE_WAIT = Histogram(
+    "devheal_work_queue_wait_seconds",
+    "How long each piece of work waited in the work queue before a worker took it",
+    buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600),
+)
 
 
 _longest = [0.0]

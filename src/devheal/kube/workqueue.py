@@ -18,8 +18,18 @@ from collections.abc import Awaitable, Callable
 
 
 class WorkQueue:
-    def __init__(self, *, base_delay: float = 0.05, max_delay: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        base_delay: float = 0.05,
+        max_delay: float = 10.0,
+        waited: Callable[[float], None] | None = None,
+    ) -> None:
+        """``waited``: called with the seconds each key waited, from its add to a worker taking it (client-go's
+        queue duration)."""
         self._queue: deque[str] = deque()
+        self._added: dict[str, float] = {}
+        self._waited = waited
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
         self._ready = asyncio.Condition()
@@ -40,6 +50,7 @@ class WorkQueue:
         if self._closed or key in self._dirty:
             return
         self._dirty.add(key)
+        self._added.setdefault(key, asyncio.get_running_loop().time())
         if key not in self._processing:
             self._queue.append(key)
             asyncio.get_running_loop().create_task(self._wake())
@@ -91,6 +102,9 @@ class WorkQueue:
             key = self._queue.popleft()
         self._dirty.discard(key)
         self._processing.add(key)
+        added = self._added.pop(key, None)
+        if added is not None and self._waited is not None:
+            self._waited(asyncio.get_running_loop().time() - added)
         return key
 
     def done(self, key: str) -> None:
@@ -101,6 +115,7 @@ class WorkQueue:
 
     def close(self) -> None:
         self._closed = True
+        self._added.clear()
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()

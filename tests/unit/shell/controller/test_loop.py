@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
+from devheal.controller import metrics
 from devheal.controller.loop import (
     COALESCE,
     LOCAL_RECORD_TTL,
@@ -474,6 +476,25 @@ async def test_a_remediation_left_unfinished_by_an_earlier_run_is_carried_on(
     record = the_record(api)
     assert (record["status"]["phase"], record["status"]["reason"]) == ("Succeeded", "Evicted")
     assert len(events(api, "DevhealDeschedule")) == 1
+
+
+async def test_the_work_queues_backlog_and_each_works_wait_are_measured(
+    api: MemApi, kube: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A storm in small: three evictions decided at once, one worker. The depth gauge shows them waiting, and
+    drops to nothing once they are done; each one's wait is observed."""
+    depths: list[float] = []
+    monkeypatch.setattr(metrics.WORK_QUEUE_DEPTH, "set", depths.append)
+    waited_before = REGISTRY.get_sample_value("devheal_work_queue_wait_seconds_count") or 0.0
+    seed(api, "infer-0", "infer-1", "infer-2")
+    async with running(kube, max_parallel_actions=1):
+        for pod in ("infer-0", "infer-1", "infer-2"):
+            await until(gone(api, pod), f"{pod} to be evicted")
+        await asyncio.sleep(5)
+    assert max(depths) >= 2, depths
+    assert depths[-1] == 0
+    waited = (REGISTRY.get_sample_value("devheal_work_queue_wait_seconds_count") or 0.0) - waited_before
+    assert waited >= 3
 
 
 async def test_after_a_long_round_the_loop_serves_the_rest_as_long(

@@ -31,6 +31,18 @@ async def test_repeated_adds_collapse_and_keys_come_out_in_order() -> None:
     assert [await take(queue) for _ in range(4)] == ["a", "b", "c", None]
 
 
+async def test_each_key_reports_how_long_it_waited_from_its_first_add_to_a_worker() -> None:
+    waits: list[float] = []
+    queue = WorkQueue(waited=waits.append)
+    queue.add("a")
+    await asyncio.sleep(0.05)
+    queue.add("a")  # already waiting: its wait counts from the first add
+    queue.add("b")
+    assert [await take(queue) for _ in range(3)] == ["a", "b", None]
+    assert len(waits) == 2
+    assert waits[0] >= 0.05 > waits[1]
+
+
 async def test_a_key_being_processed_is_not_handed_out_twice_but_comes_back_once_done() -> None:
     queue = WorkQueue()
     queue.add("a")
