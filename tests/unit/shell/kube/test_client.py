@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from devheal.kube import errors
-from devheal.kube.client import KubeClient, api_path, retrying
+from devheal.kube.client import KubeClient, api_path, env_proxy, retrying
 from tests.shell.memapi import MemApi
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -104,3 +104,28 @@ async def test_a_list_the_watch_cache_never_catches_up_with_fails_after_ten_trie
     with pytest.raises(errors.ResourceVersionTooLarge, match="Too large resource version"):
         await kube.list_all(PODS)
     assert len(api.calls("list")) == 10
+
+
+@pytest.mark.parametrize(
+    ("server", "env", "expected"),
+    [
+        ("https://api.cluster.test:6443", {"HTTPS_PROXY": "http://proxy.test:3128"}, "http://proxy.test:3128"),
+        ("http://api.cluster.test:8080", {"HTTP_PROXY": "http://proxy.test:3128"}, "http://proxy.test:3128"),
+        ("https://api.cluster.test:6443", {"HTTP_PROXY": "http://proxy.test:3128"}, None),
+        (
+            "https://api.cluster.test:6443",
+            {"HTTPS_PROXY": "http://proxy.test:3128", "NO_PROXY": "cluster.test"},
+            None,
+        ),
+        ("https://api.cluster.test:6443", {}, None),
+    ],
+)
+async def test_the_environments_proxy_for_the_server_is_read_once_as_kubectl_reads_it(
+    monkeypatch: pytest.MonkeyPatch, server: str, env: dict[str, str], expected: str | None
+) -> None:
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    proxy, _ = env_proxy(server)
+    assert proxy == expected
