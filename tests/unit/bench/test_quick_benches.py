@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 QUICK = {
     # benchmark: (tiny arguments, the key its figures are under)
+    "client_requests": (["--requests", "50", "--runs", "1"], "cpu_us_per_request"),
     "decide_records": (["--records", "100", "--nodes", "20", "--runs", "1"], "results"),
     "decide_round": (["--nodes", "40", "--runs", "1"], "rows"),
     "controller_memory": (["--pods", "400", "--nodes", "20"], "sync_cpu_seconds"),
