@@ -17,13 +17,13 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.report import write_results
+from bench.serving import serving
 
 RESULTS = Path(__file__).parent / "results"
 POD = "/api/v1/namespaces/ns/pods/p"
@@ -76,27 +76,14 @@ def main() -> None:
     if args.role == "serve":
         asyncio.run(serve(args.kubeconfig))
         return
+    now: list[float] = []
+    before: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
-        server = subprocess.Popen(
-            [sys.executable, "-m", "bench.client_requests", "--role=serve", f"--kubeconfig={kubeconfig}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert server.stdout is not None
-            if server.stdout.readline().strip() != "ready":
-                raise SystemExit("the in-memory API server did not start")
-            now: list[float] = []
-            before: list[float] = []
+        with serving("client_requests", f"--kubeconfig={kubeconfig}"):
             for _ in range(args.runs):
                 now.append(asyncio.run(cpu_per_request(kubeconfig, args.requests, args.concurrency, False)))
                 before.append(asyncio.run(cpu_per_request(kubeconfig, args.requests, args.concurrency, True)))
-        finally:
-            assert server.stdin is not None
-            server.stdin.close()
-            server.wait(timeout=30)
     figures = {
         "requests": args.requests,
         "concurrency": args.concurrency,

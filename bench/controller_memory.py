@@ -33,6 +33,7 @@ from typing import Any
 import psutil
 
 from bench.report import write_results
+from bench.serving import serving
 
 RESULTS = Path(__file__).parent / "results"
 GOAL_MB = 300.0
@@ -197,31 +198,20 @@ def main() -> None:
         kubeconfig = Path(tmp) / "kubeconfig"
         command = [sys.executable, "-m", "bench.controller_memory", "--kubeconfig", str(kubeconfig)]
         print(f"filling the in-memory API with {args.nodes} nodes and {args.pods} pods ...", flush=True)
-        server = subprocess.Popen(
-            [*command, "--role", "serve", "--pods", str(args.pods), "--nodes", str(args.nodes)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert server.stdout is not None
-            if server.stdout.readline().strip() != "ready":
-                raise SystemExit("the in-memory API server did not start")
+        with serving(
+            "controller_memory", "--kubeconfig", str(kubeconfig), "--pods", str(args.pods), "--nodes", str(args.nodes)
+        ) as server:
             print("syncing the controller's cache in a separate process ...", flush=True)
-            serving = psutil.Process(server.pid)
+            server_process = psutil.Process(server.pid)
             load = os.getloadavg()[0]
-            before = sum(serving.cpu_times()[:2])
+            before = sum(server_process.cpu_times()[:2])
             done = subprocess.run([*command, "--role", "measure"], capture_output=True, text=True, check=False)
-            server_cpu = sum(serving.cpu_times()[:2]) - before
+            server_cpu = sum(server_process.cpu_times()[:2]) - before
             if done.returncode != 0:
                 raise SystemExit(f"the measured process failed:\n{done.stderr[-3000:]}")
             figures = json.loads(done.stdout.strip().splitlines()[-1])
             # The API server is a fixture in this machine: what it spent answering the lists is not the controller's.
             figures.update(server_cpu_seconds=round(server_cpu, 2), load_average=round(load, 2))
-        finally:
-            if server.stdin is not None:
-                server.stdin.close()
-            server.wait(timeout=60)
     figures.update(pods=args.pods, nodes=args.nodes, goal_rss_mb=GOAL_MB, met=figures["rss_synced_mb"] <= GOAL_MB)
     figures.update(goal_sync_seconds=GOAL_SYNC_S)
     for key, value in figures.items():
