@@ -47,3 +47,10 @@ def waiting_for(pod: Pod, since: float, within: float) -> str:
         f"replacing rank {pod.key} waits for gang {pod.workload.key}'s next checkpoint, so the restart rolls no "
         f"work back: at most until {format_time(since + within)} (stragglers.checkpointWithin {within:.0f}s)"
     )
+
+
+def restart_timing(view: ClusterView, pod: Pod, since: float, now: float, within: float) -> tuple[str, str]:
+    """``ReplaceAtCheckpoint``'s answer for the gang of ``pod``: (why it may restart now, "") or ("", why it waits,
+    ``waiting_for``)."""
+    when = restart_now(view, pod, since, now, within)
+    return (when, "") if when else ("", waiting_for(pod, since, within))

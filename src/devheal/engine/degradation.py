@@ -301,10 +301,8 @@ def _pod_action(f: Finding, view: ClusterView, pod: Pod, policy: Policy, epoch: 
         )
     when = waits = ""
     if cls is WorkloadClass.GANG and rules.gang is RankAction.REPLACE_AT_CHECKPOINT:
-        within = policy.stragglers.checkpoint_within
-        when = checkpoints.restart_now(view, pod, f.since, now, within)
-        if not when:  # the gang's next checkpoint first: a restart now would roll its work back
-            waits = checkpoints.waiting_for(pod, f.since, within)
+        # The gang's next checkpoint first: a restart now would roll its work back.
+        when, waits = checkpoints.restart_timing(view, pod, f.since, now, policy.stragglers.checkpoint_within)
     if cls is WorkloadClass.GANG and rules.gang.restarts:
         return replace(
             base,

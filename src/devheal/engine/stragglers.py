@@ -487,9 +487,8 @@ def step_action(
     rules = policy.stragglers
     when = waits = ""
     if finding.kind is FindingKind.STRAGGLER and rules.action is RankAction.REPLACE_AT_CHECKPOINT:
-        when = checkpoints.restart_now(view, pod, finding.since, now, rules.checkpoint_within)
-        if not when:  # the gang's next checkpoint first: a restart now would roll its work back
-            waits = checkpoints.waiting_for(pod, finding.since, rules.checkpoint_within)
+        # The gang's next checkpoint first: a restart now would roll its work back.
+        when, waits = checkpoints.restart_timing(view, pod, finding.since, now, rules.checkpoint_within)
     gang = finding.kind is FindingKind.STRAGGLER and rules.action.restarts
     gang |= finding.kind is FindingKind.GANG_STALLED and rules.stall.action is StallAction.RESTART_GANG
     gang |= finding.kind is FindingKind.RANK_FAILED and policy.actions[pod.workload.cls] is ActionKind.RESTART_GANG
