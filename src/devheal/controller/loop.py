@@ -28,7 +28,7 @@ import signal
 import socket
 import time
 from collections import ChainMap, Counter
-from collections.abc import Awaitable, Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field, replace
 
 from devheal.controller import metrics
@@ -37,6 +37,7 @@ from devheal.controller.agent_reports import ReportAudit
 from devheal.controller.bad_objects import BadObjectReports
 from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
+from devheal.controller.mark_order import MarksFirst, Work
 from devheal.controller.policy_status import patch_policy_status, policy_statuses
 from devheal.controller.spares import Spares
 from devheal.engine.breaker import Breaker
@@ -56,7 +57,6 @@ from devheal.model.policy import DEFAULT_POLICY, Policy
 
 log = logging.getLogger("devheal.controller")
 
-Work = Callable[[], Awaitable[None]]
 
 LOCAL_RECORD_TTL = 300.0
 """Seconds a decision this process made stays counted without its record having arrived by the watch
@@ -259,6 +259,8 @@ class Controller:
         self.queue = WorkQueue(waited=metrics.WORK_QUEUE_WAIT.observe)
         self._work: dict[str, Work] = {}
         """Key -> the latest work submitted for it; removed once that work ends."""
+        self.marks_first = MarksFirst(self._submit)
+        """Work replacing a node's pods, held while devheal's mark on the node is under way (``mark_order``)."""
         self._local: dict[str, InFlight] = {}
         """Decisions this process made whose records the watch has not delivered yet."""
         self._in_round = False
@@ -338,7 +340,7 @@ class Controller:
         return self.queue
 
     def start(self, action: Action, resumed: bool) -> None:
-        if action.name in self.queue:
+        if action.name in self.queue or action.name in self.marks_first:
             return
         self._local[action.name] = InFlight.of(action, Phase.IN_PROGRESS, self._now)
         self._round_records = None
@@ -352,12 +354,22 @@ class Controller:
             action.reason,
         )
 
+        marks = action.marks_node and not action.dry_run
+
         async def act() -> None:
-            outcome = await self.actuators.execute(action)
+            try:
+                outcome = await self.actuators.execute(action)
+            finally:
+                if marks:
+                    self.marks_first.marked(action.node, action.name)
             local = self._local.get(action.name)
             if local is not None:
                 self._local[action.name] = replace(local, phase=outcome.phase)
 
+        if marks:
+            self.marks_first.marking(action.node, action.name)
+        elif action.replaces_pods and not action.dry_run and self.marks_first.hold(action.node, action.name, act):
+            return
         self._submit(action.name, act)
 
     def finish(self, record: InFlight) -> None:
@@ -513,6 +525,7 @@ class Controller:
         if self._workers is None or self._workers.done():
             self.queue = WorkQueue(waited=metrics.WORK_QUEUE_WAIT.observe)
             self._work.clear()
+            self.marks_first.clear()
             self._workers = asyncio.create_task(
                 run_workers(
                     self.queue,
@@ -528,6 +541,7 @@ class Controller:
     def _stop_workers(self) -> None:
         """Leadership lost or shutting down: cancel work in progress and drop work not started."""
         self.queue.close()
+        self.marks_first.clear()
         if self._workers is not None:
             self._workers.cancel()
 

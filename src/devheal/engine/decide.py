@@ -741,4 +741,5 @@ def decide(
             out_nodes.add(action.node)
         actions.append(action)
         planned_targets.add(target)
+    actions.sort(key=lambda a: not a.marks_node)  # (stable: otherwise in the order decided)
     return Plan(tuple(actions), tuple(blocked), breaker_open, breaker_reason)

@@ -92,6 +92,9 @@ NODE_BUDGET_EFFECTS = frozenset({Effect.STOPS_NODE_SCHEDULING, Effect.TAKES_NODE
 """What counts against ``maxUnhealthyNodes`` and ``maxUnhealthyNodesPerPool``: a node out of service."""
 DISRUPTION_EFFECTS = frozenset({Effect.EVICTS, Effect.RESTARTS})
 """What counts against ``maxConcurrentRemediations`` and ``workloadDisruptionInterval``: running work stopped."""
+NODE_MARK_EFFECTS = frozenset({Effect.STOPS_NODE_SCHEDULING, Effect.STEERS})
+"""A node mark that keeps new pods off the node, or steers them away: it goes before the evictions on its node, so
+the replacements are scheduled knowing it (``Plan``)."""
 
 
 def stopped_by_breaker(effects: frozenset[Effect]) -> bool:
@@ -104,6 +107,10 @@ def takes_node(effects: frozenset[Effect]) -> bool:
 
 def disrupts(effects: frozenset[Effect]) -> bool:
     return bool(effects & DISRUPTION_EFFECTS)
+
+
+def marks_node(effects: frozenset[Effect]) -> bool:
+    return bool(effects & NODE_MARK_EFFECTS)
 
 
 def lifted_by(kind: ActionKind) -> ActionKind:

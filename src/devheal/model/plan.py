@@ -11,7 +11,15 @@ from enum import StrEnum
 from typing import overload
 
 from devheal.model.cluster import Node, Pod, Workload
-from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, stopped_by_breaker, takes_node
+from devheal.model.effects import (
+    KIND_EFFECTS,
+    Effect,
+    disrupts,
+    effects_of,
+    marks_node,
+    stopped_by_breaker,
+    takes_node,
+)
 from devheal.model.policy import ActionKind, Policy
 
 
@@ -364,6 +372,17 @@ class Action:
         return takes_node(self.cluster_effects)
 
     @property
+    def marks_node(self) -> bool:
+        """Keeps new pods off its node, or steers them away (a taint, a cordon, a degraded fence or taint)."""
+        return self.target_kind is TargetKind.NODE and marks_node(self.cluster_effects)
+
+    @property
+    def replaces_pods(self) -> bool:
+        """Stops a pod, or a gang's broken rank, that its workload replaces: a mark on ``node`` decided with it goes
+        first (``Plan.actions``)."""
+        return self.target_kind in (TargetKind.POD, TargetKind.GANG) and self.disruptive
+
+    @property
     def stopped_by_breaker(self) -> bool:
         """Evicts, restarts, or stops scheduling on a node or a device: an open circuit breaker holds it."""
         return stopped_by_breaker(self.cluster_effects)
@@ -522,6 +541,8 @@ class InFlightRecords(Sequence[InFlight]):
 @dataclass(frozen=True, slots=True)
 class Plan:
     actions: tuple[Action, ...] = ()
+    """In the order to start them: node marks (``Action.marks_node``) first, so a pod evicted from a node decided
+    tainted this round is replaced knowing the taint (the controller also waits for the mark before the eviction)."""
     blocked: tuple[Blocked, ...] = ()
     breaker_open: bool = False
     breaker_reason: str = ""

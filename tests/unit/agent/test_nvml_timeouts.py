@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -130,12 +131,21 @@ async def test_the_agent_reports_nvml_unresponsive_and_keeps_its_rounds_going(tm
         await agent.step(101.5)
         assert time.monotonic() - started < 0.5
         nvml.unhang()
-        for now in (102.0, 104.0, 108.0):
+        wait_for(lambda: nvml.hung_now == 0)
+
+        def health() -> list[str]:
+            return [d["health"] for d in kube.objects[node_devices_path("n1")]["status"]["devices"]]
+
+        # The hung call's thread notices at its own pace that it returned (a loaded machine takes a while); the
+        # agent finds NVML back at its first try after that. Each step is past the longest backoff: each tries.
+        now = 102.0
+        for _ in range(50):
             await agent.step(now)
-        assert [d["health"] for d in kube.objects[node_devices_path("n1")]["status"]["devices"]] == [
-            "Healthy",
-            "Healthy",
-        ]
+            if health() == ["Healthy", "Healthy"]:
+                break
+            now += options.max_backoff + 1
+            await asyncio.sleep(0.05)
+        assert health() == ["Healthy", "Healthy"]
     finally:
         nvml.unhang()
         agent.backend.close()

@@ -85,6 +85,18 @@ def sick_node_view() -> ClusterView:
     return view([node("n1", gpus=2)], [p])
 
 
+@pytest.mark.parametrize("cls", [WorkloadClass.INFERENCE, WorkloadClass.BATCH])
+def test_the_nodes_mark_comes_before_the_pod_it_replaces(cls: WorkloadClass) -> None:
+    """The controller starts a plan's actions in order: the taint first, so the replacement of the evicted or
+    failed pod is scheduled knowing it (``controller.mark_order``)."""
+    p = failing_pod(cls)
+    v, ps = view([node("n1", gpus=2)], [p]), [policy()]
+    plan = decide(v, detect(v, ps, NOW), ps, [], NOW)
+    pod_action = ActionKind.DESCHEDULE if cls is WorkloadClass.INFERENCE else ActionKind.FAIL_POD
+    assert [a.kind for a in plan.actions] == [ActionKind.TAINT, pod_action]
+    assert [(a.marks_node, a.replaces_pods) for a in plan.actions] == [(True, False), (False, True)]
+
+
 @pytest.mark.parametrize(
     ("policy_dry_run", "settings"), [(True, Settings()), (False, Settings(dry_run=True)), (True, Settings(True))]
 )

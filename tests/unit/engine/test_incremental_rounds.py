@@ -458,7 +458,7 @@ def test_a_quiet_fleet_is_left_out_and_counted() -> None:
     _fail_exactly(w, "n007")
     result = rounds.run(host, w.view(), ps, NOW + 1, changed=frozenset(w.touched))
     assert result.looked_at == 1
-    assert [a.kind for a in result.plan.actions] == [ActionKind.DESCHEDULE, ActionKind.TAINT]
+    assert [a.kind for a in result.plan.actions] == [ActionKind.TAINT, ActionKind.DESCHEDULE]
     assert isinstance(rounds.scope, Scope) and sum(rounds.scope.groups.values()) == 199
 
 

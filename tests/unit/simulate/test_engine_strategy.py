@@ -45,7 +45,7 @@ def test_decisions_go_through_the_controllers_decision_round(monkeypatch: pytest
     result = run(small_config(), ONE_GPU_FAULT, strategy)
     assert isinstance(strategy.round, rounds.DecisionRound)
     kinds = [a.kind for plan in calls for a in plan.actions]
-    assert kinds == [ActionKind.FAIL_POD, ActionKind.TAINT]
+    assert kinds == [ActionKind.TAINT, ActionKind.FAIL_POD]
     assert result.remediations["devheal:FailPod"] == 1
     assert result.engine["rounds"] == len(calls)
 
