@@ -104,11 +104,24 @@ def main() -> None:
     parser.add_argument("--noise", type=float, nargs="+", default=[0.02, 0.05, 0.1, 0.2])
     parser.add_argument("--min-slowdown-percent", type=int, default=None, help="default: the policy's default")
     parser.add_argument("--outlier-mads", type=int, default=None, help="default: the policy's default")
+    parser.add_argument("--steady-over", default=None, help="steady.over, e.g. 10m or 0s (off); default: the policy's")
+    parser.add_argument(
+        "--steady-min-slowdown-percent", type=int, default=None, help="steady.minSlowdownPercent; default: the policy's"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "stragglers.json")
     args = parser.parse_args()
-    overrides = {} if args.min_slowdown_percent is None else {"minSlowdownPercent": args.min_slowdown_percent}
+    overrides: dict[str, Any] = {}
+    if args.min_slowdown_percent is not None:
+        overrides["minSlowdownPercent"] = args.min_slowdown_percent
     if args.outlier_mads is not None:
         overrides["outlierMADs"] = args.outlier_mads
+    steady: dict[str, Any] = {}
+    if args.steady_over is not None:
+        steady["over"] = args.steady_over
+    if args.steady_min_slowdown_percent is not None:
+        steady["minSlowdownPercent"] = args.steady_min_slowdown_percent
+    if steady:
+        overrides["steady"] = steady
     policy = default_policy(overrides)
     started = time.perf_counter()
     cells = [sweep_cell(args.ranks, s, n, args.seeds, args.steps, policy) for n in args.noise for s in args.slowdowns]
@@ -119,7 +132,8 @@ def main() -> None:
     print(
         f"{args.ranks} ranks, {args.seeds} seeds per cell; minSlowdownPercent {rules.min_slowdown_percent}, "
         f"outlierMADs {rules.outlier_mads}, minSamples {rules.min_samples}, sustainedReports "
-        f"{rules.sustained_reports}; delay in steps after the slowdown"
+        f"{rules.sustained_reports}; steady.minSlowdownPercent {rules.steady.min_slowdown_percent} over "
+        f"{rules.steady.over:g}s; delay in steps after the slowdown"
     )
     print(f"{'noise':>6} {'slowdown':>8} {'found':>6} {'median':>7} {'max':>5} {'healthy flagged':>16}")
     for c in cells:

@@ -18,6 +18,12 @@ is a robust outlier among its gang's ranks:
   within the bound (a slowdown that ends, a fail-slow episode): a rank hovering at the limit is
   not found, dropped and found again (no flapping), and one that recovered is no longer
   acted on (``ReplaceAtRestart`` forgets it) a few reports after its slowness ended.
+- a rank slower by less than that floor is a straggler too when it is **steadily** slow: its
+  ratio to the gang's centre, averaged over ``steady.over`` (an exponentially weighted mean of
+  its reports, that time its constant), is at least ``steady.minSlowdownPercent`` above 1, and
+  it has been judged in its current run for at least ``steady.over``. A single report's median
+  moves with the noise of a few steps; the average of ten minutes of them tells a +8 % gray node
+  from it. It stops being one when the average falls back under the floor.
 
 A gang is **stalled** when every active member runs and has reported steps in its current
 run, no restart is under way, no launcher holds a failed run, and no rank has reported a step
@@ -52,6 +58,7 @@ Pure; the tracker keeps the streaks between rounds, and time is passed in.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Collection, Iterable, Sequence
@@ -67,7 +74,7 @@ from devheal.model.policy import ActionKind, Policy
 from devheal.model.policy_set import policy_for_node, policy_for_pod
 from devheal.model.rank_action import RankAction
 from devheal.model.steps import StepReport, gang_step
-from devheal.model.straggler_policy import StallAction, StragglerRules
+from devheal.model.straggler_policy import StallAction, SteadyRules, StragglerRules
 from devheal.model.times import format_time
 
 MAD_SCALE = 1.4826
@@ -131,6 +138,38 @@ class _Streak:
     """Of a straggler: consecutive reports within the bound since it was last an outlier."""
 
 
+@dataclass(slots=True)
+class _Steady:
+    """A rank's step-time ratio to its gang's centre, averaged over time (``SteadyRules``): an exponentially
+    weighted mean, each report weighed by the time it speaks for, normalised by the weight so far (so the first
+    reports of a run count for what they are, not for the whole time constant)."""
+
+    run: float | None
+    """The run it is of: a new run starts it over."""
+    first: float
+    """When its first report of the run was judged."""
+    last: float
+    weighted: float = 0.0
+    mass: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return self.weighted / self.mass if self.mass > 0 else 1.0
+
+    def add(self, ratio: float, covers: float, now: float, over: float) -> None:
+        """A new report's ratio, weighed by the time since the last one, or by the steps its median covers when
+        that is shorter (the first report of a run, or one seen after reports not judged meanwhile, speaks for
+        its own window only)."""
+        since = now - self.last if self.mass > 0 else covers
+        keep = math.exp(-min(max(since, 0.0), covers) / over)
+        self.weighted = self.weighted * keep + (1.0 - keep) * ratio
+        self.mass = self.mass * keep + (1.0 - keep)
+        self.last = now
+
+    def slow(self, rules: SteadyRules, now: float) -> bool:
+        return now - self.first >= rules.over and self.mean >= 1.0 + rules.min_slowdown_percent / 100.0
+
+
 def _judged(pod: Pod, rules: StragglerRules) -> StepReport | None:
     r = pod.steps
     if r is None or r.p50 is None or r.window < rules.min_samples or pod.phase != "Running" or not pod.node:
@@ -148,6 +187,8 @@ class StragglerTracker:
     """Gang (workload key) -> its MADs at its last ``POOLED_SPREADS`` reports (``outlier_bound``)."""
     slow: dict[str, bool] = field(default_factory=dict)
     """UIDs of the ranks found straggling at the last ``observe`` -> whether their policy replaces them."""
+    steady: dict[str, _Steady] = field(default_factory=dict)
+    """Pod UID -> its averaged ratio to its gang's centre (``SteadyRules``)."""
 
     def replaceable(self) -> frozenset[str]:
         """UIDs of straggling ranks to replace when their gang restarts (``ReplaceAtRestart``, ``ReplaceNow``)."""
@@ -182,6 +223,8 @@ class StragglerTracker:
         found += failed_runs(view, policies, now)
         for uid in [u for u in self.streaks if u not in seen]:
             del self.streaks[uid]
+        for uid in [u for u in self.steady if u not in seen]:
+            del self.steady[uid]
         for gang in [g for g in self.spreads if g not in gangs_seen]:
             del self.spreads[gang]
         self.slow = slow
@@ -205,29 +248,52 @@ class StragglerTracker:
             assert report.p50 is not None
             seen.add(pod.uid)
             streak = self.streaks.get(pod.uid)
+            ratio = report.p50 / bound.centre if bound.centre > 0 else float("inf")
             if streak is None or streak.count != report.count:  # a new report: judge it
                 streak = _judge(streak, report.count, report.p50 <= bound.limit, rules.sustained_reports, now)
                 self.streaks[pod.uid] = streak
-            if streak.outliers < rules.sustained_reports:
+                if rules.steady.on and bound.centre > 0:
+                    self._average(pod.uid, report, ratio, rules.steady, now)
+            if streak.outliers >= rules.sustained_reports:
+                evidence = (
+                    f"rank {pod.key}'s median step {report.p50:.3f}s is {ratio:.2f}x its gang's median "
+                    f"{bound.centre:.3f}s (limit {bound.limit:.3f}s: {rules.outlier_mads} MADs of "
+                    f"{bound.mad:.3f}s, at least +{rules.min_slowdown_percent}%); an outlier in {streak.outliers} "
+                    f"reports in a row, over {len(members)} ranks{_calm(streak, rules)}"
+                )
+                since = streak.since
+            elif (steady := self.steady.get(pod.uid)) is not None and steady.slow(rules.steady, now):
+                evidence = (
+                    f"rank {pod.key}'s steps averaged {steady.mean:.3f}x its gang's median over the last "
+                    f"{rules.steady.over:.0f}s (at least +{rules.steady.min_slowdown_percent}%: steadily slow, under "
+                    f"the +{rules.min_slowdown_percent}% a single report needs), over {len(members)} ranks; its "
+                    f"median step now {report.p50:.3f}s, the gang's {bound.centre:.3f}s"
+                )
+                since = steady.first
+            else:
                 continue
-            ratio = report.p50 / bound.centre if bound.centre > 0 else float("inf")
             devices, telemetry = telemetry_of(view, pod, now)
             out.append(
                 Finding(
                     kind=FindingKind.STRAGGLER,
                     node=pod.node,
                     sources=(FindingSource.STEP_TIMES,),
-                    evidence=f"rank {pod.key}'s median step {report.p50:.3f}s is {ratio:.2f}x its gang's median "
-                    f"{bound.centre:.3f}s (limit {bound.limit:.3f}s: {rules.outlier_mads} MADs of "
-                    f"{bound.mad:.3f}s, at least +{rules.min_slowdown_percent}%); an outlier in {streak.outliers} "
-                    f"reports in a row, over {len(members)} ranks{_calm(streak, rules)}{telemetry}",
-                    since=streak.since,
+                    evidence=evidence + telemetry,
+                    since=since,
                     pod=pod.key,
                     pod_uid=pod.uid,
                     device_ids=devices,
                 )
             )
         return out
+
+    def _average(self, uid: str, report: StepReport, ratio: float, rules: SteadyRules, now: float) -> None:
+        """Add a new report's ratio to the rank's average; a new run (a restart) starts it over."""
+        steady = self.steady.get(uid)
+        if steady is None or steady.run != report.run:
+            steady = self.steady[uid] = _Steady(report.run, now, now)
+        assert report.p50 is not None
+        steady.add(ratio, report.window * report.p50, now, rules.over)
 
 
 def _judge(streak: _Streak | None, count: int, within: bool, sustained: int, now: float) -> _Streak:

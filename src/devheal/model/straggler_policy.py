@@ -10,6 +10,9 @@ Spec, with defaults (docs/stragglers.md gives each default's rationale)::
       minSamples: 5                  # steps of the current run before a rank is judged
       sustainedReports: 3            # consecutive reports a rank must stay an outlier
       minRanks: 3                    # ranks reporting before a gang is judged
+      steady:                        # a smaller slowdown, judged over a longer time
+        minSlowdownPercent: 5        # a rank's step times at least 5 % above the gang's median...
+        over: 10m                    # ...on average over this long (0s: off)
       stall:
         after: 45s                   # no rank reported a step for this long...
         steps: 5                     # ...and for this many of the gang's median steps
@@ -56,6 +59,21 @@ class StallRules:
 
 
 @dataclass(frozen=True, slots=True)
+class SteadyRules:
+    """A rank slower than its gang by less than the per-report floor (``minSlowdownPercent``), but steadily: a gray
+    node at +10 % holds a whole gang at its pace for as long as it stays. Its ratio to the gang's median, averaged
+    over ``over``, tells it from noise a single report cannot."""
+
+    min_slowdown_percent: int = 5
+    over: float = 600.0
+    """Seconds of reports the average covers (its time constant), and the least a rank is judged for; 0: off."""
+
+    @property
+    def on(self) -> bool:
+        return self.over > 0
+
+
+@dataclass(frozen=True, slots=True)
 class StragglerRules:
     action: RankAction = RankAction.REPLACE_AT_RESTART
     min_slowdown_percent: int = 12
@@ -67,6 +85,7 @@ class StragglerRules:
     checkpoint_within: float = 1800.0
     """``ReplaceAtCheckpoint`` (here and in ``degradation.gang``): seconds from finding the rank after which the gang
     restarts even though no checkpoint was reported (a workload that reports none, or checkpoints rarely)."""
+    steady: SteadyRules = SteadyRules()
 
     @property
     def replaces(self) -> bool:
@@ -83,10 +102,12 @@ _FIELDS = frozenset(
         "sustainedReports",
         "minRanks",
         "stall",
+        "steady",
         "checkpointWithin",
     }
 )
 _STALL_FIELDS = frozenset({"after", "steps", "action", "joinAfter", "firstStepAfter"})
+_STEADY_FIELDS = frozenset({"minSlowdownPercent", "over"})
 MAX_PERCENT = 1000
 MAX_COUNT = 10000
 
@@ -123,6 +144,19 @@ def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueErro
             positive=True,
         ),
     )
+    steady_spec = fields.mapping(spec.get("steady"), f"{where}.steady", error, fields=_STEADY_FIELDS)
+    dsteady = SteadyRules()
+    steady = SteadyRules(
+        min_slowdown_percent=fields.whole(
+            steady_spec.get("minSlowdownPercent"),
+            dsteady.min_slowdown_percent,
+            f"{where}.steady.minSlowdownPercent",
+            error,
+            minimum=1,
+            maximum=MAX_PERCENT,
+        ),
+        over=fields.duration(steady_spec.get("over"), dsteady.over, f"{where}.steady.over", error),
+    )
     return StragglerRules(
         action=fields.choice(spec.get("action"), RankAction, d.action, f"{where}.action", error),
         min_slowdown_percent=count("minSlowdownPercent", d.min_slowdown_percent, 1, MAX_PERCENT),
@@ -131,6 +165,7 @@ def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueErro
         sustained_reports=count("sustainedReports", d.sustained_reports, 1),
         min_ranks=count("minRanks", d.min_ranks, 3),
         stall=stall,
+        steady=steady,
         checkpoint_within=fields.duration(
             spec.get("checkpointWithin"), d.checkpoint_within, f"{where}.checkpointWithin", error, positive=True
         ),

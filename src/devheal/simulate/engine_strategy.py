@@ -47,6 +47,7 @@ from devheal.simulate.event_queue import Event, EventKind
 from devheal.simulate.failures import Signal
 from devheal.simulate.fleet import Unit, UnitKind, UnitState
 from devheal.simulate.simulation import Simulation, Strategy
+from devheal.simulate.step_reports import WINDOW
 
 STEP_SAMPLE = 5
 """Ordinary ranks in a step round beyond twice the outstanding ones (see ``_step_members``)."""
@@ -201,7 +202,7 @@ class EngineStrategy(Strategy):
         if node in self.sim.slow_nodes:
             if self.sim.culprits.names_slow(unit.parallelism, node):
                 self._judge_pace(unit)
-        elif any(s.outliers for s in self.round.stragglers.streaks.values()):
+        elif self.round.stragglers.slow or any(s.outliers for s in self.round.stragglers.streaks.values()):
             self._judge_pace(unit)
 
     def _judge_pace(self, unit: Unit) -> None:
@@ -210,7 +211,17 @@ class EngineStrategy(Strategy):
         # Enough reports for a full window of samples, then the sustained run of outlier reports.
         steps_per_report = max(1, math.floor(costs.steps_publish_s / costs.step_s))
         reports = math.ceil(rules.min_samples / steps_per_report) + rules.sustained_reports + 1
-        self._judge_steps(unit, [self.sim.now + k * costs.steps_publish_s + SLACK_S for k in range(1, reports + 1)])
+        rounds = [self.sim.now + k * costs.steps_publish_s + SLACK_S for k in range(1, reports + 1)]
+        floor = 1.0 + rules.min_slowdown_percent / 100.0
+        if rules.steady.on and any(self.sim.nodes[n].slow < floor for n in self.sim.named_slow(unit)):
+            # A rank slower by less than the per-report floor: only its average over steady.over finds it, from
+            # reports each covering their window of steps (``StragglerTracker``); a round per window does what the
+            # controller's round per report does, for up to 3 of those spans (a +6 % rank crosses +5 % in 1.8).
+            covers = WINDOW * costs.step_s
+            last = self.sim.now + 3 * rules.steady.over + covers
+            every = max(covers, costs.steps_publish_s)
+            rounds += [rounds[-1] + k * every for k in range(1, math.ceil((last - rounds[-1]) / every) + 1)]
+        self._judge_steps(unit, rounds)
 
     def _next_checkpoint_round(self, unit: Unit) -> None:
         """A round at the first publication of the running gang's next checkpoint (``ReplaceAtCheckpoint``)."""

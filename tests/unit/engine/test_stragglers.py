@@ -52,6 +52,47 @@ def test_a_healthy_gang_with_10_percent_noise_has_no_straggler_in_1000_steps() -
         assert found == set(), f"seed {seed}"
 
 
+def test_a_rank_steadily_8_percent_slow_is_found_by_its_average_and_a_healthy_one_is_not() -> None:
+    """+8 % is under the per-report floor (+12 %): only the average over steady.over (here 5 minutes of 1 s steps)
+    tells it (at +-2 % step noise no step of it reaches the per-report limit), and nothing of the healthy ranks."""
+    stream = GangStream(ranks=8, slowdown={3: 1.08}, slow_from=20, noise=0.02, seed=3)
+    policies = [straggler_policy(steady={"over": "5m"})]
+    first, found = first_detection(stream, policies, 1200)
+    assert found == {"train/llm-3"}
+    # Not before 5 minutes of it (steps of about 1.08 s, from its 5th); the average is past +5 % by then.
+    assert first is not None and 250 <= first <= 600
+    off = GangStream(ranks=8, slowdown={3: 1.08}, slow_from=20, noise=0.02, seed=3)
+    assert first_detection(off, [straggler_policy(steady={"over": "0s"})], 1200) == (None, set())
+
+
+def test_the_steady_finding_says_what_it_averaged_and_a_new_run_starts_over() -> None:
+    tracker = StragglerTracker()
+    gang = GangStream(ranks=4, noise=0.0)
+    base = next(iter(gang.views(1)))
+
+    def at(count: int, now: float, run: float = EPOCH) -> ClusterView:
+        pods = {}
+        for key, p in base.pods.items():
+            p50 = 1.07 if p.name == "llm-0" else 1.0
+            pods[key] = replace(p, steps=StepReport(count, 10, p50, now, run))
+        return replace(base, pods=pods)
+
+    policies = [straggler_policy(steady={"over": "100s"})]
+    found = []
+    for count in range(10, 120):  # a report a second
+        found = tracker.observe(at(count, EPOCH + count), policies, EPOCH + count)
+        if found:
+            break
+    (f,) = found
+    assert (f.pod, f.since) == ("train/llm-0", EPOCH + 10)
+    assert count == 110  # judged for 100 s: the average is +7 % from the first report on
+    assert "averaged 1.070x its gang's median over the last 100s" in f.evidence
+    assert "under the +12% a single report needs" in f.evidence
+    assert tracker.replaceable() == {"uid-llm-0"}
+    restarted = EPOCH + 500.0
+    assert tracker.observe(at(1, restarted + 1, run=restarted), policies, restarted + 1) == []
+
+
 def test_the_finding_names_the_rank_its_node_and_devices_and_the_figures() -> None:
     stream = GangStream(ranks=8, slowdown={3: 1.5}, noise=0.0)
     tracker = StragglerTracker()

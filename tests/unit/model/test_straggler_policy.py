@@ -10,7 +10,7 @@ import pytest
 from devheal.model.policy import PolicyError, parse_policy
 from devheal.model.rank_action import RankAction
 from devheal.model.straggler_policy import _FIELDS as STRAGGLER_FIELDS
-from devheal.model.straggler_policy import StallAction, StallRules, StragglerRules
+from devheal.model.straggler_policy import StallAction, StallRules, SteadyRules, StragglerRules
 from tests.unit.crds.test_crd_manifests import spec_schema, violations
 
 SELECTOR = {"podSelector": {}}
@@ -28,6 +28,7 @@ def test_defaults() -> None:
     assert (rules.min_samples, rules.sustained_reports, rules.min_ranks) == (5, 3, 3)
     assert rules.stall == StallRules(45.0, 5, StallAction.RESTART_GANG, 120.0)
     assert rules.checkpoint_within == 1800.0
+    assert rules.steady == SteadyRules(5, 600.0) and rules.steady.on
 
 
 def test_every_field() -> None:
@@ -40,6 +41,7 @@ def test_every_field() -> None:
         "sustainedReports": 1,
         "minRanks": 4,
         "stall": {"after": "1m30s", "steps": 20, "action": "Notify", "joinAfter": "3m", "firstStepAfter": "4m"},
+        "steady": {"minSlowdownPercent": 3, "over": "30m"},
     }
     assert violations({"selector": SELECTOR, "stragglers": spec}, spec_schema("RemediationPolicy")) == []
     assert parsed(spec) == StragglerRules(
@@ -51,7 +53,12 @@ def test_every_field() -> None:
         4,
         StallRules(90.0, 20, StallAction.NOTIFY, 180.0, 240.0),
         1200.0,
+        SteadyRules(3, 1800.0),
     )
+
+
+def test_a_zero_steady_window_turns_it_off() -> None:
+    assert not parsed({"steady": {"over": "0s"}}).steady.on
 
 
 def test_the_stall_limit_is_after_or_steps_of_the_median_step_when_longer() -> None:
@@ -77,6 +84,9 @@ def test_the_stall_limit_is_after_or_steps_of_the_median_step_when_longer() -> N
         ({"stall": {"joinAfter": 120}}, "stragglers.stall.joinAfter"),
         ({"stall": {"firstStepAfter": "10 minutes"}}, "stragglers.stall.firstStepAfter"),
         ({"window": 10}, "stragglers"),
+        ({"steady": {"minSlowdownPercent": 0}}, "stragglers.steady.minSlowdownPercent"),
+        ({"steady": {"over": "ten minutes"}}, "stragglers.steady.over"),
+        ({"steady": {"reports": 60}}, "stragglers.steady"),
     ],
 )
 def test_the_schema_and_parse_policy_refuse_the_same_field(stragglers: Any, field: str) -> None:
@@ -97,6 +107,7 @@ def test_the_schema_has_no_unknown_field_pruned() -> None:
     node = spec_schema("RemediationPolicy")["properties"]["stragglers"]
     assert set(node["properties"]) == set(STRAGGLER_FIELDS) and "checkpointWithin" in STRAGGLER_FIELDS
     assert set(node["properties"]["stall"]["properties"]) == {"after", "steps", "action", "joinAfter", "firstStepAfter"}
+    assert set(node["properties"]["steady"]["properties"]) == {"minSlowdownPercent", "over"}
 
 
 def test_a_zero_first_step_limit_is_refused_naming_the_field() -> None:
