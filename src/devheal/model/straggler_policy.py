@@ -144,19 +144,6 @@ def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueErro
             positive=True,
         ),
     )
-    steady_spec = fields.mapping(spec.get("steady"), f"{where}.steady", error, fields=_STEADY_FIELDS)
-    dsteady = SteadyRules()
-    steady = SteadyRules(
-        min_slowdown_percent=fields.whole(
-            steady_spec.get("minSlowdownPercent"),
-            dsteady.min_slowdown_percent,
-            f"{where}.steady.minSlowdownPercent",
-            error,
-            minimum=1,
-            maximum=MAX_PERCENT,
-        ),
-        over=fields.duration(steady_spec.get("over"), dsteady.over, f"{where}.steady.over", error),
-    )
     return StragglerRules(
         action=fields.choice(spec.get("action"), RankAction, d.action, f"{where}.action", error),
         min_slowdown_percent=count("minSlowdownPercent", d.min_slowdown_percent, 1, MAX_PERCENT),
@@ -165,8 +152,20 @@ def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueErro
         sustained_reports=count("sustainedReports", d.sustained_reports, 1),
         min_ranks=count("minRanks", d.min_ranks, 3),
         stall=stall,
-        steady=steady,
+        steady=_parse_steady(spec.get("steady"), f"{where}.steady", error),
         checkpoint_within=fields.duration(
             spec.get("checkpointWithin"), d.checkpoint_within, f"{where}.checkpointWithin", error, positive=True
         ),
+    )
+
+
+def _parse_steady(value: Any, where: str, error: type[ValueError]) -> SteadyRules:
+    spec = fields.mapping(value, where, error, fields=_STEADY_FIELDS)
+    d = SteadyRules()
+    percent = spec.get("minSlowdownPercent")
+    return SteadyRules(
+        fields.whole(
+            percent, d.min_slowdown_percent, f"{where}.minSlowdownPercent", error, minimum=1, maximum=MAX_PERCENT
+        ),
+        fields.duration(spec.get("over"), d.over, f"{where}.over", error),
     )

@@ -140,6 +140,7 @@ SECTIONS: dict[str, Any] = {
             "joinAfter": DURATION,
             "firstStepAfter": DURATION,
         },
+        "steady": {"minSlowdownPercent": (5, 0, 1000), "over": DURATION},
     },
     "spares": {"nodeSelector": SELECTOR, "size": (0, 2, 1000, 1001), "promoteIdleNodes": (True, False)},
     "signals": {
