@@ -151,6 +151,9 @@ class _Steady:
     last: float
     weighted: float = 0.0
     mass: float = 0.0
+    found: float | None = None
+    """When it was last found steadily slow (the finding's ``since``: a restart at the next checkpoint counts from
+    then), None while it is not."""
 
     @property
     def mean(self) -> float:
@@ -166,8 +169,14 @@ class _Steady:
         self.mass = self.mass * keep + (1.0 - keep)
         self.last = now
 
-    def slow(self, rules: SteadyRules, now: float) -> bool:
-        return now - self.first >= rules.over and self.mean >= 1.0 + rules.min_slowdown_percent / 100.0
+    def judge(self, rules: SteadyRules, now: float) -> bool:
+        """Whether the rank is steadily slow now (``found`` keeps since when)."""
+        slow = now - self.first >= rules.over and self.mean >= 1.0 + rules.min_slowdown_percent / 100.0
+        if not slow:
+            self.found = None
+        elif self.found is None:
+            self.found = now
+        return slow
 
 
 def _judged(pod: Pod, rules: StragglerRules) -> StepReport | None:
@@ -254,6 +263,8 @@ class StragglerTracker:
                 self.streaks[pod.uid] = streak
                 if rules.steady.on and bound.centre > 0:
                     self._average(pod.uid, report, ratio, rules.steady, now)
+            steady = self.steady.get(pod.uid)
+            steadily_since = steady.found if steady is not None and steady.judge(rules.steady, now) else None
             if streak.outliers >= rules.sustained_reports:
                 evidence = (
                     f"rank {pod.key}'s median step {report.p50:.3f}s is {ratio:.2f}x its gang's median "
@@ -262,14 +273,14 @@ class StragglerTracker:
                     f"reports in a row, over {len(members)} ranks{_calm(streak, rules)}"
                 )
                 since = streak.since
-            elif (steady := self.steady.get(pod.uid)) is not None and steady.slow(rules.steady, now):
+            elif steady is not None and steadily_since is not None:
                 evidence = (
                     f"rank {pod.key}'s steps averaged {steady.mean:.3f}x its gang's median over the last "
                     f"{rules.steady.over:.0f}s (at least +{rules.steady.min_slowdown_percent}%: steadily slow, under "
                     f"the +{rules.min_slowdown_percent}% a single report needs), over {len(members)} ranks; its "
                     f"median step now {report.p50:.3f}s, the gang's {bound.centre:.3f}s"
                 )
-                since = steady.first
+                since = steadily_since
             else:
                 continue
             devices, telemetry = telemetry_of(view, pod, now)

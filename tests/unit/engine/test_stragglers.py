@@ -84,8 +84,10 @@ def test_the_steady_finding_says_what_it_averaged_and_a_new_run_starts_over() ->
         if found:
             break
     (f,) = found
-    assert (f.pod, f.since) == ("train/llm-0", EPOCH + 10)
-    assert count == 110  # judged for 100 s: the average is +7 % from the first report on
+    # Judged for 100 s (the average is +7 % from the first report on): found then, and its finding says so (a
+    # restart at the gang's next checkpoint counts from then).
+    assert (f.pod, f.since, count) == ("train/llm-0", EPOCH + 110, 110)
+    assert tracker.observe(at(111, EPOCH + 111), policies, EPOCH + 111)[0].since == EPOCH + 110
     assert "averaged 1.070x its gang's median over the last 100s" in f.evidence
     assert "under the +12% a single report needs" in f.evidence
     assert tracker.replaceable() == {"uid-llm-0"}
