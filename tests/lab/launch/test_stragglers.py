@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
@@ -145,6 +146,73 @@ async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
             if any(t["key"] == DEGRADED_TAINT_KEY for t in taints):
                 obj["spec"]["taints"] = [t for t in taints if t["key"] != DEGRADED_TAINT_KEY]
                 await kube.replace(api_path("v1", "nodes", name=node), obj)
+
+
+async def test_a_rank_steadily_slow_under_the_per_report_floor_is_found_by_its_average(
+    lab: Lab, kube: KubeClient, namespace: str, gang: GangHarness, faults: RecordingFaults
+) -> None:
+    """stragglers.steady through the real API server and real launchers: the per-report floor out of reach (+50 %),
+    rank 1's GPU 1.2x slow; only its average over steady.over (15 s here) finds it, no earlier than that after the
+    controller first judged it, and no healthy rank is found."""
+    await install_crds(kube)
+    harness = ControllerHarness(lab, kube, namespace, gang.tmp)
+    try:
+        await harness.policy(
+            {
+                "selector": {"namespaces": [namespace]},
+                "actions": {"gang": "RestartGang"},
+                "node": {"taint": False},
+                "stragglers": {
+                    "action": "Notify",
+                    "minSlowdownPercent": 50,
+                    "steady": {"minSlowdownPercent": 5, "over": "15s"},
+                },
+                "budgets": {"workloadDisruptionInterval": "0s", "circuitBreaker": {"maxFaultyNodesPercent": 100}},
+            }
+        )
+        await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("gray", ranks=4, indexed=True))
+
+        async def ranks() -> dict[str, dict]:
+            pods = await pods_of(kube, namespace, "app=gray")
+            return {p["metadata"]["labels"][INDEX]: p for p in pods if get_path(p, "status", "phase") == "Running"}
+
+        before = await wait_until(ranks, lambda r: len(r) == 4, timeout=60, what="4 running ranks")
+        for pod in before.values():
+            name = pod["metadata"]["name"]
+            env = {DEVICES_ENV: str(lab.devices_path), POD_ENV: f"{namespace}/{name}"}
+            gang.launch(name, "--gang-label", "job-name", "--steps-publish-interval", "1", env=env)
+
+        async def windows() -> list[int]:
+            pods = await pods_of(kube, namespace, "app=gray")
+            found = [parse_step_report(get_path(p, "metadata", "annotations", STEPS_ANNOTATION))[0] for p in pods]
+            return [r.window if r is not None else 0 for r in found]
+
+        await wait_until(windows, lambda w: len(w) == 4 and min(w) >= 10, timeout=60, what="step times published")
+        slow = before["1"]
+        node, index = await asyncio.to_thread(faults.gpu_of, slow)
+        await asyncio.to_thread(faults.degrade, node, index, 1.2)
+        started = time.time()  # the controller's clock: the same machine's
+        harness.start()
+
+        def stragglers(rs: list[dict]) -> list[dict]:
+            return [r for r in rs if r["spec"]["finding"]["kind"] == "Straggler"]
+
+        records = await harness.wait_remediation(lambda rs: bool(stragglers(rs)), "a Straggler", timeout=90)
+        (record,) = stragglers(records)
+        finding = record["spec"]["finding"]
+        assert (record["spec"]["action"], record["spec"]["target"]["name"]) == ("Notify", slow["metadata"]["name"])
+        assert "steadily slow" in finding["evidence"] and "over the last 15s" in finding["evidence"], finding
+        found, created = parse_time(finding["since"]), parse_time(record["metadata"]["creationTimestamp"])
+        assert found is not None and created is not None
+        # Not before steady.over of judging (times in whole seconds), and recorded when found.
+        assert found >= started + 15 - 1 and created - found <= 5, (started, finding, record["metadata"])
+        await asyncio.sleep(3)  # the healthy ranks' averages stay near 1
+        assert [r["spec"]["target"]["name"] for r in stragglers(await harness.remediations())] == [
+            slow["metadata"]["name"]
+        ]
+    finally:
+        gang.stop_all()
+        await harness.cleanup()
 
 
 async def test_a_hung_gang_is_found_within_seconds_and_the_rank_that_stalled_first_replaced(
