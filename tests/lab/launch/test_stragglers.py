@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -37,6 +38,23 @@ CHECKPOINT_ENV = "TRAINER_CHECKPOINT_EVERY"
 """Steps between the checkpoints ``trainer.py`` reports (unset: none)."""
 
 
+async def running_ranks(kube: KubeClient, namespace: str, app: str) -> dict[str, dict]:
+    """The gang's running ranks, not being deleted, by their completion index."""
+    pods = await pods_of(kube, namespace, f"app={app}")
+    return {
+        p["metadata"]["labels"][INDEX]: p
+        for p in pods
+        if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+async def published_windows(kube: KubeClient, namespace: str, app: str) -> list[int]:
+    """How many steps each of the gang's pods' published step times cover (0: none published)."""
+    pods = await pods_of(kube, namespace, f"app={app}")
+    found = [parse_step_report(get_path(p, "metadata", "annotations", STEPS_ANNOTATION))[0] for p in pods]
+    return [r.window if r is not None else 0 for r in found]
+
+
 async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
     lab: Lab, kube: KubeClient, namespace: str, gang: GangHarness, faults: RecordingFaults
 ) -> None:
@@ -54,13 +72,7 @@ async def test_a_rank_on_a_degraded_gpu_is_found_slow_and_replaced(
         )
         await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("llm", ranks=4, indexed=True))
 
-        async def ranks() -> dict[str, dict]:
-            pods = await pods_of(kube, namespace, "app=llm")
-            return {
-                p["metadata"]["labels"][INDEX]: p
-                for p in pods
-                if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-            }
+        ranks = functools.partial(running_ranks, kube, namespace, "llm")
 
         before = await wait_until(ranks, lambda r: len(r) == 4, timeout=60, what="4 running ranks")
         for rank, pod in before.items():
@@ -172,9 +184,7 @@ async def test_a_rank_steadily_slow_under_the_per_report_floor_is_found_by_its_a
         )
         await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("gray", ranks=4, indexed=True))
 
-        async def ranks() -> dict[str, dict]:
-            pods = await pods_of(kube, namespace, "app=gray")
-            return {p["metadata"]["labels"][INDEX]: p for p in pods if get_path(p, "status", "phase") == "Running"}
+        ranks = functools.partial(running_ranks, kube, namespace, "gray")
 
         before = await wait_until(ranks, lambda r: len(r) == 4, timeout=60, what="4 running ranks")
         for pod in before.values():
@@ -182,10 +192,7 @@ async def test_a_rank_steadily_slow_under_the_per_report_floor_is_found_by_its_a
             env = {DEVICES_ENV: str(lab.devices_path), POD_ENV: f"{namespace}/{name}"}
             gang.launch(name, "--gang-label", "job-name", "--steps-publish-interval", "1", env=env)
 
-        async def windows() -> list[int]:
-            pods = await pods_of(kube, namespace, "app=gray")
-            found = [parse_step_report(get_path(p, "metadata", "annotations", STEPS_ANNOTATION))[0] for p in pods]
-            return [r.window if r is not None else 0 for r in found]
+        windows = functools.partial(published_windows, kube, namespace, "gray")
 
         await wait_until(windows, lambda w: len(w) == 4 and min(w) >= 10, timeout=60, what="step times published")
         slow = before["1"]
@@ -234,13 +241,7 @@ async def test_a_hung_gang_is_found_within_seconds_and_the_rank_that_stalled_fir
         )
         await kube.create(api_path("batch/v1", "jobs", namespace=namespace), gpu_job("hung", ranks=4, indexed=True))
 
-        async def ranks() -> dict[str, dict]:
-            pods = await pods_of(kube, namespace, "app=hung")
-            return {
-                p["metadata"]["labels"][INDEX]: p
-                for p in pods
-                if get_path(p, "status", "phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-            }
+        ranks = functools.partial(running_ranks, kube, namespace, "hung")
 
         before = await wait_until(ranks, lambda r: len(r) == 4, timeout=60, what="4 running ranks")
         launched = {
@@ -248,10 +249,7 @@ async def test_a_hung_gang_is_found_within_seconds_and_the_rank_that_stalled_fir
             for rank, pod in before.items()
         }
 
-        async def windows() -> list[int]:
-            pods = await pods_of(kube, namespace, "app=hung")
-            found = [parse_step_report(get_path(p, "metadata", "annotations", STEPS_ANNOTATION))[0] for p in pods]
-            return [r.window if r is not None else 0 for r in found]
+        windows = functools.partial(published_windows, kube, namespace, "hung")
 
         await wait_until(windows, lambda w: len(w) == 4 and min(w) >= 10, timeout=60, what="step times published")
         harness.start()
