@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -116,6 +117,26 @@ def launch(
             "0: exit at once (within 0..86400)."
         ),
     ] = 0.0,
+    probe_store: Annotated[
+        str,
+        typer.Option(
+            help="HOST:PORT of the gang's rendezvous store to probe (a TCP connect every --probe-interval): the "
+            "step report says since when it is unreachable, and the controller names this rank when its gang "
+            "stopped meanwhile (stall.unreachableAfter). Default: $MASTER_ADDR:$MASTER_PORT when both are set; "
+            "'off': no probes."
+        ),
+    ] = "",
+    probe_interval: Annotated[
+        float,
+        typer.Option(help="Seconds between probes of the rendezvous store, and each probe's timeout (within 1..60)."),
+    ] = 5.0,
+    probe_bind: Annotated[
+        str,
+        typer.Option(
+            help="Local address the probes connect from: the interface the rank's rendezvous traffic leaves by, "
+            "on a host with several (default: the system picks)."
+        ),
+    ] = "",
     log_level: logs.LogLevel = "INFO",
     log_format: logs.LogFormatOption = logs.LogFormat.AUTO,
 ) -> None:
@@ -145,13 +166,20 @@ def launch(
         codes = parse_exit_codes(device_error_exit_codes)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--device-error-exit-codes") from exc
+    if not 1 <= probe_interval <= 60:
+        raise typer.BadParameter(f"must be within 1..60 seconds, got {probe_interval}", param_hint="--probe-interval")
     from devheal.launch.launcher import DEFAULT_TERMINATION_LOG, LaunchError, LaunchOptions
     from devheal.launch.steps_server import parse_steps_address
+    from devheal.launch.store_probe import store_to_probe
 
     try:
         host, port = parse_steps_address(steps_addr)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--steps-addr") from exc
+    try:
+        store = store_to_probe(probe_store, os.environ)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--probe-store") from exc
     options = LaunchOptions(
         command=tuple(command),
         grace=grace,
@@ -163,6 +191,9 @@ def launch(
         steps_window=steps_window,
         steps_publish_interval=steps_publish_interval,
         hold_failed=hold_failed,
+        store=store,
+        store_probe_interval=probe_interval,
+        probe_bind=probe_bind or None,
     )
     try:
         code = asyncio.run(_run(options, kubeconfig, context, namespace, pod, gang_label))

@@ -44,6 +44,12 @@ A gang is also **stalled at its rendezvous** when no rank has stepped in its cur
 majority of its ranks reported reaching the rendezvous (``report_joined``), and another has
 not within ``stall.joinAfter`` of its own run's start: it is named (``rendezvous_stall``).
 
+A rank's launcher probes its gang's rendezvous store (``devheal launch --probe-store``); when a
+minority of ranks' launchers have failed to reach it for ``stall.unreachableAfter`` and no rank
+has stepped since, the gang is stalled without waiting for ``stall.limit``, and they are named
+(``cut_off``): a rank behind a cut network waits in a collective like its peers, and its step
+times name nobody. At a rendezvous, such a rank is named without waiting for ``stall.joinAfter``.
+
 A gang's rank has **failed** (``RankFailed``) when its launcher holds a failed run of the
 pod's current generation (``devheal launch --hold-failed``: the training command exited by
 itself with a non-zero code; ``Pod.run_failure``) and no restart is under way. The finding
@@ -365,11 +371,12 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
     limit = rules.stall.limit(median_step)
     progress = max(r.last for _, r in reports if r.last is not None)
     quiet = now - progress
-    if quiet <= limit:
+    margin = 0.5 * (median_step or 0.0)
+    cut = cut_off(reports, rules.stall.unreachable_after, progress, margin, now)
+    if quiet <= limit and cut is None:
         return None
     ordered = sorted(reports, key=lambda pr: (pr[1].last or 0.0, pr[0].key))
     first, report = ordered[0]
-    margin = 0.5 * (median_step or 0.0)
     # A rank stalled first only against peers that went on: alone (the others' pods ended), none stands out.
     culprit = len(ordered) > 1 and (ordered[1][1].last or 0.0) - (report.last or 0.0) >= max(margin, 1e-9)
     assert report.last is not None
@@ -401,16 +408,59 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
             f"{now - first.steps.inside:.0f}s), for a peer"
         )
         culprit = False
+    since = progress + limit
+    if cut is not None:
+        # Its launcher says what the step times cannot: it is the rank cut off from its peers.
+        first, who, found = cut
+        culprit = True
+        since = min(since, found)
+    limited = f" (limit {limit:.0f}s)" if quiet > limit else ""
     return Finding(
         kind=FindingKind.GANG_STALLED,
         node=first.node,
         sources=(FindingSource.STEP_TIMES,),
-        evidence=f"no rank of gang {first.workload.key} reported a step for {quiet:.0f}s (limit {limit:.0f}s); "
+        evidence=f"no rank of gang {first.workload.key} reported a step for {quiet:.0f}s{limited}; "
         f"{len(reports)} ranks running; {who}",
-        since=progress + limit,
+        since=since,
         pod=first.key,
         pod_uid=first.uid if culprit else "",
         device_ids=tuple(sorted({d.device_id for d in first.devices})) if culprit else (),
+    )
+
+
+def cut_off(
+    reports: Sequence[tuple[Pod, StepReport]], after: float, progress: float, margin: float, now: float
+) -> tuple[Pod, str, float] | None:
+    """The rank whose launcher has failed to reach its gang's rendezvous store (``StepReport.unreachable``) for
+    ``after`` seconds while no rank stepped (the gang's last step, ``progress``, at most ``margin`` after the first
+    failed probe: wall clocks of different nodes), with its evidence and when it was found; None otherwise, and
+    with ``after`` 0.
+
+    A rank behind a cut network waits in a collective like its peers, so its step times name nobody; its
+    launcher's probe of the store (``devheal launch --probe-store``) does. Only a minority is named: when the rank
+    that hosts the store is the one cut off, the others all fail to reach it, and that says nothing about which
+    rank is at fault (its own probe, of itself, succeeds)."""
+    if after <= 0:
+        return None
+    cut = sorted(
+        (
+            (pod, r.unreachable)
+            for pod, r in reports
+            if r.unreachable is not None and now - r.unreachable >= after and r.unreachable + margin >= progress
+        ),
+        key=lambda pu: (pu[1], pu[0].key),
+    )
+    if not cut or 2 * len(cut) >= len(reports):
+        return None
+    pod, since = cut[0]
+    others = f" (and {len(cut) - 1} more)" if len(cut) > 1 else ""
+    return (
+        pod,
+        (
+            f"rank {pod.key}{others} cannot reach its gang's rendezvous store: its launcher's probes have failed for "
+            f"{now - since:.0f}s (limit {after:.0f}s), and no rank has stepped since"
+        ),
+        since + after,
     )
 
 
@@ -467,26 +517,42 @@ def rendezvous_stall(members: Sequence[Pod], rules: StragglerRules, now: float) 
     if not joined or not missing or len(missing) >= len(joined):
         return None
     # Each missing rank has had ``joinAfter`` since its own run began: one whose process started late (a
-    # replacement pod after the Job's backoff, a slow import) is not missing yet.
+    # replacement pod after the Job's backoff, a slow import) is not missing yet; nor is one whose launcher reaches
+    # the store. One whose launcher has not reached it for ``unreachableAfter`` is missing at once.
+    after = rules.stall.unreachable_after
     late = sorted(
         (p for p in missing if p.steps and p.steps.run and now - p.steps.run >= rules.stall.join_after),
         key=lambda p: p.key,
     )
-    if not late:
+    cut = sorted(
+        (
+            (p.steps.unreachable, p.key, p)
+            for p in missing
+            if after > 0 and p.steps and p.steps.unreachable is not None and now - p.steps.unreachable >= after
+        ),
+        key=lambda upk: upk[:2],
+    )
+    if not late and not cut:
         return None
-    culprit = late[0]
-    assert culprit.steps is not None and culprit.steps.run is not None
-    waited = now - culprit.steps.run
     first_join = min(t for _, t in joined)
     others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    if cut:
+        unreachable, _, culprit = cut[0]
+        assert unreachable is not None
+        why = f"its launcher has failed to reach the rendezvous store for {now - unreachable:.0f}s (limit {after:.0f}s)"
+        since = unreachable + after
+    else:
+        culprit = late[0]
+        assert culprit.steps is not None and culprit.steps.run is not None
+        why = f"not in the {now - culprit.steps.run:.0f}s since its run began (limit {rules.stall.join_after:.0f}s)"
+        since = culprit.steps.run + rules.stall.join_after
     return Finding(
         kind=FindingKind.GANG_STALLED,
         node=culprit.node,
         sources=(FindingSource.STEP_TIMES,),
-        evidence=f"rank {culprit.key}{others} of gang {culprit.workload.key} never reached its rendezvous in the "
-        f"{waited:.0f}s since its run began (limit {rules.stall.join_after:.0f}s), {len(joined)} of "
-        f"{len(members)} ranks reached it {now - first_join:.0f}s ago and no rank has stepped since",
-        since=culprit.steps.run + rules.stall.join_after,
+        evidence=f"rank {culprit.key}{others} of gang {culprit.workload.key} never reached its rendezvous: {why}; "
+        f"{len(joined)} of {len(members)} ranks reached it {now - first_join:.0f}s ago and no rank has stepped since",
+        since=since,
         pod=culprit.key,
         pod_uid=culprit.uid,
         device_ids=tuple(sorted({d.device_id for d in culprit.devices})),

@@ -37,6 +37,7 @@ from devheal.launch.restarts import (
 )
 from devheal.launch.steps import DEFAULT_WINDOW, StepStats
 from devheal.launch.steps_server import StepsServer
+from devheal.launch.store_probe import DEFAULT_PROBE_INTERVAL, Probe, probe
 from devheal.model.run_failure import RunFailure
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,12 @@ class LaunchOptions:
     """Seconds to hold a run that exited by itself with a non-zero code for an in-place restart (published as
     ``devheal.io/launcher-failed``) before exiting with its code; 0: exit at once."""
     extra_env: dict[str, str] = field(default_factory=dict)
+    store: tuple[str, int] | None = None
+    """The gang's rendezvous store to probe (``devheal.launch.store_probe``); None: no probes."""
+    store_probe_interval: float = DEFAULT_PROBE_INTERVAL
+    """Seconds between probes of ``store``, and each probe's timeout."""
+    probe_bind: str | None = None
+    """The local address probes connect from (the interface the rank's rendezvous traffic leaves by); None: any."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +202,8 @@ class Launcher:
             self._spawn(self.gang.watch_own_pod(lambda view: self._queue.put_nowait(_OwnPodSeen(view))), "own pod")
             if self.options.steps_publish_interval > 0:
                 self._spawn(self._publish_steps(self.options.steps_publish_interval), "step publisher")
+            if self.options.store is not None and self.options.store_probe_interval > 0:
+                self._spawn(self._probe_store(*self.options.store), "store probe")
             if os.getpid() == 1:
                 self._spawn(self._reap_orphans(), "orphan reaper")
             while True:
@@ -349,6 +358,7 @@ class Launcher:
                 report.exits,
                 report.inside,
                 report.checkpoint,
+                report.unreachable,
             )
             if key == published:
                 continue  # nothing new: the last publication stands (a stall shows as its age)
@@ -363,6 +373,20 @@ class Launcher:
                 log.info("publishing step times on the pod again")
             failing = False
             published = key
+
+    async def _probe_store(self, host: str, port: int) -> None:
+        """Probe the rendezvous store every interval; the step report says since when it is unreachable."""
+        interval = self.options.store_probe_interval
+        while True:
+            started = self.clock()
+            outcome = await probe(host, port, interval, self.options.probe_bind)
+            was = self.stats.unreachable_since
+            self.stats.store_probed({Probe.REACHED: True, Probe.UNREACHABLE: False}.get(outcome), started)
+            if was is None and self.stats.unreachable_since is not None:
+                log.warning("cannot reach the rendezvous store %s:%d (%s)", host, port, outcome)
+            elif was is not None and self.stats.unreachable_since is None:
+                log.info("the rendezvous store %s:%d is reachable again", host, port)
+            await asyncio.sleep(max(0.0, started + interval - self.clock()))
 
     async def _start_child(self, *, restarts: int) -> None:
         env = {

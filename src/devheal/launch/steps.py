@@ -64,6 +64,9 @@ class StepStats:
     every collective, or does not mark them."""
     checkpoint_at: float | None = None
     """When the current run last reported a checkpoint saved (monotonic seconds), if it did."""
+    unreachable_since: float | None = None
+    """When the launcher's probes of the gang's rendezvous store began to fail (monotonic seconds; the first failed
+    probe of the streak); None while the last one reached it. Kept across runs: it is the network's, not a run's."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -119,6 +122,14 @@ class StepStats:
         self.exits = max(exits, self.exits or 0)
         self.inside_since = None if inside_seconds is None else now - float(inside_seconds)
 
+    def store_probed(self, reached: bool | None, started: float) -> None:
+        """A probe of the rendezvous store begun at ``started`` reached it (True), did not (False), or said
+        nothing (None)."""
+        if reached:
+            self.unreachable_since = None
+        elif reached is False and self.unreachable_since is None:
+            self.unreachable_since = started
+
     def new_run(self, now: float | None = None) -> None:
         """The training command was restarted: forget the window (the figures describe this run), keep the totals."""
         self.durations.clear()
@@ -153,6 +164,7 @@ class StepStats:
             exits=self.exits,
             inside=wall(self.inside_since),
             checkpoint=wall(self.checkpoint_at),
+            unreachable=wall(self.unreachable_since),
         )
 
     def steps_per_second(self) -> float | None:

@@ -25,7 +25,10 @@ The value is a JSON object::
 - ``inside``: when the run entered the collective it waits in now (Unix seconds; absent: outside every collective,
   or no exits marked);
 - ``checkpoint``: when the current run last reported a checkpoint saved (``report_checkpoint``; Unix seconds;
-  absent: none in this run, or not reported).
+  absent: none in this run, or not reported);
+- ``unreachable``: since when the launcher has failed to reach its gang's rendezvous store (its probe of
+  ``MASTER_ADDR:MASTER_PORT`` timed out or found no route; Unix seconds; absent: its last probe reached it, or it
+  does not probe).
 
 Pure. ``parse_step_report`` never raises: a value that is not this (wrong type, a negative,
 infinite or absurd number) is refused with the reason, and the pod counts as not reporting.
@@ -75,6 +78,10 @@ class StepReport:
     checkpoint: float | None = None
     """When the current run last reported a checkpoint saved (``report_checkpoint``); None when it has reported
     none (or does not report them)."""
+    unreachable: float | None = None
+    """Since when the launcher's probes of its gang's rendezvous store have failed (Unix seconds; the first failed
+    probe of the streak); None when its last probe reached the store, or it does not probe. Not a run's fact: a
+    restart keeps it."""
 
     @property
     def marks_exits(self) -> bool:
@@ -100,6 +107,8 @@ class StepReport:
             body["inside"] = round(self.inside, 3)
         if self.checkpoint is not None:
             body["checkpoint"] = round(self.checkpoint, 3)
+        if self.unreachable is not None:
+            body["unreachable"] = round(self.unreachable, 3)
         return json.dumps(body, separators=(",", ":"))
 
 
@@ -178,6 +187,9 @@ def parse_step_report(text: object) -> tuple[StepReport | None, str]:
     checkpoint, why = _seconds(body, "checkpoint", MIN_TIMESTAMP, MAX_TIMESTAMP)
     if why:
         return None, why
+    unreachable, why = _seconds(body, "unreachable", MIN_TIMESTAMP, MAX_TIMESTAMP)
+    if why:
+        return None, why
     if window > 0 and p50 is None:
         return None, f"p50: null although window is {window}"
     return StepReport(
@@ -192,4 +204,5 @@ def parse_step_report(text: object) -> tuple[StepReport | None, str]:
         exits=exits,
         inside=inside,
         checkpoint=checkpoint,
+        unreachable=unreachable,
     ), ""

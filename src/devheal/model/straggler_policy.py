@@ -19,6 +19,8 @@ Spec, with defaults (docs/stragglers.md gives each default's rationale)::
         action: RestartGang          # Notify | RestartGang
         joinAfter: 120s              # a rank that has not joined an in-place restart this long, once every
                                      # other rank has, is replaced within that restart
+        unreachableAfter: 20s        # a rank whose launcher has not reached the rendezvous store this long,
+                                     # the gang stopped since, names the stall (0s: the probes are not judged)
 
 Pure. ``parse_stragglers`` takes the error class of its caller (``PolicyError``), so its
 messages name the policy and the field like every other part of the policy.
@@ -52,6 +54,10 @@ class StallRules:
     """Seconds a run may take from the moment every rank reached its rendezvous to its first step (NCCL set-up,
     checkpoint load, compilation) before the gang is stalled (PyTorch's default process-group timeout: a rank waiting
     longer than that in a collective is aborted anyway)."""
+    unreachable_after: float = 20.0
+    """Seconds a minority of ranks' launchers must have failed to reach the gang's rendezvous store, no rank having
+    stepped since, before the gang is stalled with them named (``StepReport.unreachable``); 0: the probes are not
+    judged. Four of the launcher's probes (every 5 s), so that one lost connection never names a rank."""
 
     def limit(self, median_step: float | None) -> float:
         """Seconds without any rank's step report after which a gang is stalled."""
@@ -106,7 +112,7 @@ _FIELDS = frozenset(
         "checkpointWithin",
     }
 )
-_STALL_FIELDS = frozenset({"after", "steps", "action", "joinAfter", "firstStepAfter"})
+_STALL_FIELDS = frozenset({"after", "steps", "action", "joinAfter", "firstStepAfter", "unreachableAfter"})
 _STEADY_FIELDS = frozenset({"minSlowdownPercent", "over"})
 MAX_PERCENT = 1000
 MAX_COUNT = 10000
@@ -142,6 +148,9 @@ def parse_stragglers(value: Any, where: str, error: type[ValueError] = ValueErro
             f"{where}.stall.firstStepAfter",
             error,
             positive=True,
+        ),
+        unreachable_after=fields.duration(
+            stall_spec.get("unreachableAfter"), ds.unreachable_after, f"{where}.stall.unreachableAfter", error
         ),
     )
     return StragglerRules(

@@ -472,6 +472,65 @@ def test_the_rank_behind_in_its_last_step_is_named_before_collective_counts_are_
     assert f is not None and f.pod == "train/llm-0" and "collectives" not in f.evidence
 
 
+def cut_off_at(members: list[Pod], unreachable: list[float | None]) -> list[Pod]:
+    """The ranks with their launchers' store probes failing since ``unreachable`` (None: reaching the store)."""
+    return [
+        replace(p, steps=replace(p.steps, unreachable=u)) if p.steps is not None else p
+        for p, u in zip(members, unreachable, strict=True)
+    ]
+
+
+def test_a_rank_whose_launcher_cannot_reach_the_store_is_named_before_the_stall_limit() -> None:
+    """Measured with PyTorch: a rank behind a cut network waits in a collective like its peers (nobody stalled
+    first); its launcher's probe of the rendezvous store fails, and that names it."""
+    t = EPOCH + 1000
+    members = cut_off_at(ranks([t, t, t, t]), [None, t + 3.0, None, None])
+    rules = StragglerRules()  # unreachableAfter 20 s, the stall limit 45 s
+    assert stall(members, rules, t + 22.9) is None
+    f = stall(members, rules, t + 23.0)
+    assert f is not None and f.kind is FindingKind.GANG_STALLED
+    assert (f.pod, f.pod_uid, f.node) == ("train/llm-1", "uid-llm-1", members[1].node)
+    assert "cannot reach its gang's rendezvous store" in f.evidence and "failed for 20s" in f.evidence
+    assert "(limit 45s)" not in f.evidence and f.since == t + 23.0
+    # Past the stall limit the probes name it too, over the step times that name nobody.
+    late = stall(members, rules, t + 60.0)
+    assert late is not None and late.pod_uid == "uid-llm-1" and late.since == t + 23.0
+
+
+def test_a_failing_store_probe_names_nobody_while_the_gang_steps_or_for_a_majority_or_when_off() -> None:
+    t = EPOCH + 1000
+    # The gang stepped after the probes began to fail (a blip of the control network, training unharmed).
+    stepping = cut_off_at(ranks([t + 10.0, t + 10.0, t + 10.0, t + 10.0]), [None, t, None, None])
+    assert stall(stepping, StragglerRules(), t + 30.0) is None
+    # The rank hosting the store cut off: every other rank fails to reach it; nobody is named by the probes.
+    majority = cut_off_at(ranks([t, t, t, t]), [None, t + 1.0, t + 1.0, t + 1.0])
+    assert stall(majority, StragglerRules(), t + 30.0) is None
+    f = stall(majority, StragglerRules(), t + 50.0)
+    assert f is not None and f.pod_uid == "" and "rendezvous store" not in f.evidence
+    half = cut_off_at(ranks([t, t, t, t]), [None, t + 1.0, t + 1.0, None])
+    assert stall(half, StragglerRules(), t + 30.0) is None
+    off = replace(StragglerRules(), stall=replace(StragglerRules().stall, unreachable_after=0.0))
+    single = cut_off_at(ranks([t, t, t, t]), [None, t + 1.0, None, None])
+    assert stall(single, off, t + 30.0) is None
+    named = stall(single, off, t + 50.0)
+    assert named is not None and named.pod_uid == ""
+
+
+def test_a_rank_missing_at_the_rendezvous_whose_store_is_unreachable_is_named_without_waiting_join_after() -> None:
+    run = EPOCH + 1000
+    members = at_rendezvous([run + 5, None, run + 6, run + 5.5], run)
+    cut = cut_off_at(members, [None, run + 2.0, None, None])
+    assert rendezvous_stall(cut, StragglerRules(), run + 21.9) is None
+    f = rendezvous_stall(cut, StragglerRules(), run + 22.0)
+    assert f is not None and (f.pod_uid, f.since) == ("uid-llm-1", run + 22.0)
+    assert "failed to reach the rendezvous store for 20s" in f.evidence and "3 of 4 ranks" in f.evidence
+    # A rank that joined is not named by its probes; nor anybody while a majority is missing.
+    joined = cut_off_at(members, [run + 2.0, None, None, None])
+    assert rendezvous_stall(joined, StragglerRules(), run + 30.0) is None
+    fewer = cut_off_at(at_rendezvous([run + 5, None, None, run + 5.5], run), [None, run, run, None])
+    assert rendezvous_stall(fewer, StragglerRules(), run + 30.0) is None
+
+
 def at_rendezvous(joined: list[float | None], run: float) -> list[Pod]:
     """Ranks of a run started at ``run`` that have not stepped yet; ``joined``: when each reached its rendezvous."""
     return [

@@ -34,6 +34,17 @@ def test_when_the_run_reached_its_rendezvous_round_trips_and_is_optional() -> No
     assert refused is None and why.startswith("joined: expected a finite number or null")
 
 
+def test_since_when_the_store_is_unreachable_round_trips_and_is_optional() -> None:
+    report = StepReport(count=50, window=5, p50=0.2, last=T, run=T - 100, unreachable=T + 3)
+    text = report.to_annotation()
+    assert '"unreachable":1764587003.25' in text
+    assert parse_step_report(text) == (report, "")
+    assert '"unreachable"' not in StepReport(count=50, window=0, p50=None, last=None, run=T).to_annotation()
+    for bad in ('"soon"', "1e400", "-1", "true"):
+        refused, why = parse_step_report(f'{{"count":5,"window":0,"p50":null,"unreachable":{bad}}}')
+        assert refused is None and why.startswith("unreachable: expected"), (bad, why)
+
+
 def test_the_runs_latest_checkpoint_round_trips_and_is_optional() -> None:
     report = StepReport(count=50, window=5, p50=0.2, last=T, run=T - 100, checkpoint=T - 30)
     text = report.to_annotation()

@@ -40,7 +40,14 @@ def test_every_field() -> None:
         "minSamples": 10,
         "sustainedReports": 1,
         "minRanks": 4,
-        "stall": {"after": "1m30s", "steps": 20, "action": "Notify", "joinAfter": "3m", "firstStepAfter": "4m"},
+        "stall": {
+            "after": "1m30s",
+            "steps": 20,
+            "action": "Notify",
+            "joinAfter": "3m",
+            "firstStepAfter": "4m",
+            "unreachableAfter": "30s",
+        },
         "steady": {"minSlowdownPercent": 3, "over": "30m"},
     }
     assert violations({"selector": SELECTOR, "stragglers": spec}, spec_schema("RemediationPolicy")) == []
@@ -51,7 +58,7 @@ def test_every_field() -> None:
         10,
         1,
         4,
-        StallRules(90.0, 20, StallAction.NOTIFY, 180.0, 240.0),
+        StallRules(90.0, 20, StallAction.NOTIFY, 180.0, 240.0, 30.0),
         1200.0,
         SteadyRules(3, 1800.0),
     )
@@ -106,8 +113,16 @@ def test_the_schema_has_no_unknown_field_pruned() -> None:
     """Each field parse_policy reads is in the schema: the API server would drop any other silently."""
     node = spec_schema("RemediationPolicy")["properties"]["stragglers"]
     assert set(node["properties"]) == set(STRAGGLER_FIELDS) and "checkpointWithin" in STRAGGLER_FIELDS
-    assert set(node["properties"]["stall"]["properties"]) == {"after", "steps", "action", "joinAfter", "firstStepAfter"}
+    stall = {"after", "steps", "action", "joinAfter", "firstStepAfter", "unreachableAfter"}
+    assert set(node["properties"]["stall"]["properties"]) == stall
     assert set(node["properties"]["steady"]["properties"]) == {"minSlowdownPercent", "over"}
+
+
+def test_a_zero_unreachable_limit_turns_the_store_probes_off_and_a_bad_one_names_the_field() -> None:
+    assert parsed({"stall": {"unreachableAfter": "0s"}}).stall.unreachable_after == 0.0
+    assert parsed({}).stall.unreachable_after == 20.0
+    with pytest.raises(PolicyError, match=r"spec\.stragglers\.stall\.unreachableAfter"):
+        parsed({"stall": {"unreachableAfter": 20}})
 
 
 def test_a_zero_first_step_limit_is_refused_naming_the_field() -> None:
