@@ -139,6 +139,7 @@ SECTIONS: dict[str, Any] = {
             "action": ("Notify", "RestartGang"),
             "joinAfter": DURATION,
             "firstStepAfter": DURATION,
+            "unreachableAfter": DURATION,
         },
         "steady": {"minSlowdownPercent": (5, 0, 1000), "over": DURATION},
     },
