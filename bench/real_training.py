@@ -160,7 +160,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def policy(stall_after: str, join_after: str) -> dict[str, Any]:
+def policy(stall_after: str, join_after: str, unreachable_after: str = "20s") -> dict[str, Any]:
     spec: dict[str, Any] = {
         "selector": {"namespaces": [NS]},
         "actions": {"gang": "RestartGang"},
@@ -168,7 +168,7 @@ def policy(stall_after: str, join_after: str) -> dict[str, Any]:
         "stragglers": {
             "action": "ReplaceNow",
             "sustainedReports": 2,
-            "stall": {"after": stall_after, "joinAfter": join_after},
+            "stall": {"after": stall_after, "joinAfter": join_after, "unreachableAfter": unreachable_after},
         },
         "budgets": {
             "gangRestartsPerHour": 1000,
@@ -618,7 +618,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         async with await KubeClient.connect(str(lab.kubeconfig)) as kube:
             await install_crds(kube)
             await kube.create(api_path("v1", "namespaces"), {"metadata": {"name": NS}})
-            await kube.create(api_path(GROUP_VERSION, "remediationpolicies"), policy(args.stall_after, args.join_after))
+            await kube.create(
+                api_path(GROUP_VERSION, "remediationpolicies"),
+                policy(args.stall_after, args.join_after, args.unreachable_after),
+            )
             controller = await asyncio.to_thread(
                 lab.spawn_devheal, "controller", "--no-leader-elect", "--log-level=WARNING"
             )
@@ -702,6 +705,12 @@ def main() -> None:
         "--join-after",
         default="30s",
         help="the policy's stragglers.stall.joinAfter: how long ranks at a restart's rendezvous wait for one missing",
+    )
+    parser.add_argument(
+        "--unreachable-after",
+        default="20s",
+        help="the policy's stragglers.stall.unreachableAfter: how long a rank's launcher fails to reach the "
+        "rendezvous store, its gang stopped, before it is named (0s: the probes are not judged)",
     )
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--collective-timeout", type=float, default=120.0, help="gloo's timeout in the ranks")

@@ -15,14 +15,16 @@ UID = 20999
 CONNECT = (
     "import socket, sys\n"
     "s = socket.socket(); s.settimeout(1.0)\n"
+    "if len(sys.argv) > 2: s.bind((sys.argv[2], 0))\n"
     "try:\n    s.connect(('127.0.0.1', int(sys.argv[1]))); print('connected')\n"
     "except OSError as e:\n    print('refused' if isinstance(e, ConnectionRefusedError) else 'dropped')\n"
 )
 
 
-def connect_as(uid: int | None, port: int) -> str:
+def connect_as(uid: int | None, port: int, source: str | None = None) -> str:
     prefix = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
-    done = subprocess.run([*prefix, sys.executable, "-c", CONNECT, str(port)], capture_output=True, text=True)
+    bind = [source] if source is not None else []
+    done = subprocess.run([*prefix, sys.executable, "-c", CONNECT, str(port), *bind], capture_output=True, text=True)
     return done.stdout.strip() or done.stderr.strip()
 
 
@@ -41,6 +43,9 @@ def test_a_cut_drops_what_the_nodes_user_sends_and_nothing_else(listener: int) -
         network_cut.cut(UID)
         assert connect_as(UID, listener) == "dropped"
         assert connect_as(None, listener) == "connected", "the launcher's own traffic (root) passes"
+        address = network_cut.node_address(UID)
+        assert connect_as(None, listener, address) == "dropped", "but not its store probes, sent from the node"
+        assert connect_as(None, listener, network_cut.node_address(UID + 1)) == "connected", "another node's pass"
         network_cut.restore(UID)
         assert connect_as(UID, listener) == "connected"
         network_cut.cut(UID, allow_ports=(listener,))  # its launcher's step endpoint stays reachable

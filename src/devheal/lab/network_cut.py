@@ -6,8 +6,10 @@ that user drops what they send (their gloo and rendezvous traffic, and the ackno
 of what they receive), as a dead NIC would. The launcher runs as root, so its own traffic (the
 API server) passes, as a pod's control traffic would on a management network; so can the
 node's traffic to given loopback ports (``allow_ports``: its launcher's step endpoint, which in
-a pod never leaves the pod's own loopback). Every rule
-carries a comment naming the lab, so ``restore_all`` finds them.
+a pod never leaves the pod's own loopback). The launcher's probes of the rendezvous store share
+the pod's network with its rank (``devheal launch --probe-store``): they leave from the node's own
+loopback address (``node_address``, ``--probe-bind``), and the cut drops what is sent from it too.
+Every rule carries a comment naming the lab, so ``restore_all`` finds them.
 
 Needs root and iptables (Debian's ``iptables`` package); a missing one is a clear error.
 """
@@ -34,11 +36,19 @@ def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess[str
     return done
 
 
+def node_address(uid: int) -> str:
+    """The loopback address the processes of the node whose user is ``uid`` send from, where they choose one (the
+    launcher's store probes): 127.200.0.0/16 holds one per user."""
+    return f"127.200.{(uid >> 8) & 255}.{uid & 255}"
+
+
 def cut(uid: int, allow_ports: tuple[int, ...] = ()) -> None:
-    """Drop what ``uid`` sends on loopback, except to the TCP ports in ``allow_ports``."""
+    """Drop what ``uid`` sends on loopback, and what is sent from its ``node_address``, except what ``uid`` sends to
+    the TCP ports in ``allow_ports``."""
     tag = ["-m", "comment", "--comment", f"{COMMENT}-{uid}"]
     owner = ["-o", "lo", "-m", "owner", "--uid-owner", str(uid)]
     _iptables("-I", "OUTPUT", *owner, *tag, "-j", "DROP")
+    _iptables("-I", "OUTPUT", "-o", "lo", "-s", node_address(uid), *tag, "-j", "DROP")
     for port in allow_ports:  # inserted above the drop
         _iptables("-I", "OUTPUT", *owner, "-p", "tcp", "--dport", str(port), *tag, "-j", "ACCEPT")
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devheal.kube.client import KubeClient, api_path
+from devheal.lab import network_cut
 from devheal.lab.cluster import Lab, free_port
 from devheal.lab.nodesim.pods import EXIT_CODE_ANNOTATION, RUN_SECONDS_ANNOTATION
 from devheal.lab.slowdown import DEVICES_ENV, POD_ENV
@@ -148,8 +149,10 @@ class RankProcesses:
         }
         command = list(self.command(index, node))
         uid = self.uid_of_node(node)
+        probes: tuple[str, ...] = ()
         if uid is not None:
             command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *command]
+            probes = ("--probe-bind", network_cut.node_address(uid))  # a cut of the node cuts them too
         proc = self.lab.spawn_devheal(
             "launch",
             "--pod",
@@ -157,6 +160,7 @@ class RankProcesses:
             "--namespace",
             self.namespace,
             *self.launcher_args,
+            *probes,
             "--",
             *command,
             log=self.logs / f"{name}.log",

@@ -47,6 +47,10 @@ class CostModel:
     """A training step of the gang (the launcher's step reports; stall and straggler detection scale with it)."""
     steps_publish_s: float = 10.0
     """How often a rank's launcher rewrites its step report (``devheal.io/steps``; ``devheal launch``'s default)."""
+    store_probe_s: float = 5.0
+    """A rank's launcher probes its gang's rendezvous store this often, each probe waiting as long for an answer
+    (``devheal launch --probe-interval``): its first failed probe begins at most this long after a cut, and fails
+    this long after it began."""
     # People.
     human_response_s: float = 3600.0
     """Mean time for an on-call engineer to act on a failure nothing automated handles."""

@@ -165,12 +165,25 @@ class EngineStrategy(Strategy):
             # the ranks that reached it wait there for joinAfter before the missing one is named.
             if unit.uid in self.cache.generation:
                 self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
-            self._judge_steps(unit, [unit.rendezvous_at + rules.join_after + SLACK_S])
+            self._judge_steps(unit, [unit.rendezvous_at + rules.join_after + SLACK_S, *self._unreachable_rounds(unit)])
             return
-        rounds = [self.sim.now + rules.limit(self.sim.costs.step_s) + SLACK_S]
+        rounds = [self.sim.now + rules.limit(self.sim.costs.step_s) + SLACK_S, *self._unreachable_rounds(unit)]
         if unit.joined_at is not None and self.sim.now - unit.run_start < 2 * self.sim.costs.step_s * unit.slowdown:
             rounds.append(unit.joined_at + rules.first_step_after + SLACK_S)  # stopped before its first steps
         self._judge_steps(unit, rounds)
+
+    def _unreachable_rounds(self, unit: Unit) -> list[float]:
+        """A round once each rank cut off from its gang's rendezvous store has been reported so for
+        ``stall.unreachableAfter`` (``engine.stragglers.cut_off``)."""
+        after = self.policy.stragglers.stall.unreachable_after
+        if after <= 0:
+            return []
+        rounds = []
+        for n in sorted(self.sim.broken):
+            store = self.sim.store_unreachable(n) if n in unit.members else None
+            if store is not None:
+                rounds.append(max(self.sim.now, store[1], store[0] + after) + SLACK_S)
+        return rounds
 
     def on_restart_stopped(self, unit: Unit, fault: int) -> None:
         """A fault stopped a gang's restart after its ranks met: their launchers acknowledged the restart when their
@@ -246,6 +259,8 @@ class EngineStrategy(Strategy):
         odd |= unit.unreached & members.keys()  # no ``joined`` in their reports
         # Their nodes NotReady (``engine.lost_nodes``); a node down has a fault, so it is among the broken few.
         odd |= {n for n in self.sim.broken if n in members and self.sim.nodes[n].down}
+        # Cut off from the rendezvous store: their launchers say so (``unreachable`` in their reports).
+        odd |= {n for n in self.sim.broken if n in members and self.sim.store_unreachable(n) is not None}
         alike = 2 * len(odd) + STEP_SAMPLE
         ordinary = list(islice((n for n in members if n not in odd), alike))
         return sorted(odd) + ordinary

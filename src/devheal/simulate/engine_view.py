@@ -66,7 +66,7 @@ class CacheView:
         """Gangs whose ranks' step reports this round judges (the others' ranks show none)."""
         self.named: dict[int, list[int]] = {}
         """Per gang, its slow ranks that stand out (``Simulation.named_slow``), as of the view being built."""
-        self.reports: dict[tuple[int, float, tuple[bool, bool]], StepReport] = {}
+        self.reports: dict[tuple[int, float, tuple[bool, bool], float | None], StepReport] = {}
         """(gang, reported pace, ``rank_standing``) -> its ranks' step report, as of the view being built."""
 
     def not_ready(self, state: NodeState) -> bool:
@@ -119,11 +119,15 @@ class CacheView:
         if named is None:
             named = self.named[unit.uid] = self.sim.named_slow(unit)
         slow = self.sim.reported_slow(n, named)
+        store = self.sim.store_unreachable(n)
+        unreachable = store[0] if store is not None and self.sim.now >= store[1] else None
         # Ranks alike in pace and standing publish the same report: one object for them all (most of a gang).
-        key = (unit.uid, slow, rank_standing(unit, n))
+        key = (unit.uid, slow, rank_standing(unit, n), unreachable)
         report = self.reports.get(key)
         if report is None:
-            report = self.reports[key] = step_report(unit, n, slow, costs.step_s, costs.steps_publish_s, self.sim.now)
+            report = self.reports[key] = step_report(
+                unit, n, slow, costs.step_s, costs.steps_publish_s, self.sim.now, unreachable
+            )
         return report
 
     def _pod(self, n: int, steps: StepReport | None = None) -> Pod | None:

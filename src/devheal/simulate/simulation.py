@@ -306,6 +306,18 @@ class Simulation:
             return self.nodes[node].slow if node in named else 1.0
         return unit.slowdown
 
+    def store_unreachable(self, node: int) -> tuple[float, float] | None:
+        """Since when the launcher of the rank on ``node`` has reported its gang's rendezvous store unreachable
+        (``StepReport.unreachable``), and from when the controller sees it; None while the node's rank reaches the
+        store (``_misses_rendezvous``). The first failed probe begins one probe interval after the cut at most,
+        fails one timeout later, and is published at the launcher's next publication (at most one interval)."""
+        if not self._misses_rendezvous(node):
+            return None
+        cut = min(self.faults[i].time for i in self.nodes[node].faults if self.faults[i].cls in MISSES_RENDEZVOUS)
+        costs = self.costs
+        since = cut + costs.store_probe_s
+        return since, since + costs.store_probe_s + costs.steps_publish_s
+
     def named_slow(self, unit: Unit) -> list[int]:
         """The gang's slow ranks that stand out in its step times (``CulpritModel.names_slow``)."""
         return [n for n in self._slow_members(unit) if self.culprits.names_slow(unit.parallelism, n)]

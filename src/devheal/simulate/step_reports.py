@@ -16,6 +16,8 @@ would have written by now:
 - once a restart's processes stopped at their rendezvous because a member cannot reach its peers: no step
   in the new run, every rank that reached the rendezvous says when (``joined``, as ``report_joined``
   publishes it), the ranks cut off do not;
+- once a fault cut the rank off from its peers (network, NIC): since when its launcher's probes of the
+  rendezvous store fail, in every report it publishes (``unreachable``);
 - while a restart is under way, or before the new run's first step: a report with an empty
   window (nothing to judge); once the restart's processes met at the rendezvous and a fault stopped the run
   before its first step, every rank says when it joined (``joined``, as ``report_joined`` publishes it).
@@ -26,6 +28,7 @@ Pure: the unit's state and the time in, the report out.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from devheal.model.steps import StepReport
 from devheal.simulate.fleet import Unit, UnitState
@@ -43,8 +46,17 @@ def rank_standing(unit: Unit, node: int) -> tuple[bool, bool]:
     return unit.culprit == node, node in unit.unreached
 
 
-def step_report(unit: Unit, node: int, slow: float, step_s: float, publish_s: float, now: float) -> StepReport:
-    """The report the launcher of ``unit``'s rank on ``node`` last published, as of ``now`` (``rank_standing``)."""
+def step_report(
+    unit: Unit, node: int, slow: float, step_s: float, publish_s: float, now: float, unreachable: float | None = None
+) -> StepReport:
+    """The report the launcher of ``unit``'s rank on ``node`` last published, as of ``now`` (``rank_standing``);
+    ``unreachable``: since when its probes of the rendezvous store fail, once published
+    (``Simulation.store_unreachable``)."""
+    report = _run_report(unit, node, slow, step_s, publish_s, now)
+    return report if unreachable is None else replace(report, unreachable=unreachable)
+
+
+def _run_report(unit: Unit, node: int, slow: float, step_s: float, publish_s: float, now: float) -> StepReport:
     base = unit.restart_token * RUN_COUNT
     run = unit.run_start  # times are the simulation's clock, as the engine's ``now`` is
     if unit.state is UnitState.RUNNING:
