@@ -87,6 +87,8 @@ FAULTS = ("hang", "hang-compute", "crash-kill", "crash-exit", "slow-1.3", "slow-
 SHAPES = ("ddp", "fsdp")
 DEVICE_ERROR_EXIT = 79
 NODE_UID_BASE = 20000
+MARKS = frozenset({"Taint", "TaintDegraded", "Cordon"})
+"""Remediations that mark a node and replace no rank."""
 
 
 @dataclass
@@ -475,7 +477,9 @@ async def run_fault(fault: str, gang: Gang, faults: Faults, timeout: float, inde
             if first is None:
                 new = [r for r in await remediations(kube) if r["metadata"]["uid"] not in seen]
                 if new:
-                    first = min(new, key=lambda r: r["metadata"]["creationTimestamp"])
+                    # A node's mark is decided with the restart that replaces its rank, and written first: the
+                    # restart, of the same second, says which rank was named.
+                    first = min(new, key=lambda r: (r["metadata"]["creationTimestamp"], r["spec"]["action"] in MARKS))
                     detected = time.time() - fault_at
                 elif time.time() - fault_at > gang.args.detect_timeout:
                     break  # nothing found it: waiting out --timeout would measure nothing more
