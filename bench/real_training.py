@@ -75,9 +75,8 @@ from devheal.kube.crds import install_crds
 from devheal.lab import network_cut
 from devheal.lab.cluster import Lab, LabSpec
 from devheal.lab.faults import Faults
-from devheal.lab.rank_processes import RankProcesses, python
+from devheal.lab.rank_processes import RankProcesses, launcher_port, python
 from devheal.lab.workloads import get_path, gpu_job, pod_devices, pods_of, wait_policy_observed, wait_until
-from devheal.launch.reporting import ADDR_ENV
 from devheal.model.api import GROUP_VERSION
 
 RESULTS = Path(__file__).parent / "results"
@@ -389,7 +388,7 @@ async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any],
         return lambda: faults.recover(node, gpu)
     elif fault == "network":
         # A dead NIC: the rank's own reports to its launcher stay on the pod's loopback and pass.
-        network_cut.cut(node_uid(node), allow_ports=(_launcher_port(training),))
+        network_cut.cut(node_uid(node), allow_ports=(launcher_port(training),))
         return lambda: network_cut.restore(node_uid(node))
     elif fault == "device":
         await asyncio.to_thread(faults.xid, node, gpu, 79)
@@ -398,15 +397,6 @@ async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any],
     else:
         raise ValueError(f"unknown fault {fault!r}")
     return lambda: None
-
-
-def _launcher_port(training: int) -> int:
-    """The port of the step endpoint the training process ``training`` reports to (its ``DEVHEAL_LAUNCHER_ADDR``)."""
-    for item in Path(f"/proc/{training}/environ").read_bytes().split(b"\0"):
-        name, _, value = item.decode(errors="replace").partition("=")
-        if name == ADDR_ENV:
-            return int(value.rpartition(":")[2])
-    raise RuntimeError(f"training process {training} has no {ADDR_ENV}")
 
 
 def _training_pid(events: list[dict[str, Any]], launcher: int) -> int:

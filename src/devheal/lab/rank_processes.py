@@ -32,6 +32,7 @@ from devheal.lab.cluster import Lab, free_port
 from devheal.lab.nodesim.pods import EXIT_CODE_ANNOTATION, RUN_SECONDS_ANNOTATION
 from devheal.lab.slowdown import DEVICES_ENV, POD_ENV
 from devheal.lab.workloads import get_path, pods_of
+from devheal.launch.reporting import ADDR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -209,3 +210,13 @@ def _children(pid: int) -> list[int]:
 def python() -> str:
     """The interpreter the ranks run (this one: torch is installed beside devheal)."""
     return sys.executable
+
+
+def launcher_port(training: int) -> int:
+    """The port of the step endpoint the training process ``training`` reports to (its ``DEVHEAL_LAUNCHER_ADDR``):
+    a cut of its node spares it, as a pod's own loopback is never cut."""
+    for item in Path(f"/proc/{training}/environ").read_bytes().split(b"\0"):
+        name, _, value = item.decode(errors="replace").partition("=")
+        if name == ADDR_ENV:
+            return int(value.rpartition(":")[2])
+    raise RuntimeError(f"training process {training} has no {ADDR_ENV}")

@@ -31,7 +31,7 @@ from devheal.lab.cluster import Lab
 from devheal.lab.workloads import wait_until
 from tests.lab.conftest import RecordingFaults
 
-from .torch_gang import CHECKPOINT_EVERY, RANKS, torch_gang
+from .torch_gang import CHECKPOINT_EVERY, RANKS, one_rank_per_node, torch_gang
 
 pytest.importorskip("torch", reason="the train extra (scripts/bootstrap installs it)")
 
@@ -46,13 +46,7 @@ def one_rank_per_node_replacing_terminating_pods(job: dict[str, Any]) -> None:
     spec = job["spec"]
     del spec["podFailurePolicy"]  # a Job with one only replaces a pod once it failed: a down node never says so
     spec["podReplacementPolicy"] = "TerminatingOrFailed"
-    spec["template"]["spec"]["affinity"] = {
-        "podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": {"matchLabels": {"job-name": "llm"}}, "topologyKey": "kubernetes.io/hostname"}
-            ]
-        }
-    }
+    one_rank_per_node(job)
 
 
 async def test_a_rank_on_a_node_gone_down_is_named_by_its_notready_condition_and_replaced(

@@ -40,6 +40,25 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+NODE_UID_BASE = 21000
+
+
+def node_uid(node: str) -> int:
+    """The user a node's ranks run as: one per node, so a network cut follows the node, not the rank."""
+    return NODE_UID_BASE + int(node.rsplit("-", 1)[-1])
+
+
+def one_rank_per_node(job: dict[str, Any]) -> None:
+    """No two of the gang's pods on one node (a node's fault then hits one rank)."""
+    job["spec"]["template"]["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"job-name": "llm"}}, "topologyKey": "kubernetes.io/hostname"}
+            ]
+        }
+    }
+
+
 @dataclass
 class TorchGang:
     kube: KubeClient
@@ -110,12 +129,26 @@ async def torch_gang(
     policy: dict[str, Any],
     launcher_args: Sequence[str] = (),
     edit_job: Callable[[dict[str, Any]], None] | None = None,
+    node_users: bool = False,
 ) -> AsyncIterator[TorchGang]:
     """The gang stepping past its first checkpoint, the controller running with ``policy`` (plus the selector and
-    budgets out of the way); everything stopped afterwards. ``edit_job`` changes the Job before it is created."""
+    budgets out of the way); everything stopped afterwards. ``edit_job`` changes the Job before it is created.
+    ``node_users``: each rank runs as its node's user (``node_uid``), so that ``devheal.lab.network_cut`` can cut
+    one node's network; its files then live in a directory every user may write."""
     await install_crds(kube)
     harness = ControllerHarness(lab, kube, namespace, tmp_path)
-    events = tmp_path / "events.jsonl"
+    work = tmp_path
+    if node_users:
+        lab.dir.chmod(0o755)  # the ranks read the lab's device files
+        work = lab.dir / f"ranks-{namespace}"
+        work.mkdir(mode=0o777)
+        work.chmod(0o777)
+        (work / "checkpoints").mkdir(mode=0o777)
+        (work / "checkpoints").chmod(0o777)
+    events = work / "events.jsonl"
+    if node_users:
+        events.touch()
+        events.chmod(0o666)  # every node's user appends to it
     job = gpu_job("llm", ranks=RANKS, indexed=True)
     job["spec"]["backoffLimit"] = 10
     if edit_job is not None:
@@ -133,7 +166,7 @@ async def torch_gang(
             "--shape",
             "ddp",
             "--checkpoint-dir",
-            str(tmp_path / "checkpoints"),
+            str(work / "checkpoints"),
             "--checkpoint-every",
             str(CHECKPOINT_EVERY),
             "--events",
@@ -143,6 +176,8 @@ async def torch_gang(
         ],
         launcher_args=("--gang-label", "job-name", "--grace", "3", "--steps-publish-interval", "1", *launcher_args),
         logs=tmp_path,
+        uid_of_node=node_uid if node_users else lambda _node: None,
+        env={"HOME": str(work)} if node_users else {},
     )
     gang = TorchGang(kube, namespace, harness, processes, events)
     task: asyncio.Task[None] | None = None
