@@ -5,7 +5,7 @@
     python -m bench.simulate_sensitivity --checkpointing in-memory
     python -m bench.simulate_sensitivity --jobs 1        # one run at a time (default: one per CPU)
 
-Each group of parameters (``devheal.simulate.sensitivity.GROUPS``: MTTR, checkpoint interval,
+Each group of parameters (``devheal.simulate.sensitivity.GROUPS``: failure rate, MTTR, checkpoint interval,
 restart costs, detection times, spare pool) at 0.5x and 2x, and the chance that a stalled gang's
 culprit is named at 0%, 50% and 100% (the base case: the calibrated culprit model), every default
 strategy and the ideal bound on the same seeds. Prints a Markdown table (for docs/simulator.md) and writes

@@ -3,6 +3,8 @@
 The groups are the simulator's softest numbers (docs/simulator.md marks most of them
 "assumption"):
 
+- ``failure rate``: every failure class's rate (Llama 3's 1.97e-5 per GPU-hour at 1x; Meta's
+  16k-GPU cluster's mean time to failure is about 1.7x it);
 - ``mttr``: how long a node is out: hardware repair and reboot;
 - ``checkpoint interval``: every training gang's checkpoint interval;
 - ``restart costs``: a gang's restart (rendezvous, NCCL init, checkpoint load), pod recreation,
@@ -53,6 +55,7 @@ DETECTION = (
     "straggler_detect_s",
     "step_s",
     "steps_publish_s",
+    "store_probe_s",
 )
 
 
@@ -105,7 +108,12 @@ def _young_daly(config: SimConfig, _: float) -> SimConfig:
 CULPRIT_NAMING = "culprit naming"
 YOUNG_DALY = "Young-Daly interval"
 
+def _rate(config: SimConfig, factor: float) -> SimConfig:
+    return replace(config, trace=replace(config.trace, rate_per_gpu_hour=config.trace.rate_per_gpu_hour * factor))
+
+
 GROUPS: dict[str, Callable[[SimConfig, float], SimConfig]] = {
+    "failure rate": _rate,
     "mttr": lambda c, f: _costs(c, ("hardware_repair_s", "node_reboot_s"), f),
     "checkpoint interval": _interval,
     "restart costs": _restarts,

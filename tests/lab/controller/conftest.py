@@ -120,6 +120,12 @@ class ControllerHarness:
     async def wait_remediation(self, ok: Any, what: str, timeout: float = 20) -> list[dict[str, Any]]:
         return await wait_until(self.remediations, ok, timeout=timeout, what=what, interval=0.1)
 
+    async def stall_restart(self, timeout: float) -> dict[str, Any]:
+        """The one gang restart for a stalled gang (``stall_restarts``), once it is recorded."""
+        records = await self.wait_remediation(lambda rs: bool(stall_restarts(rs)), "a GangStalled restart", timeout)
+        (record,) = stall_restarts(records)
+        return record
+
     async def cleanup(self) -> None:
         for proc in self.processes:
             proc.stop()
@@ -162,3 +168,11 @@ async def harness(lab: Lab, kube: KubeClient, namespace: str, tmp_path: Path) ->
         yield h
     finally:
         await h.cleanup()
+
+
+def stall_restarts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The gang restarts for stalled gangs among ``records`` (the named rank's node mark, decided first from the same
+    finding, is a record of its own)."""
+    return [
+        r for r in records if r["spec"]["finding"]["kind"] == "GangStalled" and r["spec"]["action"] == "RestartGang"
+    ]

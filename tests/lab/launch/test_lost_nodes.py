@@ -30,6 +30,7 @@ from devheal.kube.client import KubeClient, api_path
 from devheal.lab.cluster import Lab
 from devheal.lab.workloads import wait_until
 from tests.lab.conftest import RecordingFaults
+from tests.lab.controller.conftest import stall_restarts
 
 from .torch_gang import CHECKPOINT_EVERY, RANKS, one_rank_per_node, torch_gang
 
@@ -72,26 +73,15 @@ async def test_a_rank_on_a_node_gone_down_is_named_by_its_notready_condition_and
             assert len(stopped) == 2, f"rank 1's launcher and training process stopped: {stopped}"
             await asyncio.to_thread(faults.node_down, node)
 
-            def stalls(rs: list[dict]) -> list[dict]:
-                # The restart (its node's suspect taint, decided from the same finding, is a record of its own).
-                return [
-                    r
-                    for r in rs
-                    if r["spec"]["finding"]["kind"] == "GangStalled" and r["spec"]["action"] == "RestartGang"
-                ]
-
             # The controller manager's node lifecycle, after its grace period; the gang's stall limit is not up yet.
             await wait_until(
                 node_state, lambda s: s[0] == "Unknown", timeout=120, what=f"{node} Ready=Unknown", interval=0.5
             )
             unknown = time.time() - down
-            assert stalls(await gang.harness.remediations()) == [], "the stall was judged before the node was NotReady"
+            assert stall_restarts(await gang.harness.remediations()) == [], "judged before the node was NotReady"
 
-            records = await gang.harness.wait_remediation(
-                lambda rs: bool(stalls(rs)), "a GangStalled remediation", timeout=120
-            )
+            record = await gang.harness.stall_restart(timeout=120)
             remediated = time.time() - down
-            (record,) = stalls(records)
             finding = record["spec"]["finding"]
             assert finding["podUID"] == before[1]["metadata"]["uid"], json.dumps(record)
             assert "node-lifecycle" in finding["source"].split(","), finding

@@ -41,16 +41,7 @@ async def test_a_hung_ddp_rank_is_named_replaced_and_the_gang_resumes_from_its_c
         # It hangs in its next step's compute, before the all-reduce.
         stopped, stopped_at = gang.signal_rank(1, signal.SIGUSR2)
 
-        def stalls(rs: list[dict]) -> list[dict]:
-            # The restart (its node's suspect taint, decided first from the same finding, is a record of its own).
-            return [
-                r for r in rs if r["spec"]["finding"]["kind"] == "GangStalled" and r["spec"]["action"] == "RestartGang"
-            ]
-
-        records = await gang.harness.wait_remediation(
-            lambda rs: bool(stalls(rs)), "a GangStalled remediation", timeout=60
-        )
-        (record,) = stalls(records)
+        record = await gang.harness.stall_restart(timeout=60)
         assert record["spec"]["finding"]["podUID"] == before[1]["metadata"]["uid"], json.dumps(record)
         await gang.wait_stepping(
             started_after=stopped,
@@ -82,19 +73,8 @@ async def test_a_ddp_rank_cut_off_from_its_peers_is_named_by_its_launchers_store
         cut_at = time.time()
         network_cut.cut(uid, allow_ports=(launcher_port(training),))
         try:
-
-            def stalls(rs: list[dict]) -> list[dict]:
-                return [
-                    r
-                    for r in rs
-                    if r["spec"]["finding"]["kind"] == "GangStalled" and r["spec"]["action"] == "RestartGang"
-                ]
-
-            records = await gang.harness.wait_remediation(
-                lambda rs: bool(stalls(rs)), "a GangStalled remediation", timeout=80
-            )
+            record = await gang.harness.stall_restart(timeout=80)
             found = time.time() - cut_at
-            (record,) = stalls(records)
             finding = record["spec"]["finding"]
             assert finding["podUID"] == before[1]["metadata"]["uid"], json.dumps(record)
             assert "cannot reach its gang's rendezvous store" in finding["evidence"], finding["evidence"]

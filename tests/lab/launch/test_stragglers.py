@@ -264,14 +264,7 @@ async def test_a_hung_gang_is_found_within_seconds_and_the_rank_that_stalled_fir
         for rank in ("0", "1", "3"):
             freeze(rank)
 
-        def stalls(rs: list[dict]) -> list[dict]:
-            # The restart (its node's suspect taint, decided first from the same finding, is a record of its own).
-            return [
-                r for r in rs if r["spec"]["finding"]["kind"] == "GangStalled" and r["spec"]["action"] == "RestartGang"
-            ]
-
-        records = await harness.wait_remediation(lambda rs: bool(stalls(rs)), "a GangStalled remediation", timeout=60)
-        (record,) = stalls(records)
+        record = await harness.stall_restart(timeout=60)
         assert record["spec"]["action"] == "RestartGang", json.dumps(record)
         first = f"{namespace}/{before['2']['metadata']['name']}"
         assert f"rank {first} stalled first" in record["spec"]["finding"]["evidence"], record["spec"]["finding"]

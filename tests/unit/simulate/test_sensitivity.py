@@ -30,6 +30,7 @@ def test_every_group_moves_its_parameters() -> None:
     assert doubled.fleet.gangs[0].restart_s == 2 * config.fleet.gangs[0].restart_s
     assert doubled.costs.inplace_restart_s == 2 * config.costs.inplace_restart_s
     assert GROUPS["spare pool"](config, 0.5).fleet.spare_nodes == max(1, -(-config.fleet.spare_nodes // 2))
+    assert GROUPS["failure rate"](config, 2.0).trace.rate_per_gpu_hour == 2 * config.trace.rate_per_gpu_hour
 
 
 def test_a_table_row_per_variant_with_devheals_margin() -> None:
