@@ -108,6 +108,7 @@ def _young_daly(config: SimConfig, _: float) -> SimConfig:
 CULPRIT_NAMING = "culprit naming"
 YOUNG_DALY = "Young-Daly interval"
 
+
 def _rate(config: SimConfig, factor: float) -> SimConfig:
     return replace(config, trace=replace(config.trace, rate_per_gpu_hour=config.trace.rate_per_gpu_hour * factor))
 
