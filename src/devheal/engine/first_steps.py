@@ -5,7 +5,8 @@
 fault that lands once every rank met (a network or NIC cut while the ranks set up NCCL or load the
 checkpoint, an SSD or IO board that blocks a rank's first reads, a node going down) leaves a run in
 which every launcher reported ``joined`` (``report_joined``) and no rank ever steps. Without this rule
-such a gang waits for the NCCL watchdog, or for a person.
+such a gang waits for the NCCL watchdog, or for a person. A rank whose launcher's probes say it is cut off
+from the rendezvous store (``store_probes.cut_off``) is named at once instead.
 
 Once ``stall.firstStepAfter`` (default 10 minutes, PyTorch's default process-group timeout) has
 passed since the last rank joined, the gang is ``GangStalled``, naming nobody: it restarts in place,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from devheal.engine.store_probes import cut_off
 from devheal.model.cluster import Pod
 from devheal.model.plan import Finding, FindingKind, FindingSource
 from devheal.model.straggler_policy import StragglerRules
@@ -45,16 +47,25 @@ def stalled_before_first_step(members: Sequence[Pod], rules: StragglerRules, now
         return None
     last = max(joins)
     limit = rules.stall.first_step_after
-    if now - last <= limit:
+    reports = [(p, p.steps) for p in members if p.steps is not None]
+    cut = cut_off(reports, rules.stall.unreachable_after, last, 0.0, now)
+    if now - last <= limit and cut is None:
         return None
     first = members[0]
+    who, since, culprit = "no rank stalled first", last + limit, ""
+    if cut is not None:
+        # A rank cut off once every rank met: its launcher's probes name it, without waiting for firstStepAfter.
+        first, who, found = cut
+        since, culprit = min(since, found), first.uid
     return Finding(
         kind=FindingKind.GANG_STALLED,
         node=first.node,
         sources=(FindingSource.STEP_TIMES,),
         evidence=f"every rank of gang {first.workload.key} ({len(members)}) reached its rendezvous, the last "
         f"{now - last:.0f}s ago, and none has reported a step since (limit {limit:.0f}s, stall.firstStepAfter); "
-        "no rank stalled first",
-        since=last + limit,
+        f"{who}",
+        since=since,
         pod=first.key,
+        pod_uid=culprit,
+        device_ids=tuple(sorted({d.device_id for d in first.devices})) if culprit else (),
     )

@@ -73,6 +73,7 @@ from dataclasses import dataclass, field, replace
 from devheal.engine import checkpoints, first_steps, lost_nodes
 from devheal.engine.collective_marks import judge_by_marks, waits_inside
 from devheal.engine.degradation import has_degraded_taint
+from devheal.engine.store_probes import cut_off
 from devheal.model.cluster import ClusterView, DeviceHealth, Pod, WorkloadClass
 from devheal.model.degradation_policy import DEGRADED_MARK
 from devheal.model.plan import SUSPECT_FINDINGS, Action, Finding, FindingKind, FindingSource
@@ -425,42 +426,6 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
         pod=first.key,
         pod_uid=first.uid if culprit else "",
         device_ids=tuple(sorted({d.device_id for d in first.devices})) if culprit else (),
-    )
-
-
-def cut_off(
-    reports: Sequence[tuple[Pod, StepReport]], after: float, progress: float, margin: float, now: float
-) -> tuple[Pod, str, float] | None:
-    """The rank whose launcher has failed to reach its gang's rendezvous store (``StepReport.unreachable``) for
-    ``after`` seconds while no rank stepped (the gang's last step, ``progress``, at most ``margin`` after the first
-    failed probe: wall clocks of different nodes), with its evidence and when it was found; None otherwise, and
-    with ``after`` 0.
-
-    A rank behind a cut network waits in a collective like its peers, so its step times name nobody; its
-    launcher's probe of the store (``devheal launch --probe-store``) does. Only a minority is named: when the rank
-    that hosts the store is the one cut off, the others all fail to reach it, and that says nothing about which
-    rank is at fault (its own probe, of itself, succeeds)."""
-    if after <= 0:
-        return None
-    cut = sorted(
-        (
-            (pod, r.unreachable)
-            for pod, r in reports
-            if r.unreachable is not None and now - r.unreachable >= after and r.unreachable + margin >= progress
-        ),
-        key=lambda pu: (pu[1], pu[0].key),
-    )
-    if not cut or 2 * len(cut) >= len(reports):
-        return None
-    pod, since = cut[0]
-    others = f" (and {len(cut) - 1} more)" if len(cut) > 1 else ""
-    return (
-        pod,
-        (
-            f"rank {pod.key}{others} cannot reach its gang's rendezvous store: its launcher's probes have failed for "
-            f"{now - since:.0f}s (limit {after:.0f}s), and no rank has stepped since"
-        ),
-        since + after,
     )
 
 

@@ -193,7 +193,8 @@ class EngineStrategy(Strategy):
             return
         if unit.uid in self.cache.generation:
             self.cache.acknowledged[unit.uid] = self.cache.generation[unit.uid]
-        self._judge_steps(unit, [unit.joined_at + self.policy.stragglers.stall.first_step_after + SLACK_S])
+        first_step_after = self.policy.stragglers.stall.first_step_after
+        self._judge_steps(unit, [unit.joined_at + first_step_after + SLACK_S, *self._unreachable_rounds(unit)])
 
     def on_unit_running(self, unit: Unit) -> None:
         """A gang runs again: its launchers acknowledge the restart generation. With a slow rank: rounds at each

@@ -40,6 +40,24 @@ def test_a_run_whose_ranks_all_met_and_never_stepped_is_stalled_after_first_step
     assert "reached its rendezvous, the last 601s ago, and none has reported a step since (limit 600s" in f.evidence
 
 
+def test_a_rank_cut_off_once_every_rank_met_is_named_by_its_launchers_store_probes_at_once() -> None:
+    _, pods = members([RUN + 5, RUN + 6, RUN + 5.5, RUN + 7])
+    cut = [
+        replace(p, steps=replace(p.steps, unreachable=RUN + 30)) if i == 2 and p.steps else p
+        for i, p in enumerate(pods)
+    ]
+    rules = StragglerRules()  # unreachableAfter 20 s
+    assert stalled_before_first_step(cut, rules, RUN + 49) is None
+    f = stalled_before_first_step(cut, rules, RUN + 50)
+    assert f is not None and (f.pod, f.pod_uid, f.since) == (cut[2].key, cut[2].uid, RUN + 50)
+    assert "cannot reach its gang's rendezvous store" in f.evidence
+    # Cut off before the last rank met (the probes failing before it joined): not this rule's to name.
+    early = [
+        replace(p, steps=replace(p.steps, unreachable=RUN + 2)) if i == 2 and p.steps else p for i, p in enumerate(pods)
+    ]
+    assert stalled_before_first_step(early, rules, RUN + 100) is None
+
+
 def test_the_limit_is_the_policys() -> None:
     view, _ = members([RUN + 5, RUN + 6, RUN + 5.5, RUN + 7])
     policies = [policy(stragglers={"stall": {"firstStepAfter": "2m"}})]

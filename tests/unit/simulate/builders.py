@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from devheal.model.policy import Policy, parse_policy
 from devheal.simulate.config import BatchSpec, CostModel, FleetSpec, GangSpec, InferenceSpec, SimConfig
@@ -57,3 +58,15 @@ def policy(name: str = "p", **spec: object) -> Policy:
     """A policy of these fields; without a selector, of every pod."""
     spec.setdefault("selector", {"podSelector": {}})
     return parse_policy({"metadata": {"name": name}, "spec": spec})
+
+
+PROBED = 5.0 + 20.0
+"""From a network or NIC cut to the round naming its rank by its launcher's store probes: the first failed probe
+begins within ``costs.store_probe_s`` (5 s), and the rank is named once they failed for ``stall.unreachableAfter``."""
+
+
+def unprobed(policy: Policy) -> Policy:
+    """``policy`` with the launchers' store probes not judged (``stall.unreachableAfter: 0s``): a cut rank is named at
+    a restart's rendezvous, after ``stall.joinAfter``."""
+    stall = replace(policy.stragglers.stall, unreachable_after=0.0)
+    return replace(policy, stragglers=replace(policy.stragglers, stall=stall))

@@ -12,7 +12,7 @@ from devheal.simulate.engine_strategy import EngineStrategy
 from devheal.simulate.simulation import Simulation
 from devheal.simulate.strategies import PodWatcher
 
-from .builders import fault, policy, run, small_config, trace_of
+from .builders import PROBED, fault, policy, run, small_config, trace_of, unprobed
 
 GANG_RESTART = 180.0
 IN_PLACE = 20.0
@@ -60,9 +60,25 @@ def test_a_crash_during_an_in_place_restart_is_restarted_in_place_again() -> Non
     assert result.engine["decisions"] == {"devheal:RestartGang": 2}
 
 
+def test_a_rank_cut_off_from_its_peers_is_named_by_its_launchers_store_probes_and_replaced_in_one_restart() -> None:
+    config = small_config()  # a sharded gang: every rank waits in a collective, the step reports name nobody
+    devheal = EngineStrategy(RECOMMENDED_POLICY)
+    sim = Simulation(config, trace_of(config, [fault(2, node=1, cls="network")]), devheal)
+    result = sim.run()
+    # Its launcher's probes of the rendezvous store fail: named 25 s after the cut, before the stall limit (45 s),
+    # its node steered away from, a spare takes its place in the one restart.
+    assert result.recoveries_s == [pytest.approx(PROBED + IN_PLACE + GANG_RESTART, abs=0.1)]
+    taint, restart, _lift = devheal.store.records.values()
+    assert (taint.action, taint.target) == (ActionKind.TAINT_DEGRADED, "node-00001")
+    assert restart.resume is not None and restart.resume.finding.kind is FindingKind.GANG_STALLED
+    assert restart.resume.finding.pod == "ml-training/train-1" and restart.resume.finding.pod_uid
+    assert "cannot reach its gang's rendezvous store" in restart.resume.finding.evidence
+    assert 1 not in sim.units[0].members and len(sim.units[0].members) == 4
+
+
 def test_a_rank_cut_off_from_its_peers_is_named_at_the_rendezvous_and_replaced_on_another_node() -> None:
     config = small_config()  # a sharded gang: the network cut names no rank when the gang stalls
-    devheal = EngineStrategy(RECOMMENDED_POLICY)
+    devheal = EngineStrategy(unprobed(RECOMMENDED_POLICY))
     sim = Simulation(config, trace_of(config, [fault(2, node=1, cls="network")]), devheal)
     result = sim.run()
     # Stalled, nobody named: restarted in place. The cut rank starts again but never reaches the rendezvous; once
@@ -84,7 +100,7 @@ def test_a_rank_cut_off_from_its_peers_is_named_at_the_rendezvous_and_replaced_o
 
 
 def test_join_after_is_the_policys_and_a_rail_that_stops_the_replacement_is_tried_again() -> None:
-    spec = {"actions": {"gang": "RestartGang"}, "stragglers": {"stall": {"joinAfter": "30s"}}}
+    spec = {"actions": {"gang": "RestartGang"}, "stragglers": {"stall": {"joinAfter": "30s", "unreachableAfter": "0s"}}}
     quick = EngineStrategy(policy("p", **spec, budgets={"workloadDisruptionInterval": "10s"}))
     result = run(small_config(), [fault(2, node=1, cls="nic")], quick)
     assert result.recoveries_s == [pytest.approx(STALL + IN_PLACE + 30 + IN_PLACE + GANG_RESTART, abs=0.1)]
@@ -100,9 +116,16 @@ def test_a_spare_cut_off_from_the_network_is_named_when_a_restart_brings_it_into
     # rendezvous, the spare's rank is named after joinAfter and replaced by the other spare.
     faults = [fault(1.9, node=4, cls="nic"), fault(2, node=1, cls="faulty-gpu")]
     config = small_config()
-    sim = Simulation(config, trace_of(config, faults), EngineStrategy(RECOMMENDED_POLICY))
+    sim = Simulation(config, trace_of(config, faults), EngineStrategy(unprobed(RECOMMENDED_POLICY)))
     result = sim.run()
     agent = 5.0
     assert result.recoveries_s == [pytest.approx(agent + IN_PLACE + JOIN_AFTER + IN_PLACE + GANG_RESTART, abs=0.1)]
     assert sorted(sim.units[0].members) == [0, 2, 3, 5]
     assert result.training_loss_by_cause["nic"]["awaiting-remediation"] > 0  # the wait at the rendezvous is the NIC's
+    # Its launcher's probes have failed for minutes: named at the rendezvous at once. The second restart comes 20 s
+    # after the first, within the workload's disruption interval: that rail stops it, and it is tried a minute later.
+    probed = Simulation(config, trace_of(config, faults), EngineStrategy(RECOMMENDED_POLICY))
+    result = probed.run()
+    assert result.recoveries_s == [pytest.approx(agent + IN_PLACE + 60 + IN_PLACE + GANG_RESTART, abs=0.1)]
+    assert result.engine["blocked"] == {"workload-interval": 1}
+    assert sorted(probed.units[0].members) == [0, 2, 3, 5]
