@@ -52,12 +52,25 @@ def test_missing_command(runner: CliRunner) -> None:
         (["--barrier-timeout", "-5"], "must be >= 0"),
         (["--hold-failed", "-1"], "must be within 0..86400 seconds"),
         (["--hold-failed", "100000"], "must be within 0..86400 seconds"),
+        (["--probe-interval", "0"], "must be within 1..60 seconds"),
+        (["--probe-store", "llm-0"], "--probe-store: expected HOST:PORT with a port within 1..65535"),
+        (["--probe-store", "llm-0:99999"], "--probe-store: expected HOST:PORT"),
     ],
 )
 def test_bad_options(runner: CliRunner, args: list[str], hint: str) -> None:
     result = runner.invoke(app, ["launch", "--pod", "p", "--namespace", "ns", *args, "--", "true"])
     assert result.exit_code == 2
     assert hint in plain(result.output), result.output
+
+
+def test_a_bad_rendezvous_environment_names_the_variables(runner: CliRunner) -> None:
+    result = runner.invoke(
+        app,
+        ["launch", "--pod", "p", "--namespace", "ns", "--", "true"],
+        env={"MASTER_ADDR": "llm-0", "MASTER_PORT": "http"},
+    )
+    assert result.exit_code == 2
+    assert "$MASTER_ADDR:$MASTER_PORT: expected HOST:PORT" in plain(result.output), result.output
 
 
 def test_an_unreadable_kubeconfig_is_a_clear_error(runner: CliRunner) -> None:
