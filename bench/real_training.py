@@ -85,7 +85,6 @@ JOB = "llm"
 FAULTS = ("hang", "hang-compute", "crash-kill", "crash-exit", "slow-1.3", "slow-2", "network", "device")
 SHAPES = ("ddp", "fsdp")
 DEVICE_ERROR_EXIT = 79
-NODE_UID_BASE = 20000
 MARKS = frozenset({"Taint", "TaintDegraded", "Cordon"})
 """Remediations that mark a node and replace no rank."""
 
@@ -272,7 +271,7 @@ class Gang:
                 str(args.hold_failed),
             ),
             logs=work,
-            uid_of_node=node_uid,
+            uid_of_node=network_cut.node_user,
             env={"HOME": str(work), **bytecode_env(args.bytecode_cache)},
         )
         self.task: asyncio.Task[None] | None = None
@@ -359,11 +358,6 @@ class Gang:
         await wait_until(gone, lambda n: n == 0, timeout=60, what="the Job's pods gone", interval=0.5)
 
 
-def node_uid(node: str) -> int:
-    """The user a node's ranks run as: one per node, so a network cut follows the node, not the rank."""
-    return NODE_UID_BASE + int(node.rsplit("-", 1)[-1])
-
-
 async def remediations(kube: KubeClient) -> list[dict[str, Any]]:
     items, _ = await kube.list_all(api_path(GROUP_VERSION, "remediations"))
     return items
@@ -388,8 +382,8 @@ async def inject(fault: str, gang: Gang, faults: Faults, victim: dict[str, Any],
         return lambda: faults.recover(node, gpu)
     elif fault == "network":
         # A dead NIC: the rank's own reports to its launcher stay on the pod's loopback and pass.
-        network_cut.cut(node_uid(node), allow_ports=(launcher_port(training),))
-        return lambda: network_cut.restore(node_uid(node))
+        network_cut.cut(network_cut.node_user(node), allow_ports=(launcher_port(training),))
+        return lambda: network_cut.restore(network_cut.node_user(node))
     elif fault == "device":
         await asyncio.to_thread(faults.xid, node, gpu, 79)
         os.kill(training, signal.SIGKILL)

@@ -36,6 +36,16 @@ def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess[str
     return done
 
 
+NODE_USER_BASE = 20000
+"""The lab's node N runs its ranks as user ``NODE_USER_BASE + N`` (``node_user``)."""
+
+
+def node_user(node: str) -> int:
+    """The user a simulated node's ranks run as (the number its name ends with, above ``NODE_USER_BASE``): one per
+    node, so a cut follows the node, not the rank."""
+    return NODE_USER_BASE + int(node.rsplit("-", 1)[-1])
+
+
 def node_address(uid: int) -> str:
     """The loopback address the processes of the node whose user is ``uid`` send from, where they choose one (the
     launcher's store probes): 127.200.0.0/16 holds one per user."""

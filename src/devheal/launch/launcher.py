@@ -37,7 +37,7 @@ from devheal.launch.restarts import (
 )
 from devheal.launch.steps import DEFAULT_WINDOW, StepStats
 from devheal.launch.steps_server import StepsServer
-from devheal.launch.store_probe import DEFAULT_PROBE_INTERVAL, Probe, probe
+from devheal.launch.store_probe import DEFAULT_PROBE_INTERVAL, probe
 from devheal.model.run_failure import RunFailure
 
 log = logging.getLogger(__name__)
@@ -381,7 +381,7 @@ class Launcher:
             started = self.clock()
             outcome = await probe(host, port, interval, self.options.probe_bind)
             was = self.stats.unreachable_since
-            self.stats.store_probed({Probe.REACHED: True, Probe.UNREACHABLE: False}.get(outcome), started)
+            self.stats.store_probed(outcome, started)
             if was is None and self.stats.unreachable_since is not None:
                 log.warning("cannot reach the rendezvous store %s:%d (%s)", host, port, outcome)
             elif was is not None and self.stats.unreachable_since is None:

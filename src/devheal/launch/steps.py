@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from devheal.launch.store_probe import Probe
 from devheal.model.steps import StepReport
 
 DEFAULT_WINDOW = 100
@@ -122,12 +123,12 @@ class StepStats:
         self.exits = max(exits, self.exits or 0)
         self.inside_since = None if inside_seconds is None else now - float(inside_seconds)
 
-    def store_probed(self, reached: bool | None, started: float) -> None:
-        """A probe of the rendezvous store begun at ``started`` reached it (True), did not (False), or said
-        nothing (None)."""
-        if reached:
+    def store_probed(self, outcome: Probe, started: float) -> None:
+        """A probe of the rendezvous store, begun at ``started``, ended with ``outcome`` (``Probe.UNKNOWN`` changes
+        nothing)."""
+        if outcome is Probe.REACHED:
             self.unreachable_since = None
-        elif reached is False and self.unreachable_since is None:
+        elif outcome is Probe.UNREACHABLE and self.unreachable_since is None:
             self.unreachable_since = started
 
     def new_run(self, now: float | None = None) -> None:

@@ -47,7 +47,7 @@ then: a rank cut off from its peers (``MISSES_RENDEZVOUS``) starts again but nev
 11 s with no rank named, then that rank named at the rendezvous and replaced, every rank stepping again 61 s
 after the fault with ``joinAfter: 30s``, ``bench/results/real_training_network.json``). Sooner than that, the
 rank's own launcher names it: its probes of the rendezvous store fail (``Simulation.store_unreachable``,
-``engine.stragglers.cut_off``; real gangs: named in 9-10 s with ``unreachableAfter: 5s``, every rank stepping again
+``engine.store_probes.cut_off``; real gangs: named in 9-10 s with ``unreachableAfter: 5s``, every rank stepping again
 28 s after the cut, ``bench/results/real_training_probe.json``). ``CulpritModel`` is the
 calibrated table, or one probability for every stall and slow rank (a what-if, and the
 sensitivity axis). Pure: every draw is a hash of what it is about, so all strategies replaying

@@ -174,7 +174,7 @@ class EngineStrategy(Strategy):
 
     def _unreachable_rounds(self, unit: Unit) -> list[float]:
         """A round once each rank cut off from its gang's rendezvous store has been reported so for
-        ``stall.unreachableAfter`` (``engine.stragglers.cut_off``)."""
+        ``stall.unreachableAfter`` (``engine.store_probes.cut_off``)."""
         after = self.policy.stragglers.stall.unreachable_after
         if after <= 0:
             return []

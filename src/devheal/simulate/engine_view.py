@@ -67,7 +67,8 @@ class CacheView:
         self.named: dict[int, list[int]] = {}
         """Per gang, its slow ranks that stand out (``Simulation.named_slow``), as of the view being built."""
         self.reports: dict[tuple[int, float, tuple[bool, bool], float | None], StepReport] = {}
-        """(gang, reported pace, ``rank_standing``) -> its ranks' step report, as of the view being built."""
+        """(gang, reported pace, ``rank_standing``, since when its store probes fail) -> its ranks' step report, as of
+        the view being built."""
 
     def not_ready(self, state: NodeState) -> bool:
         """The node is down and the controller manager has marked it NotReady (after its grace period)."""

@@ -24,7 +24,7 @@ from devheal.lab.cluster import Lab
 from devheal.lab.rank_processes import launcher_port
 from devheal.model.steps import STEPS_ANNOTATION
 
-from .torch_gang import CHECKPOINT_EVERY, node_uid, one_rank_per_node, read_events, torch_gang
+from .torch_gang import CHECKPOINT_EVERY, one_rank_per_node, read_events, torch_gang
 
 pytest.importorskip("torch", reason="the train extra (scripts/bootstrap installs it)")
 
@@ -67,7 +67,7 @@ async def test_a_ddp_rank_cut_off_from_its_peers_is_named_by_its_launchers_store
     policy = {"stragglers": {"stall": {"after": "90s", "unreachableAfter": "8s"}}}
     async with torch_gang(lab, kube, namespace, tmp_path, policy, edit_job=one_rank_per_node, node_users=True) as gang:
         before = await gang.running_pods()
-        uid = node_uid(before[1]["spec"]["nodeName"])
+        uid = network_cut.node_user(before[1]["spec"]["nodeName"])
         training = max(e["pid"] for e in read_events(gang.events) if e["event"] == "start" and e["rank"] == 1)
         past = max(gang.steps_by_rank().values())
         cut_at = time.time()

@@ -22,6 +22,7 @@ from typing import Any
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.kube.crds import install_crds
+from devheal.lab import network_cut
 from devheal.lab.cluster import Lab
 from devheal.lab.rank_processes import RankProcesses, python
 from devheal.lab.workloads import get_path, gpu_job, pods_of, wait_until
@@ -38,14 +39,6 @@ def read_events(path: Path) -> list[dict[str, Any]]:
         with contextlib.suppress(ValueError):
             out.append(json.loads(line))
     return out
-
-
-NODE_UID_BASE = 21000
-
-
-def node_uid(node: str) -> int:
-    """The user a node's ranks run as: one per node, so a network cut follows the node, not the rank."""
-    return NODE_UID_BASE + int(node.rsplit("-", 1)[-1])
 
 
 def one_rank_per_node(job: dict[str, Any]) -> None:
@@ -133,8 +126,8 @@ async def torch_gang(
 ) -> AsyncIterator[TorchGang]:
     """The gang stepping past its first checkpoint, the controller running with ``policy`` (plus the selector and
     budgets out of the way); everything stopped afterwards. ``edit_job`` changes the Job before it is created.
-    ``node_users``: each rank runs as its node's user (``node_uid``), so that ``devheal.lab.network_cut`` can cut
-    one node's network; its files then live in a directory every user may write."""
+    ``node_users``: each rank runs as its node's user (``network_cut.node_user``), so that ``devheal.lab.network_cut``
+    can cut one node's network; its files then live in a directory every user may write."""
     await install_crds(kube)
     harness = ControllerHarness(lab, kube, namespace, tmp_path)
     work = tmp_path
@@ -176,7 +169,7 @@ async def torch_gang(
         ],
         launcher_args=("--gang-label", "job-name", "--grace", "3", "--steps-publish-interval", "1", *launcher_args),
         logs=tmp_path,
-        uid_of_node=node_uid if node_users else lambda _node: None,
+        uid_of_node=network_cut.node_user if node_users else lambda _node: None,
         env={"HOME": str(work)} if node_users else {},
     )
     gang = TorchGang(kube, namespace, harness, processes, events)
