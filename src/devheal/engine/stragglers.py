@@ -376,6 +376,34 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
     cut = cut_off(reports, rules.stall.unreachable_after, progress, margin, now)
     if quiet <= limit and cut is None:
         return None
+    since = progress + limit
+    if cut is not None:
+        # Its launcher says what the step times cannot: it is the rank cut off from its peers.
+        first, who, found = cut
+        culprit = True
+        since = min(since, found)
+    else:
+        first, culprit, who = stalled_first(reports, now, quiet, margin, limit)
+    limited = f" (limit {limit:.0f}s)" if quiet > limit else ""
+    return Finding(
+        kind=FindingKind.GANG_STALLED,
+        node=first.node,
+        sources=(FindingSource.STEP_TIMES,),
+        evidence=f"no rank of gang {first.workload.key} reported a step for {quiet:.0f}s{limited}; "
+        f"{len(reports)} ranks running; {who}",
+        since=since,
+        pod=first.key,
+        pod_uid=first.uid if culprit else "",
+        device_ids=tuple(sorted({d.device_id for d in first.devices})) if culprit else (),
+    )
+
+
+def stalled_first(
+    reports: Sequence[tuple[Pod, StepReport]], now: float, quiet: float, margin: float, limit: float
+) -> tuple[Pod, bool, str]:
+    """What a stalled gang's step reports say of who stalled it: the rank to name (the first to stall when none
+    stands out), whether it is the culprit, and the evidence. ``quiet``: seconds since the gang's last step;
+    ``margin``: how far behind its peers' last steps a rank's must be to stand out."""
     ordered = sorted(reports, key=lambda pr: (pr[1].last or 0.0, pr[0].key))
     first, report = ordered[0]
     # A rank stalled first only against peers that went on: alone (the others' pods ended), none stands out.
@@ -409,24 +437,7 @@ def stall(members: Sequence[Pod], rules: StragglerRules, now: float) -> Finding 
             f"{now - first.steps.inside:.0f}s), for a peer"
         )
         culprit = False
-    since = progress + limit
-    if cut is not None:
-        # Its launcher says what the step times cannot: it is the rank cut off from its peers.
-        first, who, found = cut
-        culprit = True
-        since = min(since, found)
-    limited = f" (limit {limit:.0f}s)" if quiet > limit else ""
-    return Finding(
-        kind=FindingKind.GANG_STALLED,
-        node=first.node,
-        sources=(FindingSource.STEP_TIMES,),
-        evidence=f"no rank of gang {first.workload.key} reported a step for {quiet:.0f}s{limited}; "
-        f"{len(reports)} ranks running; {who}",
-        since=since,
-        pod=first.key,
-        pod_uid=first.uid if culprit else "",
-        device_ids=tuple(sorted({d.device_id for d in first.devices})) if culprit else (),
-    )
+    return first, culprit, who
 
 
 def behind_in_collectives(reports: Sequence[tuple[Pod, StepReport]], limit: float) -> tuple[Pod, str] | None:
