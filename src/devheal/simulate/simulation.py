@@ -61,6 +61,10 @@ class Strategy:
     """The gang's ranks run under ``devheal launch --hold-failed`` this many seconds: a crashed rank's launcher
     holds its failed run (``Unit.held_runs``) instead of exiting, so its Job fails only when the hold ends.
     None: no hold (the launcher exits with its command)."""
+    restarts_held_runs = False
+    """The strategy restarts a gang's held failed runs in place (devheal's ``RankFailed``, a few seconds after they
+    fail): so a member pod that goes (a person deleted it, an eviction) leaves the others' pods in place, as under
+    an elastic agent, their runs failed on the lost rank and held until the restart."""
 
     def attach(self, sim: Simulation) -> None:
         self.sim = sim
@@ -223,7 +227,10 @@ class Simulation:
         unit = self.unit_of(node)
         if unit is None:
             return False
-        recreate = recreate and not self.elastic
+        # A gang member's pod that goes recreates no other where its peers restart in place: under an elastic agent,
+        # or where their launchers hold the runs that failed on the lost rank and the strategy restarts them.
+        held = unit.kind is UnitKind.GANG and self.strategy.restarts_held_runs
+        recreate = recreate and not self.elastic and not held
         unit.stop(self.now, cause=cause)  # a running unit stops; a restart in progress starts over without this member
         unit.end_misrouting(self.now)
         unit.stuck.discard(node)

@@ -13,19 +13,22 @@ that failed first and restarts the gang in place:
 - a rank exiting 79, one of the policy's ``deviceErrorExitCodes``: that rank's pod is
   replaced, the other three restart in place.
 
-Either way the gang resumes from its last checkpoint.
+Either way the gang resumes from its last checkpoint. So it does when a person deletes a rank's pod (what an
+on-call engineer does to a rank on a bad GPU nothing flagged): the Job recreates that pod, the peers' runs fail
+on the lost rank and are held, and the gang restarts in place around the new pod.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devheal.kube.client import KubeClient
+from devheal.kube.client import KubeClient, api_path
 from devheal.lab.cluster import Lab
 from devheal.lab.rank_processes import RankProcesses
 
@@ -97,3 +100,41 @@ async def test_a_rank_exiting_with_a_device_error_code_is_replaced_the_others_re
     for rank in (0, 2, 3):
         assert after[rank]["metadata"]["uid"] == before[rank]["metadata"]["uid"], f"rank {rank}'s pod was recreated"
     assert processes.exits == [], "no launcher exited by itself: rank 1's was stopped with its pod"
+
+
+async def test_a_ranks_pod_deleted_by_a_person_is_recreated_and_the_others_restart_in_place(
+    lab: Lab, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    """What an on-call engineer does to a rank on a bad GPU that nothing flagged: delete its pod. The Job recreates
+    that pod; its peers' runs fail and are held, and the gang restarts in place around the new rank."""
+    async with torch_gang(lab, kube, namespace, tmp_path, {}, HOLD) as gang:
+        before = await gang.running_pods()
+        assert sorted(before) == list(range(RANKS))
+        deleted_at, step = time.time(), max(gang.steps_by_rank().values())
+        await kube.delete(api_path("v1", "pods", namespace=namespace, name=before[1]["metadata"]["name"]))
+
+        def restarts(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [r for r in rs if r["spec"]["action"] == "RestartGang"]
+
+        records = await gang.harness.wait_remediation(lambda rs: bool(restarts(rs)), "a gang restart", timeout=60)
+        await gang.wait_stepping(
+            started_after=deleted_at,
+            past=step - CHECKPOINT_EVERY,
+            timeout=180,
+            what="every rank stepping again in a new process",
+        )
+        after = await gang.running_pods()
+        records = await gang.harness.remediations()
+        print(
+            f"\nmeasured: every rank stepping again {gang.stepping_again_after(deleted_at):.1f}s after rank 1's pod "
+            f"was deleted; restarts: {[r['spec']['finding'] for r in restarts(records)]}"
+        )
+        (restart,) = restarts(records)
+        # The peers' held runs name the restart; the deleted rank is gone already, so no rank is replaced.
+        assert restart["spec"]["finding"]["kind"] == "RankFailed", restart["spec"]["finding"]
+        assert restart["spec"]["finding"].get("podUID", "") == "", restart["spec"]["finding"]
+        assert after[1]["metadata"]["uid"] != before[1]["metadata"]["uid"], "rank 1's pod recreated"
+        for rank in (0, 2, 3):
+            assert after[rank]["metadata"]["uid"] == before[rank]["metadata"]["uid"], f"rank {rank}'s pod was recreated"
+        resumes = gang.resumed_steps(deleted_at)
+        assert resumes and min(resumes) % CHECKPOINT_EVERY == 1 and min(resumes) > 1, resumes  # from a checkpoint
