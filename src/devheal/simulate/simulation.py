@@ -218,18 +218,19 @@ class Simulation:
         uid = self.nodes[node].unit
         return None if uid is None else self.units[uid]
 
-    def release(self, node: int, recreate: bool, why: str | None, cause: str = "") -> bool:
+    def release(self, node: int, recreate: bool, why: str | None, cause: str = "", job_failed: bool = False) -> bool:
         """The workload's pod on ``node`` is gone (deleted, failed, evicted): the unit needs a new node.
 
         ``recreate``: every pod of the unit is recreated on restart (else only the replaced pod is new; an elastic
-        gang never recreates them). ``why``: the remediation to count (None: the caller counts it). ``cause``:
-        what stopped a running unit."""
+        gang never recreates them, nor does a gang whose peers' held runs the strategy restarts in place, unless
+        ``job_failed``: its Job failed, so nothing restarted them). ``why``: the remediation to count (None: the
+        caller counts it). ``cause``: what stopped a running unit."""
         unit = self.unit_of(node)
         if unit is None:
             return False
         # A gang member's pod that goes recreates no other where its peers restart in place: under an elastic agent,
         # or where their launchers hold the runs that failed on the lost rank and the strategy restarts them.
-        held = unit.kind is UnitKind.GANG and self.strategy.restarts_held_runs
+        held = unit.kind is UnitKind.GANG and self.strategy.restarts_held_runs and not job_failed
         recreate = recreate and not self.elastic and not held
         unit.stop(self.now, cause=cause)  # a running unit stops; a restart in progress starts over without this member
         unit.end_misrouting(self.now)
@@ -556,7 +557,7 @@ class Simulation:
         fault = self.faults[index]
         state = self.nodes[fault.node]
         if index in state.faults and not state.repairing and not self.elastic:
-            self.release(fault.node, recreate=True, why="job:recreate-pods")
+            self.release(fault.node, recreate=True, why="job:recreate-pods", job_failed=True)
 
     def _on_evict(self, index: int) -> None:
         node = self.faults[index].node

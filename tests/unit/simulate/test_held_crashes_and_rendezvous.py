@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 import pytest
 
 from devheal.engine.stragglers import FAILED_RUN_SETTLE
 from devheal.model.plan import FindingKind
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind
 from devheal.simulate.engine_strategy import EngineStrategy
-from devheal.simulate.simulation import Simulation
-from devheal.simulate.strategies import PodWatcher
+from devheal.simulate.simulation import Simulation, Strategy
+from devheal.simulate.strategies import KubernetesDefault, PodWatcher
 
 from .builders import PROBED, fault, policy, run, small_config, trace_of, unprobed
 
@@ -129,3 +132,25 @@ def test_a_spare_cut_off_from_the_network_is_named_when_a_restart_brings_it_into
     assert result.recoveries_s == [pytest.approx(agent + IN_PLACE + 60 + IN_PLACE + GANG_RESTART, abs=0.1)]
     assert result.engine["blocked"] == {"workload-interval": 1}
     assert sorted(probed.units[0].members) == [0, 2, 3, 5]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "job_failed", "recreated"),
+    [
+        (lambda: EngineStrategy(RECOMMENDED_POLICY), False, False),  # RankFailed restarts the peers' held runs
+        (lambda: EngineStrategy(RECOMMENDED_POLICY), True, True),  # the Job failed: nothing restarted them
+        (lambda: EngineStrategy(policy("p")), False, True),  # actions.gang FailPod: RankFailed notifies, the hold ends
+        (lambda: EngineStrategy(RECOMMENDED_POLICY, hold_failed_s=None), False, True),  # no hold: every run ends
+        (lambda: EngineStrategy(replace(RECOMMENDED_POLICY, dry_run=True)), False, True),
+        (KubernetesDefault, False, True),
+        (PodWatcher, False, False),  # the elastic agent restarts them
+    ],
+)
+def test_a_gang_members_pod_that_goes_recreates_the_others_only_where_nothing_restarts_them_in_place(
+    strategy: Callable[[], Strategy], job_failed: bool, recreated: bool
+) -> None:
+    config = small_config()
+    sim = Simulation(config, trace_of(config, []), strategy())
+    unit = sim.units[0]
+    assert sim.release(1, recreate=True, why="people:release", job_failed=job_failed)
+    assert unit.recreate is recreated
