@@ -116,7 +116,7 @@ async def test_a_ranks_pod_deleted_by_a_person_is_recreated_and_the_others_resta
         def restarts(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return [r for r in rs if r["spec"]["action"] == "RestartGang"]
 
-        records = await gang.harness.wait_remediation(lambda rs: bool(restarts(rs)), "a gang restart", timeout=60)
+        await gang.harness.wait_remediation(lambda rs: bool(restarts(rs)), "a gang restart", timeout=60)
         await gang.wait_stepping(
             started_after=deleted_at,
             past=step - CHECKPOINT_EVERY,
