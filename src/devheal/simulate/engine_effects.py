@@ -122,12 +122,12 @@ class FleetEffects:
             self.cache.degraded_effect[n] = "NoSchedule" if fenced else "PreferNoSchedule"
             self.watch.add(n)
             sim.take_from_pool(n)
-        elif action.kind is ActionKind.LIFT_DEGRADED:
-            state.marks -= DEGRADED_MARKS
-            sim.node_available(n)
-        elif action.kind is ActionKind.LIFT:
-            state.marks -= {"taint", "cordon"}  # a degraded mark outlives the failure's lift
-            self.cache.lifts[n] = self.cache.lifts.get(n, 0) + 1  # the node's next fault is a new episode
+        elif action.kind in (ActionKind.LIFT, ActionKind.LIFT_DEGRADED):
+            # A degraded mark outlives the failure's lift, and the failure's marks the degraded one's.
+            state.marks -= DEGRADED_MARKS if action.kind is ActionKind.LIFT_DEGRADED else {"taint", "cordon"}
+            # Either lift raises the node's episode number (``LIFTS_ANNOTATION``, as the controller's actuators
+            # do): the node's next fault is a new episode, whose decisions are not the last one's done again.
+            self.cache.lifts[n] = self.cache.lifts.get(n, 0) + 1
             sim.node_available(n)
         elif action.kind is ActionKind.DRAIN:
             sim.release(n, recreate=True, why=None)

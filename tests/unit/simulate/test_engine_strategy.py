@@ -284,3 +284,29 @@ def test_a_hidden_fault_that_stalls_a_gang_steers_the_replacement_off_its_node_u
     assert lift.target == "node-00001"
     assert lift.started >= taint.started + config.costs.human_response_s  # suspect: clean reports did not lift it
     assert result.remediations["people:repair"] == 1
+
+
+def test_a_node_degraded_again_after_its_lift_is_a_new_episode_tainted_and_lifted_again() -> None:
+    """``LiftDegraded`` raises the node's episode number as the controller's actuator does (``LIFTS_ANNOTATION``):
+    node 1's second NIC fault, once it replaced node 4 in the gang, is tainted and lifted again, its gang restarted
+    once, where the first episode's records would otherwise stand for the second one's decisions."""
+    config = small_config(days=8, spares=1, culprits=CULPRIT_MODELS["always-named"])
+    strategy = EngineStrategy(policy("p", actions={"gang": "RestartGang"}))
+    faults = [fault(2, node=1, cls="nic"), fault(72, node=4, cls="nic"), fault(77, node=1, cls="nic")]
+    result = run(config, faults, strategy)
+    marks = [
+        (r.action, r.target)
+        for r in strategy.store.records.values()
+        if r.action in (ActionKind.TAINT_DEGRADED, ActionKind.LIFT_DEGRADED)
+    ]
+    assert marks == [
+        (ActionKind.TAINT_DEGRADED, "node-00001"),
+        (ActionKind.LIFT_DEGRADED, "node-00001"),
+        (ActionKind.TAINT_DEGRADED, "node-00004"),
+        (ActionKind.LIFT_DEGRADED, "node-00004"),
+        (ActionKind.TAINT_DEGRADED, "node-00001"),
+        (ActionKind.LIFT_DEGRADED, "node-00001"),
+    ]
+    assert strategy.cache.lifts == {1: 2, 4: 1}
+    assert result.remediations["devheal:RestartGang"] == 3
+    assert not [k for k in result.remediations if k.startswith("devheal:blocked") or k == "devheal:FailPod"]
