@@ -610,7 +610,7 @@ def step_action(
         when, waits = checkpoints.restart_timing(view, pod, finding.since, now, rules.checkpoint_within)
     gang = finding.kind is FindingKind.STRAGGLER and rules.action.restarts
     gang |= finding.kind is FindingKind.GANG_STALLED and rules.stall.action is StallAction.RESTART_GANG
-    gang |= finding.kind is FindingKind.RANK_FAILED and policy.actions[pod.workload.cls] is ActionKind.RESTART_GANG
+    gang |= finding.kind is FindingKind.RANK_FAILED and restarts_failed_runs(policy, pod.workload.cls)
     if gang:
         replaced = f"replace rank {pod.key}" if finding.pod_uid else "replace no rank"
         action = Action.on_gang(
@@ -636,6 +636,12 @@ def step_action(
         reason=f"{finding.kind} on rank {pod.key}: policy {policy.name} says Notify{later}"
         + (": the held launchers exit after their hold" if finding.kind is FindingKind.RANK_FAILED else ""),
     )
+
+
+def restarts_failed_runs(policy: Policy, cls: WorkloadClass) -> bool:
+    """Whether ``policy`` restarts in place the gang of a ``RankFailed`` rank of this workload class (its action for
+    the class is ``RestartGang``), rather than notifying while the held launchers wait out their hold."""
+    return policy.actions.get(cls) is ActionKind.RESTART_GANG
 
 
 def steer_away(

@@ -34,11 +34,11 @@ from typing import Any
 
 from devheal.engine.decide import Overdue, RecordReads
 from devheal.engine.rounds import DUE_SLACK, DecisionRound, Pacing
-from devheal.engine.stragglers import FAILED_RUN_SETTLE
+from devheal.engine.stragglers import FAILED_RUN_SETTLE, restarts_failed_runs
 from devheal.model.cluster import ClusterView, WorkloadClass
 from devheal.model.degradation_policy import SUSPECT_MARK
 from devheal.model.plan import Action, Blocked, InFlight, InFlightRecords, Phase, Plan, Rail
-from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
+from devheal.model.policy import RECOMMENDED_POLICY, Policy
 from devheal.model.rank_action import RankAction
 from devheal.simulate.engine_effects import FleetEffects
 from devheal.simulate.engine_records import RecordStore
@@ -68,9 +68,7 @@ class EngineStrategy(Strategy):
         self.policies = [policy]
         self.name = name or ("devheal-default" if policy is RECOMMENDED_POLICY else f"policy:{policy.name}")
         self.restarts_held_runs = (
-            hold_failed_s is not None
-            and not policy.dry_run
-            and policy.actions.get(WorkloadClass.GANG) is ActionKind.RESTART_GANG
+            hold_failed_s is not None and not policy.dry_run and restarts_failed_runs(policy, WorkloadClass.GANG)
         )
         self.at_checkpoint = RankAction.REPLACE_AT_CHECKPOINT in (policy.stragglers.action, policy.degradation.gang)
         """A slow rank waits for its gang's next checkpoint (``engine.checkpoints``)."""
