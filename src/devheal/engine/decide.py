@@ -471,9 +471,10 @@ def relevance_horizon(policies: Sequence[Policy]) -> float:
 
 
 def lift_window(policies: Sequence[Policy]) -> float:
-    """How long a succeeded lift lengthens a node's hold-down: ``FLAP_WINDOW``, or ``LEMON_WINDOW`` where some
-    policy counts lemons (``node.lemonAfter``)."""
-    return LEMON_WINDOW if any(p.node.lemon_after for p in policies) else FLAP_WINDOW
+    """How long a succeeded lift can still lengthen a node's hold-down: ``FLAP_WINDOW``; where some policy counts
+    lemons (``node.lemonAfter``), twice ``LEMON_WINDOW``: a lift counts if it came within that window before the
+    node became healthy again, and it keeps counting until the node has been healthy for the whole window."""
+    return 2 * LEMON_WINDOW if any(p.node.lemon_after for p in policies) else FLAP_WINDOW
 
 
 GANG_RESTART_WINDOW = 3600.0

@@ -181,10 +181,11 @@ def test_a_node_lifted_lemon_after_times_within_30_days_stays_out_30_days_after_
     assert lift_hold_down(plain, "n1", [lifted(recovered - 20 * DAY)], now, recovered) == 120
 
 
-def test_lifts_a_lemon_count_reads_are_kept_for_30_days_where_a_policy_counts_lemons() -> None:
+def test_lifts_a_lemon_count_reads_are_kept_for_60_days_where_a_policy_counts_lemons() -> None:
+    """A lift counts if it came within 30 days before the node became healthy, until it has been healthy 30 days."""
     old = lifted(DAY)
     with_lemons = RecordReads.of([policy(node={"lemonAfter": 2})])
     without = RecordReads.of([policy()])
-    assert with_lemons.still_read(old, DAY + 20 * DAY) and not without.still_read(old, DAY + 20 * DAY)
-    assert not with_lemons.still_read(old, DAY + 31 * DAY)
-    assert relevance_horizon([policy(node={"lemonAfter": 2})]) == LEMON_WINDOW
+    assert with_lemons.still_read(old, DAY + 59 * DAY) and not without.still_read(old, DAY + 20 * DAY)
+    assert not with_lemons.still_read(old, DAY + 61 * DAY)
+    assert relevance_horizon([policy(node={"lemonAfter": 2})]) == 2 * LEMON_WINDOW

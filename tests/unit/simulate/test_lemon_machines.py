@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, NodeRules
 from devheal.simulate.engine_strategy import EngineStrategy
-from devheal.simulate.failures import HOUR, Fault, TraceSpec, generate_trace
+from devheal.simulate.failures import DAY, HOUR, Fault, TraceSpec, generate_trace
 from devheal.simulate.simulation import Simulation
 from devheal.simulate.strategies import NodeHealthController
 
@@ -45,6 +45,21 @@ def test_devheal_keeps_a_node_that_fails_again_within_30_days_of_its_lift_out_of
     assert count == 1 and sim.nodes[1].marks and 1 not in sim.pool
     count, sim = lifts(replace(RECOMMENDED_POLICY.node, lemon_after=0))
     assert count == 2 and not sim.nodes[1].marks and 1 in sim.pool
+
+
+def test_a_lemon_stays_out_until_it_has_been_healthy_30_days_however_old_the_lift_that_made_it_one() -> None:
+    """Lifted on day 0, failed again on day 20: a lemon, lifted 30 days after it became healthy again (day 50), not
+    at the first round once the lift that made it one is 30 days old (day 35, another node's fault): that lift is
+    still read, though older than the window."""
+    config = small_config(spares=2, days=60)
+    devheal = EngineStrategy(RECOMMENDED_POLICY)  # lemonAfter: 1
+    days = DAY / HOUR
+    faults = [lemon(2, 1), lemon(20 * days, 1), fault(35 * days, 2)]
+    Simulation(config, trace_of(config, faults), devheal).run()
+    on_node = [r for r in devheal.store.records.values() if r.node == "node-00001"]
+    first, second = sorted(r.started for r in on_node if r.action is ActionKind.LIFT)
+    assert first < DAY  # its reboot, then the hold-down
+    assert 50 * DAY <= second < 51 * DAY
 
 
 def test_generated_lemon_faults_are_the_excess_share_of_lemon_nodes_faults() -> None:
