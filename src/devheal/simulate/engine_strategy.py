@@ -147,11 +147,16 @@ class EngineStrategy(Strategy):
 
     def _person_checks(self, n: int) -> None:
         """What the agent cannot see, a person finds: the node goes for repair (which also ends a slowness) and
-        they clear devheal's ``suspect`` mark, so its degraded taint is lifted once the node reports clean."""
+        they clear devheal's ``suspect`` mark, so its degraded taint is lifted once the node reports clean. A node
+        with nothing wrong (its rank named for another's fault, or mended meanwhile) passes their checks: the mark
+        is cleared and the node stays."""
         state = self.sim.nodes[n]
         if SUSPECT_MARK not in state.marks:
             return
         state.marks.discard(SUSPECT_MARK)
+        if not state.faults and n not in self.sim.slow_nodes:
+            self.sim.remediations["people:cleared"] += 1
+            return
         if self.sim.unit_of(n) is None and not state.repairing:
             self.sim.start_repair(n, "repair", "people:repair")
 

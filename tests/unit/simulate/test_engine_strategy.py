@@ -11,16 +11,18 @@ from devheal.engine import rounds
 from devheal.engine.breaker import Breaker, step_breaker
 from devheal.engine.decide import decide
 from devheal.model.cluster import ClusterView
+from devheal.model.degradation_policy import DEGRADED_MARK, SUSPECT_MARK
 from devheal.model.plan import Finding, InFlight, InFlightRecords, Phase, Plan
 from devheal.model.policy import RECOMMENDED_POLICY, ActionKind, Policy
 from devheal.simulate.config import CostModel, build_preset
 from devheal.simulate.culprits import CULPRIT_MODELS
 from devheal.simulate.engine_strategy import EngineStrategy
+from devheal.simulate.event_queue import Event, EventKind
 from devheal.simulate.failures import DAY, HOUR, TraceSpec, generate_trace
 from devheal.simulate.simulation import Simulation
 from devheal.simulate.strategies import KubernetesDefault, PodWatcher
 
-from .builders import fault, policy, run, small_config
+from .builders import fault, policy, run, small_config, trace_of
 
 RESTART = 180 + 120
 JOB_RECREATES = 30 + 10 + RESTART
@@ -310,3 +312,17 @@ def test_a_node_degraded_again_after_its_lift_is_a_new_episode_tainted_and_lifte
     assert strategy.cache.lifts == {1: 2, 4: 1}
     assert result.remediations["devheal:RestartGang"] == 3
     assert not [k for k in result.remediations if k.startswith("devheal:blocked") or k == "devheal:FailPod"]
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_a_person_clears_a_suspect_node_with_nothing_wrong_and_sends_a_slow_one_for_repair(slow: bool) -> None:
+    """devheal's ``suspect`` mark brings a person: a node with no fault (its rank named for another's) passes their
+    checks and stays, its mark cleared; a slow node goes for repair, which ends its slowness."""
+    config = small_config()
+    strategy = EngineStrategy(RECOMMENDED_POLICY)
+    sim = Simulation(config, trace_of(config, [], slow={5: 1.3} if slow else None), strategy)
+    sim.nodes[5].marks |= {DEGRADED_MARK, SUSPECT_MARK}
+    strategy.on_signal(Event(0.0, 0, EventKind.SIGNAL, 5, 0))
+    assert sim.nodes[5].marks == {DEGRADED_MARK}  # lifted once its reports are clean for leaveAfter
+    assert sim.nodes[5].repairing is slow
+    assert sim.remediations["people:repair" if slow else "people:cleared"] == 1
