@@ -7,6 +7,7 @@ built from these, so they start, connect and clean up the same way.
 
 from __future__ import annotations
 
+import re
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -89,3 +90,12 @@ def token_kubeconfig(lab: Lab, token: str, path: Path) -> Path:
         )
     )
     return path
+
+
+_STATUS_403 = re.compile(r"(?<![.\d])\b403\b")
+"""An HTTP 403 in a log line: not the milliseconds of a timestamp (``...T22:54:56.403Z``)."""
+
+
+def refused(log: str) -> list[str]:
+    """The lines of a controller's log where the API server refused it something (Forbidden, HTTP 403)."""
+    return [line for line in log.splitlines() if "Forbidden" in line or _STATUS_403.search(line)]

@@ -8,6 +8,7 @@ from typing import Any
 
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab.workloads import get_path, gpu_job, gpu_pod, node_gpus, pod_devices, pods_of, wait_until
+from tests.lab.sessions import refused
 
 from ..conftest import RecordingFaults
 from .conftest import ControllerHarness
@@ -224,7 +225,7 @@ async def restart_a_placed_gang_as(
         state = (obj["spec"].get("unschedulable"), obj["spec"].get("taints"), obj["status"].get("allocatable"))
         on_home = [(p["metadata"]["name"], p["spec"].get("nodeName")) for p in await pods_of(kube, namespace, "")]
         raise AssertionError(f"replacement not back on {home}: {placed}; {home}: {state}; {on_home}\n{output[-4000:]}")
-    assert "Forbidden" not in output and "403" not in output, output[-3000:]
+    assert not refused(output), output[-3000:]
 
 
 async def test_a_replacement_is_nominated_back_to_the_node_its_rank_left(

@@ -27,7 +27,7 @@ from devheal.lab.toolchain import ToolchainError
 from devheal.lab.workloads import get_path, gpu_pod, wait_until
 from devheal.model.api import GROUP_VERSION
 from devheal.model.cluster import OWNED_TAINT_KEY
-from tests.lab.sessions import service_account_token, token_kubeconfig
+from tests.lab.sessions import refused, service_account_token, token_kubeconfig
 
 from ..conftest import RecordingFaults
 from ..monitoring_crds import install_monitoring_crds
@@ -263,7 +263,7 @@ async def test_the_controller_as_the_charts_service_account_remediates_a_node_th
     )
     assert phases(records) == expected
     output = controller.output()
-    assert "Forbidden" not in output and "403" not in output, output[-3000:]
+    assert not refused(output), output[-3000:]
 
 
 async def test_a_template_kind_the_chart_does_not_grant_fails_forbidden_with_an_event_then_escalates(
