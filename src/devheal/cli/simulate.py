@@ -362,6 +362,9 @@ def _report(comparison: Comparison, console: Console) -> None:
         console.print(f"traces: {min(counts)}-{max(counts)} faults per seed (expected {expected:.0f})")
     for table in _tables(comparison):
         console.print(table)
+    for lead in comparison.leads():
+        for line in lead.summary():
+            console.print(line, markup=False, soft_wrap=True)
     first: list[StrategyResult] = next(iter(comparison.results.values()))
     interruptions = [r.interruptions for r in first]
     band: Any = interruptions[0] if len(interruptions) == 1 else f"{min(interruptions)}-{max(interruptions)}"

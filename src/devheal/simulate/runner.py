@@ -14,6 +14,7 @@ from typing import Any
 
 from devheal.simulate.config import SimConfig
 from devheal.simulate.failures import CLASSES, LLAMA3_RATE, Trace, generate_trace
+from devheal.simulate.leads import Lead, leads
 from devheal.simulate.results import StrategyResult, summarize_seeds
 from devheal.simulate.simulation import Simulation
 from devheal.simulate.strategies import StrategySpec
@@ -52,6 +53,10 @@ class Comparison:
     """Strategy name -> one result per trace (seed), in trace order."""
     run_seconds: float = 0.0
 
+    def leads(self) -> list[Lead]:
+        """Each strategy's lead over the best baseline per seed, and its share of the bound's (``leads``)."""
+        return leads(self.results, [t.seed for t in self.traces])
+
     def to_json(self) -> dict[str, Any]:
         config = asdict(self.config)
         config["fleet"]["nodes"] = self.config.fleet.nodes
@@ -69,6 +74,7 @@ class Comparison:
             "traces": [asdict(t) for t in self.traces],
             "summary": {name: summarize_seeds(rs) for name, rs in self.results.items()},
             "results": {name: [r.to_json() for r in rs] for name, rs in self.results.items()},
+            "leads": {lead.strategy: lead.to_json() for lead in self.leads()},
             "run_seconds": self.run_seconds,
         }
 

@@ -35,9 +35,10 @@ from typing import Any
 
 from devheal.simulate.config import SimConfig
 from devheal.simulate.culprits import named_with
+from devheal.simulate.leads import margins
 from devheal.simulate.results import StrategyResult
 from devheal.simulate.runner import Progress, run_comparison
-from devheal.simulate.strategies import BASELINES, IdealBound, StrategySpec
+from devheal.simulate.strategies import IdealBound, StrategySpec
 
 FACTORS = (0.5, 2.0)
 REMEDIABLE = ("awaiting-remediation", "awaiting-node", "restart", "stragglers")
@@ -173,22 +174,18 @@ def remediable(result: StrategyResult) -> float:
 
 
 def row_of(group: str, factor: float, results: dict[str, list[StrategyResult]], devheal: str) -> Row:
-    baselines = [cls.name for cls in BASELINES if cls.name in results]
     seeds = range(len(results[devheal]))
 
     def ettr(name: str, i: int) -> float:
         value = results[name][i].training_ettr
         return value if value is not None else 0.0
 
-    def margins(name: str) -> list[float]:
-        return [ettr(name, i) - max(ettr(b, i) for b in baselines) for i in seeds]
-
     watcher = statistics.fmean(remediable(r) for r in results["pod-watcher"])
 
     def cut(name: str) -> float:
         return 1 - statistics.fmean(remediable(r) for r in results[name]) / watcher if watcher > 0 else 0.0
 
-    ours = margins(devheal)
+    ours = margins(results, devheal)
     bound = IdealBound.name in results
     return Row(
         group=group,
@@ -197,7 +194,7 @@ def row_of(group: str, factor: float, results: dict[str, list[StrategyResult]], 
         margin_mean=statistics.fmean(ours),
         margin_min=min(ours),
         remediable_cut=cut(devheal),
-        bound_margin_min=min(margins(IdealBound.name)) if bound else None,
+        bound_margin_min=min(margins(results, IdealBound.name)) if bound else None,
         bound_cut=cut(IdealBound.name) if bound else None,
     )
 
