@@ -37,11 +37,12 @@ from devheal.controller.agent_reports import ReportAudit
 from devheal.controller.bad_objects import BadObjectReports
 from devheal.controller.cache import ClusterCache
 from devheal.controller.leader import LeaderElector
+from devheal.controller.lift_holds import LiftHoldReports
 from devheal.controller.mark_order import MarksFirst, Work
 from devheal.controller.policy_status import patch_policy_status, policy_statuses
 from devheal.controller.spares import Spares
 from devheal.engine.breaker import Breaker
-from devheal.engine.decide import Overdue, Settings, relevance_horizon
+from devheal.engine.decide import Overdue, Settings, lift_holds, relevance_horizon
 from devheal.engine.placement import Release, Vacancy
 from devheal.engine.retention import ended_at, expired
 from devheal.engine.rounds import DecisionRound, Pacing, Placement
@@ -243,6 +244,7 @@ class Controller:
         )
         self.spares = Spares(client)
         self.report_audit = ReportAudit(self.actuators.records.events)
+        self.lift_holds = LiftHoldReports(self.actuators.records.events)
         self.bad_objects = BadObjectReports(self.actuators.records.events)
         self.leading = not options.leader_elect
         self.elector = LeaderElector(
@@ -457,6 +459,10 @@ class Controller:
         # may be on a quiet node, out of the narrowed view).
         audited = view if result.narrowed is None else replace(view, reports=result.narrowed.reports)
         for key, work in self.report_audit.check(audited, now):
+            self._submit(key, work)
+        # Healthy nodes devheal keeps marked for their hold-down, said on the node once per hold.
+        holds = lift_holds(view, result.findings, self._policies, self.in_flight(view), now)
+        for key, work in self.lift_holds.check(holds, view.nodes):
             self._submit(key, work)
         self._retain(now)
         self.vacancies[:] = result.vacancies

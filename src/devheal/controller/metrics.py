@@ -18,6 +18,11 @@ ROUND_NODES = Gauge(
     "devheal_round_nodes", "Nodes the last decision round of each kind looked at (full: every node)", ["round"]
 )
 LEADER = Gauge("devheal_leader", "1 while this replica holds the leader lease")
+NODES_HELD = Gauge(
+    "devheal_nodes_held",
+    "Nodes devheal keeps marked though they are healthy again, waiting out their hold-down (why: hold-down, lemon)",
+    ["why"],
+)
 EVENTS_DROPPED = Counter(
     "devheal_events_dropped_total", "Event writes dropped: over the involved object's rate limit", ["reason"]
 )

@@ -50,7 +50,7 @@ from devheal.model.plan import (
 )
 from devheal.model.policy import ActionKind, Budgets, NodeRules, Policy, RemediationMode
 from devheal.model.policy_set import policy_for_node, policy_for_pod
-from devheal.model.times import format_time
+from devheal.model.times import format_duration, format_time
 from devheal.model.validation_policy import VALIDATION_POD_LABEL
 
 PolicyOf = Callable[[InFlight], Policy | None]
@@ -196,9 +196,21 @@ LEMON_WINDOW = 30 * 24 * 3600.0
 """Lifts of a node within this window count towards ``node.lemonAfter``; a lemon's hold-down is this long."""
 
 
-def lift_hold_down(
+@dataclass(frozen=True, slots=True)
+class HoldDown:
+    """How long a node must stay healthy before devheal lifts its marks, and why (``hold_down_of``)."""
+
+    seconds: float
+    lifts: int = 0
+    """The node's lifts that set it: within ``FLAP_WINDOW`` of now (each doubles it), or, for a lemon, within
+    ``LEMON_WINDOW`` before it became healthy."""
+    lemon_after: int = 0
+    """The policy's ``node.lemonAfter`` where it made the node a lemon (kept out for ``LEMON_WINDOW``); 0: not one."""
+
+
+def hold_down_of(
     rules: NodeRules, node: str, in_flight: Iterable[InFlight], now: float, since: float | None = None
-) -> float:
+) -> HoldDown:
     """How long ``node`` must stay healthy before devheal lifts its marks: the policy's ``holdDown``, doubled for
     each lift of the node within the last day, up to four hours. A GPU that keeps failing again soon after
     a lift stays one episode (one set of records), not one per flap; a node quiet for a day is back to the
@@ -207,19 +219,21 @@ def lift_hold_down(
     its lifts are counted in the window before it became healthy (``since``; default ``now``), so the wait does
     not shorten as they age."""
     healthy_since = now if since is None else since
-    if rules.lemon_after and lifts_within(node, in_flight, healthy_since, LEMON_WINDOW) >= rules.lemon_after:
-        return max(rules.hold_down, LEMON_WINDOW)
-    recent = sum(
-        1
-        for r in in_flight
-        if r.action is ActionKind.LIFT
-        and r.node == node
-        and r.phase is Phase.SUCCEEDED
-        and now - (r.finished if r.finished is not None else r.started) <= FLAP_WINDOW
-    )
+    if rules.lemon_after:
+        counted = lifts_within(node, in_flight, healthy_since, LEMON_WINDOW)
+        if counted >= rules.lemon_after:
+            return HoldDown(max(rules.hold_down, LEMON_WINDOW), counted, rules.lemon_after)
+    recent = lifts_within(node, in_flight, now, FLAP_WINDOW)
     if recent == 0:
-        return rules.hold_down
-    return max(rules.hold_down, min(rules.hold_down * 2.0 ** min(recent, 32), MAX_FLAP_HOLD_DOWN))
+        return HoldDown(rules.hold_down)
+    return HoldDown(max(rules.hold_down, min(rules.hold_down * 2.0 ** min(recent, 32), MAX_FLAP_HOLD_DOWN)), recent)
+
+
+def lift_hold_down(
+    rules: NodeRules, node: str, in_flight: Iterable[InFlight], now: float, since: float | None = None
+) -> float:
+    """The seconds of ``hold_down_of``."""
+    return hold_down_of(rules, node, in_flight, now, since).seconds
 
 
 def lifts_within(node: str, in_flight: Iterable[InFlight], now: float, window: float) -> int:
@@ -461,6 +475,66 @@ def _lift(
             reason = f"healthy for {now - f.since:.0f}s (hold-down {hold_down:.0f}s)"
             return [(replace(base, kind=ActionKind.LIFT, reason=reason), policy)]
     return []
+
+
+@dataclass(frozen=True, slots=True)
+class LiftHold:
+    """A node devheal keeps marked though it is healthy again: it waits out its hold-down (``hold_down_of``)."""
+
+    node: str
+    since: float
+    """When the node became healthy."""
+    hold_down: HoldDown
+
+    @property
+    def until(self) -> float:
+        """When its marks come due to be lifted, nothing changing meanwhile."""
+        return self.since + self.hold_down.seconds
+
+    def message(self) -> str:
+        """What a person reading the node's Events needs: since when healthy, until when held, and why."""
+        hold = self.hold_down
+        text = (
+            f"healthy since {format_time(self.since)}; devheal keeps its marks until {format_time(self.until)} "
+            f"(hold-down {format_duration(hold.seconds)}"
+        )
+        if hold.lemon_after:
+            return text + (
+                f": a lemon, devheal lifted its marks {hold.lifts} time(s) within {format_duration(LEMON_WINDOW)} "
+                f"before it became healthy, node.lemonAfter {hold.lemon_after}: no workload lands on it meanwhile)"
+            )
+        if hold.lifts:
+            return text + f": doubled for each of its {hold.lifts} lift(s) within the last day)"
+        return text + ")"
+
+
+def lift_holds(
+    view: ClusterView,
+    findings: Iterable[Finding],
+    policies: Sequence[Policy],
+    in_flight: Sequence[InFlight],
+    now: float,
+) -> list[LiftHold]:
+    """The nodes whose marks ``decide`` would lift but for their hold-down, as it judges them: devheal marked the
+    node, it is healthy again, no remediation of it is under way, nothing left to validate. For the controller to
+    say so on the node; the rounds do not need it (``due_times`` wakes them when a hold-down ends)."""
+    reads = RecordReads.of(policies)
+    in_flight = [r for r in in_flight if reads.still_read(r, now)]  # what ``decide`` reads of them
+    held = []
+    busy = {r.target for r in in_flight if r.active and r.target_kind is TargetKind.NODE}
+    for f in findings:
+        if f.kind is not FindingKind.NODE_RECOVERED or f.node in busy:
+            continue
+        node = view.nodes.get(f.node)
+        if node is None or not node.owned:
+            continue
+        policy = policy_for_node(policies, node)
+        if policy is None or validation.after_repair(policy.node, node, in_flight).next is not validation.Next.LIFT:
+            continue
+        hold = hold_down_of(policy.node, node.name, in_flight, now, f.since)
+        if now - f.since < hold.seconds:
+            held.append(LiftHold(node.name, f.since, hold))
+    return held
 
 
 def relevance_horizon(policies: Sequence[Policy]) -> float:

@@ -11,6 +11,8 @@
 - ``parse_duration``: ``30s``, ``5m``, ``1h30m`` -> seconds, as RemediationPolicy and the
   agent's classification table write durations; at most ``MAX_DURATION`` (Go's longest
   ``time.Duration``), so a duration added to a time can always be written back.
+- ``format_duration``: seconds -> ``1h30m``, what ``parse_duration`` reads back (nan and less than
+  nothing: ``0s``; more than ``MAX_DURATION``: that).
 
 Both read ASCII digits only: Python's parsers also take '٣' and '１２'.
 """
@@ -91,3 +93,18 @@ def parse_duration(text: Any, where: str, *, error: type[ValueError] = ValueErro
     if total > MAX_DURATION:
         raise error(f"{where}: expected a duration of at most 2562047h47m16.854775807s, got {show(text)}")
     return total
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds -> a duration as policies write it (``parse_duration`` reads it back): ``30s``, ``5m``, ``1h30m``,
+    ``720h``; ``0s`` for none (negative, nan too); fractions of a second to the millisecond."""
+    longest = math.floor(MAX_DURATION * 1000)
+    millis = 0 if math.isnan(seconds) else longest if seconds >= MAX_DURATION else round(max(0.0, seconds) * 1000)
+    hours, rest = divmod(millis, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    parts = [f"{hours}h"] if hours else []
+    if minutes:
+        parts.append(f"{minutes}m")
+    if rest or not parts:
+        parts.append(f"{rest // 1000}s" if rest % 1000 == 0 else f"{rest / 1000:.3f}".rstrip("0") + "s")
+    return "".join(parts)

@@ -1,6 +1,6 @@
 """(c) GPUs of an idle node fail (all of them, or one: its other GPUs serve nobody while it is kept off new
 pods): taint, then an external remediation after the policy's duration; after recovery plus hold-down
-everything devheal set is lifted."""
+everything devheal set is lifted, and meanwhile an Event on the node says why it is still marked."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from devheal.controller.lift_holds import HELD_EVENT
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab.workloads import wait_until
@@ -149,3 +150,38 @@ async def test_idle_node_with_failed_gpus_is_tainted_remediated_and_lifted(
         harness.remediations, lambda rs: phases(rs) == expected, timeout=10, what=f"remediations of {NODE} done"
     )
     assert phases(records) == expected
+
+
+async def test_a_healthy_node_kept_for_its_hold_down_says_why_and_until_when(
+    harness: ControllerHarness, kube: KubeClient, faults: RecordingFaults
+) -> None:
+    await harness.label_nodes(NODE)
+    await harness.policy({"node": {"taint": True, "capacityGapAfter": "1s", "holdDown": "20s"}}, nodes_only=True)
+
+    async def held() -> list[dict]:
+        items, _ = await kube.list_all(
+            api_path("v1", "events", namespace="default"), {"fieldSelector": f"involvedObject.name={NODE}"}
+        )
+        return [e for e in items if e.get("reason") == HELD_EVENT]
+
+    said_before = {e["metadata"]["name"] for e in await held()}  # an earlier test's hold on the node
+    harness.start()
+    faults.xid(NODE, 0, 79)
+
+    async def node() -> dict:
+        return await kube.get(api_path("v1", "nodes", name=NODE))
+
+    def tainted(n: dict) -> bool:
+        return any(t["key"] == OWNED_TAINT_KEY for t in n["spec"].get("taints") or [])
+
+    await wait_until(node, tainted, timeout=20, what="devheal's taint on the node")
+    faults.recover(NODE, 0)
+    events = await wait_until(
+        held, lambda es: any(e["metadata"]["name"] not in said_before for e in es), timeout=15, what="the hold said"
+    )
+    (event,) = [e for e in events if e["metadata"]["name"] not in said_before]
+    assert event["type"] == "Normal" and event["involvedObject"]["kind"] == "Node"
+    assert "healthy since" in event["message"] and event["message"].endswith("(hold-down 20s)")
+    assert tainted(await node()), "held: the taint stays until the hold-down ends"
+    await wait_until(node, lambda n: not tainted(n), timeout=40, what="taint lifted after the hold-down")
+    assert [e for e in await held() if e["metadata"]["name"] not in said_before] == [event], "said once"

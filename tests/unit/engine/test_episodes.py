@@ -15,9 +15,12 @@ import pytest
 from devheal.engine.decide import (
     LEMON_WINDOW,
     MAX_FLAP_HOLD_DOWN,
+    HoldDown,
     Overdue,
     RecordReads,
+    decide,
     lift_hold_down,
+    lift_holds,
     relevance_horizon,
 )
 from devheal.engine.rounds import DecisionRound, Pacing
@@ -25,7 +28,7 @@ from devheal.model.cluster import ClusterView, Node
 from devheal.model.plan import Action, Blocked, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind, Policy
 
-from .builders import gpu_id, node, policy, report, reported, view
+from .builders import gpu_id, node, node_recovered, policy, report, reported, view
 
 DAY = 24 * 3600.0
 
@@ -189,3 +192,46 @@ def test_lifts_a_lemon_count_reads_are_kept_for_60_days_where_a_policy_counts_le
     assert with_lemons.still_read(old, DAY + 59 * DAY) and not without.still_read(old, DAY + 20 * DAY)
     assert not with_lemons.still_read(old, DAY + 61 * DAY)
     assert relevance_horizon([policy(node={"lemonAfter": 2})]) == 2 * LEMON_WINDOW
+
+
+def recovered_view(owned: bool = True) -> ClusterView:
+    return view([node("n1", owned=["taint"] if owned else [])])
+
+
+def test_a_healthy_node_kept_for_its_hold_down_is_a_lift_hold_until_the_lift_comes_due() -> None:
+    ps = [policy(node={"holdDown": "2m"})]
+    since = 10 * DAY
+    finding = node_recovered("n1", since=since)
+    [hold] = lift_holds(recovered_view(), [finding], ps, [], since + 60)
+    assert (hold.node, hold.since, hold.until, hold.hold_down) == ("n1", since, since + 120, HoldDown(120))
+    assert hold.message() == (
+        "healthy since 1970-01-11T00:00:00Z; devheal keeps its marks until 1970-01-11T00:02:00Z (hold-down 2m)"
+    )
+    # Due: decide lifts it, no hold is left; nor is one for a node devheal did not mark.
+    assert lift_holds(recovered_view(), [finding], ps, [], since + 120) == []
+    assert decide(recovered_view(), [finding], ps, [], since + 120).actions[0].kind is ActionKind.LIFT
+    assert lift_holds(recovered_view(owned=False), [finding], ps, [], since + 60) == []
+
+
+def test_a_flapping_node_and_a_lemon_say_why_they_are_held_longer() -> None:
+    since = 100 * DAY
+    finding = node_recovered("n1", since=since)
+    [flapping] = lift_holds(
+        recovered_view(), [finding], [policy(node={"holdDown": "2m"})], [lifted(since - 600)], since
+    )
+    assert (flapping.hold_down, flapping.until) == (HoldDown(240, lifts=1), since + 240)
+    assert flapping.message().endswith("(hold-down 4m: doubled for each of its 1 lift(s) within the last day)")
+    lemons = [policy(node={"holdDown": "2m", "lemonAfter": 1})]
+    [lemon] = lift_holds(recovered_view(), [finding], lemons, [lifted(since - 20 * DAY)], since + 15 * DAY)
+    assert lemon.hold_down == HoldDown(LEMON_WINDOW, lifts=1, lemon_after=1)
+    assert lemon.until == since + LEMON_WINDOW
+    assert "(hold-down 720h: a lemon, devheal lifted its marks 1 time(s) within 720h before it became healthy, " in (
+        lemon.message()
+    )
+
+
+def test_no_lift_hold_while_a_remediation_of_the_node_is_under_way() -> None:
+    ps = [policy(node={"holdDown": "2m"})]
+    finding = node_recovered("n1", since=DAY)
+    busy = replace(lifted(DAY), name="taint-n1", action=ActionKind.TAINT, phase=Phase.IN_PROGRESS, finished=None)
+    assert lift_holds(recovered_view(), [finding], ps, [busy], DAY + 60) == []

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from devheal.model.times import format_time, parse_duration, parse_time
+from devheal.model.times import MAX_DURATION, format_duration, format_time, parse_duration, parse_time
 
 MAY_1 = 1714564800.0  # 2024-05-01T12:00:00Z
 
@@ -57,3 +57,24 @@ def test_parse_duration_raises_the_callers_error_naming_the_field() -> None:
 def test_parse_duration_rejects_what_the_crd_pattern_rejects(bad: Any) -> None:
     with pytest.raises(ValueError, match="expected a duration"):
         parse_duration(bad, "where")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (0.5, "0.5s"), (30, "30s"), (300, "5m"), (5400, "1h30m"), (3661.25, "1h1m1.25s"), (2592000, "720h")],
+)
+def test_durations_are_written_as_policies_write_them_and_read_back(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+    assert parse_duration(text, "x") == seconds
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(-3, "0s"), (float("nan"), "0s"), (59.9996, "1m")])
+def test_a_duration_below_nothing_or_not_a_number_is_none_and_rounds_to_the_millisecond(
+    seconds: float, text: str
+) -> None:
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), 1e30, MAX_DURATION])
+def test_a_duration_too_long_to_read_back_is_written_as_the_longest(seconds: float) -> None:
+    assert parse_duration(format_duration(seconds), "x") == pytest.approx(MAX_DURATION, abs=0.001)
