@@ -518,12 +518,15 @@ def lift_holds(
     """The nodes whose marks ``decide`` would lift but for their hold-down, as it judges them: devheal marked the
     node, it is healthy again, no remediation of it is under way, nothing left to validate. For the controller to
     say so on the node; the rounds do not need it (``due_times`` wakes them when a hold-down ends)."""
+    recovered = [f for f in findings if f.kind is FindingKind.NODE_RECOVERED]
+    if not recovered:
+        return []  # (most rounds: no pass over the records)
     reads = RecordReads.of(policies)
     in_flight = [r for r in in_flight if reads.still_read(r, now)]  # what ``decide`` reads of them
     held = []
     busy = {r.target for r in in_flight if r.active and r.target_kind is TargetKind.NODE}
-    for f in findings:
-        if f.kind is not FindingKind.NODE_RECOVERED or f.node in busy:
+    for f in recovered:
+        if f.node in busy:
             continue
         node = view.nodes.get(f.node)
         if node is None or not node.owned:
