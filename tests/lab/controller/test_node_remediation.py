@@ -156,7 +156,7 @@ async def test_a_healthy_node_kept_for_its_hold_down_says_why_and_until_when(
     harness: ControllerHarness, kube: KubeClient, faults: RecordingFaults
 ) -> None:
     await harness.label_nodes(NODE)
-    await harness.policy({"node": {"taint": True, "capacityGapAfter": "1s", "holdDown": "20s"}}, nodes_only=True)
+    await harness.policy({"node": {"taint": True, "capacityGapAfter": "1s", "holdDown": "8s"}}, nodes_only=True)
 
     async def held() -> list[dict]:
         items, _ = await kube.list_all(
@@ -181,7 +181,7 @@ async def test_a_healthy_node_kept_for_its_hold_down_says_why_and_until_when(
     )
     (event,) = [e for e in events if e["metadata"]["name"] not in said_before]
     assert event["type"] == "Normal" and event["involvedObject"]["kind"] == "Node"
-    assert "healthy since" in event["message"] and event["message"].endswith("(hold-down 20s)")
+    assert "healthy since" in event["message"] and event["message"].endswith("(hold-down 8s)")
     assert tainted(await node()), "held: the taint stays until the hold-down ends"
-    await wait_until(node, lambda n: not tainted(n), timeout=40, what="taint lifted after the hold-down")
+    await wait_until(node, lambda n: not tainted(n), timeout=30, what="taint lifted after the hold-down")
     assert [e for e in await held() if e["metadata"]["name"] not in said_before] == [event], "said once"
