@@ -20,7 +20,8 @@ Results = Mapping[str, Sequence[StrategyResult]]
 """Strategy name -> one result per seed, in seed order (``Comparison.results``)."""
 
 
-def _ettr(result: StrategyResult) -> float:
+def ettr(result: StrategyResult) -> float:
+    """The run's training ETTR; 0 where it trained nothing."""
     return result.training_ettr if result.training_ettr is not None else 0.0
 
 
@@ -34,7 +35,7 @@ def margins(results: Results, name: str) -> list[float]:
     compared = baselines(results)
     if not compared:
         raise ValueError("leads: no baseline ran; expected one of " + ", ".join(cls.name for cls in BASELINES))
-    return [_ettr(result) - max(_ettr(results[b][i]) for b in compared) for i, result in enumerate(results[name])]
+    return [ettr(result) - max(ettr(results[b][i]) for b in compared) for i, result in enumerate(results[name])]
 
 
 @dataclass(frozen=True)

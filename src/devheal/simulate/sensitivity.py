@@ -35,7 +35,7 @@ from typing import Any
 
 from devheal.simulate.config import SimConfig
 from devheal.simulate.culprits import named_with
-from devheal.simulate.leads import margins
+from devheal.simulate.leads import ettr, margins
 from devheal.simulate.results import StrategyResult
 from devheal.simulate.runner import Progress, run_comparison
 from devheal.simulate.strategies import IdealBound, StrategySpec
@@ -174,12 +174,6 @@ def remediable(result: StrategyResult) -> float:
 
 
 def row_of(group: str, factor: float, results: dict[str, list[StrategyResult]], devheal: str) -> Row:
-    seeds = range(len(results[devheal]))
-
-    def ettr(name: str, i: int) -> float:
-        value = results[name][i].training_ettr
-        return value if value is not None else 0.0
-
     watcher = statistics.fmean(remediable(r) for r in results["pod-watcher"])
 
     def cut(name: str) -> float:
@@ -190,7 +184,7 @@ def row_of(group: str, factor: float, results: dict[str, list[StrategyResult]], 
     return Row(
         group=group,
         factor=factor,
-        ettr={name: statistics.fmean(ettr(name, i) for i in seeds) for name in results},
+        ettr={name: statistics.fmean(ettr(r) for r in runs) for name, runs in results.items()},
         margin_mean=statistics.fmean(ours),
         margin_min=min(ours),
         remediable_cut=cut(devheal),
