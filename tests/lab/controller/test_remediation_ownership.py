@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
-from devheal.controller.node_remediation import REMEDIATION_MARK
+from devheal.controller.node_remediation import CREATED_STEP, REMEDIATION_MARK
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
 from devheal.lab.workloads import WaitTimeout, wait_until
@@ -86,9 +86,14 @@ async def test_a_node_remediation_killed_before_its_object_was_created_is_comple
             raise AssertionError(f"{exc}\n{second.output()[-4000:]}") from exc
         assert obj is not None
         assert obj["metadata"]["annotations"][REMEDIATION_MARK] == record["metadata"]["name"]
-        (record,) = node_remediation(await harness.remediations(), node)
+        # The controller creates the object first and records the step after it: wait for the step.
+        resumed = await harness.wait_remediation(
+            lambda rs: [s["name"] for r in node_remediation(rs, node) for s in r["status"].get("steps") or []]
+            == [CREATED_STEP],
+            "the resumed record's step",
+        )
+        (record,) = node_remediation(resumed, node)
         assert record["status"]["phase"] == "InProgress"
-        assert [s["name"] for s in record["status"]["steps"]] == ["remediation-created"]
 
         for gpu in range(8):
             faults.recover(node, gpu)
