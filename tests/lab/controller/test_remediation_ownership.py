@@ -88,8 +88,10 @@ async def test_a_node_remediation_killed_before_its_object_was_created_is_comple
         assert obj["metadata"]["annotations"][REMEDIATION_MARK] == record["metadata"]["name"]
         # The controller creates the object first and records the step after it: wait for the step.
         resumed = await harness.wait_remediation(
-            lambda rs: [s["name"] for r in node_remediation(rs, node) for s in r["status"].get("steps") or []]
-            == [CREATED_STEP],
+            lambda rs: (
+                [s["name"] for r in node_remediation(rs, node) for s in r["status"].get("steps") or []]
+                == [CREATED_STEP]
+            ),
             "the resumed record's step",
         )
         (record,) = node_remediation(resumed, node)
