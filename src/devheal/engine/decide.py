@@ -450,10 +450,11 @@ def _candidate_actions(
                     reason = f"{drain_first}; policy drains busy nodes"
                 out.append((replace(base, kind=ActionKind.DRAIN, reason=reason), policy))
         elif f.kind is FindingKind.NODE_RECOVERED and node.owned:
-            # Post-repair validation (``node.validation``): a node a rung brought back passes its pod before a lift.
-            gate = validation.after_repair(rules, node, in_flight)
-            if gate.next is validation.Next.LIFT:
-                out += _lift(base, rules, f, node, in_flight, now, policy)
+            gate, hold = after_recovery(rules, f, node, in_flight, now)
+            if hold is not None:
+                if hold.over(now):
+                    reason = f"healthy for {now - f.since:.0f}s (hold-down {hold.hold_down.seconds:.0f}s)"
+                    out.append((replace(base, kind=ActionKind.LIFT, reason=reason), policy))
             elif gate.next is validation.Next.VALIDATE:
                 out.append((replace(base, kind=ActionKind.VALIDATE, step=gate.step, reason=gate.why), policy))
             elif gate.next is validation.Next.ESCALATE:
@@ -463,18 +464,6 @@ def _candidate_actions(
                 rung = replace(base, kind=ActionKind.REMEDIATE_NODE, finding=check, step=gate.step, reason=gate.why)
                 out.append((rung, policy))
     return out
-
-
-def _lift(
-    base: Action, rules: NodeRules, f: Finding, node: Node, in_flight: Sequence[InFlight], now: float, policy: Policy
-) -> list[tuple[Action, Policy]]:
-    """``Lift`` of a node healthy for its hold-down (``lift_hold_down``); none before."""
-    if now - f.since >= rules.hold_down:
-        hold_down = lift_hold_down(rules, node.name, in_flight, now, f.since)
-        if now - f.since >= hold_down:
-            reason = f"healthy for {now - f.since:.0f}s (hold-down {hold_down:.0f}s)"
-            return [(replace(base, kind=ActionKind.LIFT, reason=reason), policy)]
-    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,6 +479,10 @@ class LiftHold:
     def until(self) -> float:
         """When its marks come due to be lifted, nothing changing meanwhile."""
         return self.since + self.hold_down.seconds
+
+    def over(self, now: float) -> bool:
+        """Whether the node has been healthy for its whole hold-down at ``now``: its marks are due to be lifted."""
+        return now - self.since >= self.hold_down.seconds
 
     def message(self) -> str:
         """What a person reading the node's Events needs: since when healthy, until when held, and why."""
@@ -532,12 +525,24 @@ def lift_holds(
         if node is None or not node.owned:
             continue
         policy = policy_for_node(policies, node)
-        if policy is None or validation.after_repair(policy.node, node, in_flight).next is not validation.Next.LIFT:
+        if policy is None:
             continue
-        hold = hold_down_of(policy.node, node.name, in_flight, now, f.since)
-        if now - f.since < hold.seconds:
-            held.append(LiftHold(node.name, f.since, hold))
+        _, hold = after_recovery(policy.node, f, node, in_flight, now)
+        if hold is not None and not hold.over(now):
+            held.append(hold)
     return held
+
+
+def after_recovery(
+    rules: NodeRules, f: Finding, node: Node, in_flight: Sequence[InFlight], now: float
+) -> tuple[validation.AfterRepair, LiftHold | None]:
+    """What a node devheal marked needs now that it is healthy again (``f``), one gate for ``decide`` and
+    ``lift_holds`` alike: the post-repair validation's verdict (``node.validation``: a node a rung brought back
+    passes its pod first) and, once that says ``Lift``, the hold-down the lift waits out."""
+    gate = validation.after_repair(rules, node, in_flight)
+    if gate.next is not validation.Next.LIFT:
+        return gate, None
+    return gate, LiftHold(node.name, f.since, hold_down_of(rules, node.name, in_flight, now, f.since))
 
 
 def relevance_horizon(policies: Sequence[Policy]) -> float:
