@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import write_results
-from devheal.engine.decide import decide, relevance_horizon
+from devheal.controller.loop import CurrentRecords
+from devheal.engine.decide import RecordReads, decide
 from devheal.engine.retention import expired
 from devheal.model.cluster import (
     GPU_RESOURCE,
@@ -146,9 +147,11 @@ def measure(count: int, nodes: int, runs: int) -> dict[str, Any]:
     in_flight = records(count, nodes)
     plan = decide(view, findings, policies, in_flight, NOW)
     # As the controller hands them over: the records it keeps current as the watch delivers them, any by name.
-    since = NOW - relevance_horizon(policies)
-    current = [r for r in in_flight if r.active or (r.finished or r.started) >= since]
-    indexed = InFlightRecords(current, {r.name: r for r in in_flight})
+    store = {r.name: r for r in in_flight}
+    kept = CurrentRecords(lambda: NOW)
+    kept.refresh(store, RecordReads.of(policies), NOW)
+    current = list(kept.items.values())
+    indexed = InFlightRecords(current, store)
     assert decide(view, findings, policies, indexed, NOW) == plan
     return {
         "records": len(in_flight),

@@ -42,7 +42,7 @@ from devheal.controller.mark_order import MarksFirst, Work
 from devheal.controller.policy_status import patch_policy_status, policy_statuses
 from devheal.controller.spares import Spares
 from devheal.engine.breaker import Breaker
-from devheal.engine.decide import Overdue, Settings, lift_holds, relevance_horizon
+from devheal.engine.decide import Overdue, RecordReads, Settings, lift_holds
 from devheal.engine.placement import Release, Vacancy
 from devheal.engine.retention import ended_at, expired
 from devheal.engine.rounds import DecisionRound, Pacing, Placement
@@ -191,33 +191,32 @@ class ChangedNodes:
 
 
 class CurrentRecords:
-    """The records a round walks through, kept as the watch delivers them: every active one, and the ended ones
-    within ``relevance_horizon`` (budgets, intervals, hold-downs). Older ones are found only by name
-    (``InFlightRecords``), so a round costs the same however many old records the cluster keeps."""
+    """The records a round walks through, kept as the watch delivers them: those a decision still reads beyond
+    their name under the current policies (``RecordReads.still_read``: every active one, the disruptions the
+    budgets and intervals count, the lifts that lengthen a hold-down, the rungs of a ladder). Older ones are
+    found only by name (``InFlightRecords``), so a round costs the same however many old records the cluster
+    keeps. A record a decision stops reading is never read again, but a change of policies can widen what is
+    read: every record is looked at again then."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
-        self.horizon = 24 * 3600.0
+        self.reads: RecordReads | None = None
+        """What the policies of the last ``refresh`` read; None before the first: everything is kept until then."""
         self.items: dict[str, InFlight] = {}
 
-    def relevant(self, record: InFlight, now: float) -> bool:
-        ended = record.finished if record.finished is not None else record.started
-        return record.active or max(record.started, ended) >= now - self.horizon
-
     def changed(self, key: str, old: InFlight | None, new: InFlight | None) -> None:
-        if new is not None and self.relevant(new, self.clock()):
+        if new is not None and (self.reads is None or self.reads.still_read(new, self.clock())):
             self.items[key] = new
         else:
             self.items.pop(key, None)
 
-    def refresh(self, store: dict[str, InFlight], horizon: float, now: float) -> None:
-        """Drop what aged out; a longer horizon (a policy's wider interval) looks through every record again."""
-        if horizon > self.horizon:
-            self.horizon = horizon
-            self.items = {k: r for k, r in store.items() if self.relevant(r, now)}
+    def refresh(self, store: dict[str, InFlight], reads: RecordReads, now: float) -> None:
+        """Drop what a decision no longer reads; under other policies, look through every record again."""
+        if reads != self.reads:
+            self.reads = reads
+            self.items = {k: r for k, r in store.items() if reads.still_read(r, now)}
             return
-        self.horizon = horizon
-        for key in [k for k, r in self.items.items() if not self.relevant(r, now)]:
+        for key in [k for k, r in self.items.items() if not reads.still_read(r, now)]:
             del self.items[key]
 
 
@@ -330,7 +329,7 @@ class Controller:
             )
             if caught_up or (name not in self.queue and self._now - local.started > LOCAL_RECORD_TTL):
                 del self._local[name]
-        self._current.refresh(recorded, relevance_horizon(self._policies), self._now)
+        self._current.refresh(recorded, RecordReads.of(self._policies), self._now)
         current = dict(self._current.items)
         current.update(self._local)  # a local copy left is newer than the watch's
         records = InFlightRecords(list(current.values()), ChainMap(self._local, recorded))
