@@ -570,7 +570,7 @@ class RecordReads:
     disruption_window: float
     """The gang restart window or the longest workload disruption interval, whichever is longer."""
     horizon: float
-    """``relevance_horizon``."""
+    """``relevance_horizon``: no shorter than any other window here (``still_read`` relies on it)."""
     lifts: float = FLAP_WINDOW
     """``lift_window``."""
     last_rungs: Mapping[str, int] = field(default_factory=dict)
@@ -596,9 +596,11 @@ class RecordReads:
         validation within the horizon (the escalation ladder, ``devheal.engine.validation``)."""
         if record.active:
             return True
+        ended = record.finished if record.finished is not None else record.started
+        if record.resume is None and now - ended > self.horizon:
+            return False  # (most old records: every window below is within the horizon, from a later time)
         if record.disruptive and record.workload and now - record.started < self.disruption_window:
             return True
-        ended = record.finished if record.finished is not None else record.started
         if record.action is ActionKind.LIFT and record.phase is Phase.SUCCEEDED:
             return now - ended <= self.lifts
         if record.target_kind == TargetKind.NODE and record.phase is Phase.SUCCEEDED and not record.dry_run:

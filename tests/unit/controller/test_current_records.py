@@ -3,11 +3,12 @@ beyond their name under the current policies, as the watch delivers them; a chan
 
 from __future__ import annotations
 
+from tests.unit.engine.builders import policy
+
 from devheal.controller.loop import CurrentRecords
 from devheal.engine.decide import LEMON_WINDOW, RecordReads
 from devheal.model.plan import InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind
-from tests.unit.engine.builders import policy
 
 DAY = 24 * 3600.0
 NOW = 1000 * DAY
