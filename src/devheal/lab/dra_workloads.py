@@ -12,7 +12,7 @@ import copy
 
 from devheal.kube.client import Obj
 from devheal.lab.nodesim.dra import DRIVER, EXAMPLE_TEMPLATES, RESOURCE_API, claim_template, device_index
-from devheal.lab.workloads import PodDevice, gpu_deployment, gpu_job
+from devheal.lab.workloads import PodDevice, gpu_deployment, gpu_job, reported_devices
 
 __all__ = [
     "DRIVER",
@@ -55,21 +55,7 @@ def dra_job(name: str, *, ranks: int, claim_template_name: str = "gpu-1", indexe
 
 def pod_claim_devices(pod: Obj) -> list[PodDevice]:
     """The DRA devices a pod's status reports (``allocatedResourcesStatus`` entries named ``claim:...``)."""
-    found = []
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        for entry in cs.get("allocatedResourcesStatus") or []:
-            if not str(entry.get("name") or "").startswith("claim:"):
-                continue
-            for res in entry.get("resources") or []:
-                found.append(
-                    PodDevice(
-                        str(cs.get("name")),
-                        str(res.get("resourceID")),
-                        str(res.get("health")),
-                        str(res.get("message") or ""),
-                    )
-                )
-    return found
+    return reported_devices(pod, lambda name: name.startswith("claim:"))
 
 
 def fault_target(resource_id: str) -> tuple[str, int]:

@@ -140,10 +140,15 @@ class PodDevice:
 
 def pod_devices(pod: Obj) -> list[PodDevice]:
     """The GPUs a pod's status reports (KEP-4680 ``allocatedResourcesStatus``)."""
+    return reported_devices(pod, lambda name: name == GPU_RESOURCE)
+
+
+def reported_devices(pod: Obj, of: Callable[[str], bool]) -> list[PodDevice]:
+    """The devices a pod's status reports (``allocatedResourcesStatus``) under the entries whose name ``of`` takes."""
     found = []
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         for entry in cs.get("allocatedResourcesStatus") or []:
-            if entry.get("name") != GPU_RESOURCE:
+            if not of(str(entry.get("name") or "")):
                 continue
             for res in entry.get("resources") or []:
                 found.append(
