@@ -28,6 +28,7 @@ from aiohttp import web
 from devheal.kubelet.deviceplugin import DevicePluginServer, PluginDevice
 from devheal.lab import devices as devmod
 from devheal.lab.devices import SimulatedNodeGpus
+from devheal.lab.fault_endpoint import fault_endpoint
 from devheal.model.cluster import GPU_RESOURCE
 from devheal.model.values import whole_number
 
@@ -120,23 +121,9 @@ class GpuPlugin:
                 return web.json_response({"error": f"no real node {request.match_info['node']!r} here"}, status=404)
             return web.json_response(self.snapshot())
 
-        async def post_fault(request: web.Request) -> web.Response:
-            try:
-                body = await request.json()
-            except ValueError:
-                return web.json_response({"error": "body must be a JSON object"}, status=400)
-            if not isinstance(body, dict):
-                return web.json_response({"error": "body must be a JSON object"}, status=400)
-            try:
-                return web.json_response(await self.inject(request.match_info["node"], body))
-            except KeyError as exc:
-                return web.json_response({"error": str(exc.args[0])}, status=404)
-            except (ValueError, IndexError) as exc:
-                return web.json_response({"error": str(exc)}, status=400)
-
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/v1/nodes/{node}", get_node)
-        app.router.add_post("/v1/nodes/{node}/faults", post_fault)
+        app.router.add_post("/v1/nodes/{node}/faults", fault_endpoint(self.inject))
         return app
 
 

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
+from devheal.lab.fault_endpoint import fault_endpoint
 from devheal.lab.nodesim.kubelet import Kubelet
 from devheal.lab.nodesim.nodes import NOT_READY_LABEL, node_name
 from devheal.lab.nodesim.nodestatus import NodeStatus
@@ -188,25 +189,8 @@ class FaultAPI:
                 return web.json_response({"error": f"no simulated node {request.match_info['node']!r}"}, status=404)
             return web.json_response(nd.to_json(time.time()))
 
-        async def post_fault(request: web.Request) -> web.Response:
-            try:
-                body = await request.json()
-            except ValueError:
-                return web.json_response({"error": "body must be a JSON object"}, status=400)
-            if not isinstance(body, dict):
-                return web.json_response({"error": "body must be a JSON object"}, status=400)
-            try:
-                result = await self.inject(request.match_info["node"], body)
-            except KeyError as exc:
-                return web.json_response({"error": str(exc.args[0])}, status=404)
-            except (ValueError, IndexError) as exc:
-                return web.json_response({"error": str(exc)}, status=400)
-            except errors.KubeError as exc:
-                return web.json_response({"error": f"API server refused the update: {exc}"}, status=502)
-            return web.json_response(result)
-
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/v1/nodes", list_nodes)
         app.router.add_get("/v1/nodes/{node}", get_node)
-        app.router.add_post("/v1/nodes/{node}/faults", post_fault)
+        app.router.add_post("/v1/nodes/{node}/faults", fault_endpoint(self.inject))
         return app
