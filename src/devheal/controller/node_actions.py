@@ -35,12 +35,16 @@ from devheal.controller.eviction import eviction
 from devheal.controller.node_conditions import CLEARED, DRAINED_NOW, DRAINING, NodeLifecycleWriter
 from devheal.kube import errors
 from devheal.kube.client import MERGE_PATCH, KubeClient, Obj, api_path
-from devheal.model.cluster import LIFTS_ANNOTATION, OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION, parse_generation
+from devheal.model.cluster import (
+    LIFTS_ANNOTATION,
+    OWNED_TAINT_EFFECT,
+    OWNED_TAINT_KEY,
+    OWNERSHIP_ANNOTATION,
+    parse_generation,
+)
 from devheal.model.degradation_policy import DEGRADED_MARKS
 from devheal.model.plan import Action, Phase, RemediationReason
 from devheal.model.policy import Policy
-
-OWNED_TAINT_EFFECT = "NoSchedule"
 
 
 def is_devheals_taint(taint: Obj) -> bool:

@@ -30,7 +30,14 @@ from devheal.engine import dra, infrastructure, maintenance, node_signals, pod_g
 from devheal.engine.breaker import Breaker, gpu_fleet, step_breaker
 from devheal.engine.degradation import DEGRADATION_FINDINGS, degradation_actions
 from devheal.engine.stragglers import STEP_FINDINGS, steer_away, step_actions
-from devheal.model.cluster import ClusterView, Node, WorkloadClass
+from devheal.model.cluster import (
+    OWNED_TAINT_EFFECT,
+    OWNED_TAINT_KEY,
+    OWNERSHIP_ANNOTATION,
+    ClusterView,
+    Node,
+    WorkloadClass,
+)
 from devheal.model.degradation_policy import DEGRADED_MARK, DEGRADED_MARKS, DEGRADED_TAINT_KEY
 from devheal.model.effects import KIND_EFFECTS, Effect, disrupts, effects_of, lifted_by, takes_node
 from devheal.model.node_lifecycle import describe, under_maintenance
@@ -494,7 +501,8 @@ class LiftHold:
         if hold.lemon_after:
             return text + (
                 f": a lemon, devheal lifted its marks {hold.lifts} time(s) within {format_duration(LEMON_WINDOW)} "
-                f"before it became healthy, node.lemonAfter {hold.lemon_after}: no workload lands on it meanwhile)"
+                f"before it became healthy, node.lemonAfter {hold.lemon_after}: no workload lands on it meanwhile; "
+                f"to put it back sooner, remove devheal's marks and its annotation {OWNERSHIP_ANNOTATION})"
             )
         if hold.lifts:
             return text + f": doubled for each of its {hold.lifts} lift(s) within the last day)"
@@ -522,8 +530,8 @@ def lift_holds(
         if f.node in busy:
             continue
         node = view.nodes.get(f.node)
-        if node is None or not node.owned:
-            continue
+        if node is None or not marks_on(node):
+            continue  # (a person who took devheal's marks off put the node back: nothing is held)
         policy = policy_for_node(policies, node)
         if policy is None:
             continue
@@ -531,6 +539,14 @@ def lift_holds(
         if hold is not None and not hold.over(now):
             held.append(hold)
     return held
+
+
+def marks_on(node: Node) -> bool:
+    """Whether a mark a ``Lift`` removes is still on ``node`` as devheal set it (``Node.owned``): its taint, its
+    cordon."""
+    if "taint" in node.owned and any(t.key == OWNED_TAINT_KEY and t.effect == OWNED_TAINT_EFFECT for t in node.taints):
+        return True
+    return "cordon" in node.owned and node.unschedulable
 
 
 def after_recovery(

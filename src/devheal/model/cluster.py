@@ -26,6 +26,8 @@ ADMISSION_REJECTED_CONDITION = "devheal.io/AdmissionRejected"
 MutatingAdmissionPolicy), so a Job's podFailurePolicy rule ``Ignore`` on it keeps the rejection off its
 backoffLimit (Kubernetes sets no condition of its own), else by devheal before it deletes the pod."""
 OWNED_TAINT_KEY = "devheal.io/device-failure"
+OWNED_TAINT_EFFECT = "NoSchedule"
+"""devheal's taint on a node with failed GPUs: ``OWNED_TAINT_KEY=true:OWNED_TAINT_EFFECT``."""
 OWNERSHIP_ANNOTATION = "devheal.io/owns"
 """On a node: comma-separated marks of what devheal set (``taint``, ``cordon``), so only that is lifted."""
 LIFTS_ANNOTATION = "devheal.io/lifts"

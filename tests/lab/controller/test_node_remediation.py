@@ -4,14 +4,17 @@ everything devheal set is lifted, and meanwhile an Event on the node says why it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+import urllib.request
 
 import pytest
 
 from devheal.controller.lift_holds import HELD_EVENT
 from devheal.kube import errors
 from devheal.kube.client import KubeClient, api_path
+from devheal.lab.cluster import free_port
 from devheal.lab.workloads import wait_until
 from devheal.model.cluster import OWNED_TAINT_KEY, OWNERSHIP_ANNOTATION
 
@@ -185,3 +188,57 @@ async def test_a_healthy_node_kept_for_its_hold_down_says_why_and_until_when(
     assert tainted(await node()), "held: the taint stays until the hold-down ends"
     await wait_until(node, lambda n: not tainted(n), timeout=30, what="taint lifted after the hold-down")
     assert [e for e in await held() if e["metadata"]["name"] not in said_before] == [event], "said once"
+
+
+async def test_a_person_puts_a_held_node_back_by_hand_and_devheal_neither_holds_nor_lifts_it(
+    harness: ControllerHarness, kube: KubeClient, faults: RecordingFaults
+) -> None:
+    """controller.md's procedure for a held node (a lemon's 30 days, here a one-hour hold-down): devheal's taint
+    and annotation taken off, the node is no longer held, and devheal neither marks it again nor lifts it."""
+    await harness.label_nodes(NODE)
+    await harness.policy({"node": {"taint": True, "capacityGapAfter": "1s", "holdDown": "1h"}}, nodes_only=True)
+    port = free_port()
+    harness.start("--metrics-port", str(port))
+    node_path = api_path("v1", "nodes", name=NODE)
+
+    async def held() -> str:
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                text: str = response.read().decode()
+            return next(
+                (line for line in text.splitlines() if line.startswith('devheal_nodes_held{why="hold-down"}')), ""
+            )
+
+        try:
+            return await asyncio.to_thread(scrape)
+        except OSError:
+            return ""  # not serving yet
+
+    def ours(n: dict) -> list[dict]:
+        return [t for t in n["spec"].get("taints") or [] if t["key"] == OWNED_TAINT_KEY]
+
+    faults.xid(NODE, 0, 79)
+    await wait_until(lambda: kube.get(node_path), lambda n: bool(ours(n)), timeout=20, what="devheal's taint")
+    faults.recover(NODE, 0)
+    await wait_until(held, lambda line: line.endswith(" 1.0"), timeout=20, what="the node held (gauge 1)")
+
+    n = await kube.get(node_path)
+    assert n["metadata"]["annotations"][OWNERSHIP_ANNOTATION] == "taint"
+    others = [t for t in n["spec"]["taints"] if t not in ours(n)]
+    # What a person runs: kubectl taint node NODE devheal.io/device-failure=true:NoSchedule-, then
+    # kubectl annotate node NODE devheal.io/owns- (here as merge patches, with the version read).
+    await kube.patch(
+        node_path,
+        {
+            "metadata": {
+                "resourceVersion": n["metadata"]["resourceVersion"],
+                "annotations": {OWNERSHIP_ANNOTATION: None},
+            },
+            "spec": {"taints": others},
+        },
+    )
+    await wait_until(held, lambda line: line.endswith(" 0.0"), timeout=20, what="no node held any more (gauge 0)")
+    n = await kube.get(node_path)
+    assert ours(n) == [] and OWNERSHIP_ANNOTATION not in n["metadata"].get("annotations", {}), "devheal marked it again"
+    lifts = [r for r in await harness.remediations() if r["spec"]["action"] == "Lift"]
+    assert lifts == [], "nothing of devheal's to lift"

@@ -24,7 +24,7 @@ from devheal.engine.decide import (
     relevance_horizon,
 )
 from devheal.engine.rounds import DecisionRound, Pacing
-from devheal.model.cluster import ClusterView, Node
+from devheal.model.cluster import OWNED_TAINT_KEY, ClusterView, Node, Taint
 from devheal.model.plan import Action, Blocked, InFlight, Phase, TargetKind
 from devheal.model.policy import ActionKind, Policy
 
@@ -194,8 +194,14 @@ def test_lifts_a_lemon_count_reads_are_kept_for_60_days_where_a_policy_counts_le
     assert relevance_horizon([policy(node={"lemonAfter": 2})]) == 2 * LEMON_WINDOW
 
 
+DEVHEAL_TAINT = Taint(OWNED_TAINT_KEY, "true", "NoSchedule")
+
+
 def recovered_view(owned: bool = True) -> ClusterView:
-    return view([node("n1", owned=["taint"] if owned else [])])
+    """n1, healthy again, with devheal's taint on it (``owned``), or never marked by devheal."""
+    if not owned:
+        return view([node("n1")])
+    return view([replace(node("n1", owned=["taint"]), taints=(DEVHEAL_TAINT,))])
 
 
 def test_a_healthy_node_kept_for_its_hold_down_is_a_lift_hold_until_the_lift_comes_due() -> None:
@@ -228,6 +234,25 @@ def test_a_flapping_node_and_a_lemon_say_why_they_are_held_longer() -> None:
     assert "(hold-down 720h: a lemon, devheal lifted its marks 1 time(s) within 720h before it became healthy, " in (
         lemon.message()
     )
+    assert lemon.message().endswith(
+        "no workload lands on it meanwhile; to put it back sooner, remove devheal's marks and its annotation "
+        "devheal.io/owns)"
+    )
+
+
+def test_a_node_a_person_took_devheals_marks_off_is_not_said_held() -> None:
+    """Someone put the node back by hand (removed devheal's taint, or uncordoned it): nothing is held any more,
+    though ``devheal.io/owns`` still lists the mark until the lift comes due or they remove it too."""
+    ps = [policy(node={"holdDown": "2m"})]
+    finding = node_recovered("n1", since=DAY)
+    untainted = view([node("n1", owned=["taint"])])
+    assert lift_holds(untainted, [finding], ps, [], DAY + 60) == []
+    cordoned = view([node("n1", owned=["cordon"], unschedulable=True)])
+    assert [h.node for h in lift_holds(cordoned, [finding], ps, [], DAY + 60)] == ["n1"]
+    uncordoned = view([node("n1", owned=["cordon"])])
+    assert lift_holds(uncordoned, [finding], ps, [], DAY + 60) == []
+    someone_elses = view([replace(node("n1", owned=["taint"]), taints=(Taint(OWNED_TAINT_KEY, "x", "NoExecute"),))])
+    assert lift_holds(someone_elses, [finding], ps, [], DAY + 60) == [], "a taint of the key but not devheal's"
 
 
 def test_no_lift_hold_while_a_remediation_of_the_node_is_under_way() -> None:
